@@ -1,0 +1,284 @@
+"""One Llama-style GPT whose positional encoding is chosen by config (see positional.py).
+
+Pre-norm RMSNorm blocks, SwiGLU MLP (hidden floor(8/3·n_embd)), learnable QK RMSNorm applied
+*before* any rotation (so the relative law is exact), no biases, tied embeddings. The same forward
+serves training (no cache), prefill (empty cache) and decoding (one token per step).
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from attention import attend, describe_backend, lift_qk, resolve_backend
+from positional import BIASES, KVShift, Rotation, build_bias, parse_pos
+
+
+@dataclass(kw_only=True)
+class GPTConfig:
+    n_layer: int = 12
+    n_head: int = 8
+    n_embd: int = 512
+    head_dim: int = 64  # independent of n_embd / n_head (128 in the paper)
+    vocab_size: int = 50304
+    block_size: int = 1024  # training context; the model itself runs at any length
+    pos: str = "rope"  # an encoding of positional.ENCODINGS, or "rotation+additive"
+    kv_shift: bool = False
+    attn_backend: str = "auto"  # "auto" (fast path) or "dense" (reference)
+    norm_eps: float = 1e-5
+    # multiplicative encodings
+    rope_base: float = 10000.0
+    learn_spectrum: bool = True  # grape_m*: learn log θ (False freezes it: grape_m == rope)
+    spectrum_per_head: bool = False  # grape_m*: one spectrum per head instead of one shared
+    ctx_temperature: float = 16.0  # grape_m_ctx: ω = sigmoid((W x + b) / ctx_temperature)
+    ctx_init_increment: float = 1e-3  # grape_m_ctx: b = softplus⁻¹(this), W = 0 at init
+    # additive encodings
+    grape_a_omega_init: float = 1.0  # grape_a_*: ω_h = softplus(w_h) × ALiBi slope, softplus(w_h) = this at init
+    fox_gate_bias_init: float = 0.0  # fox: forget-gate bias b_h at init
+    p_head_dim: int = 8  # grape_ap: path-vector dimension per head
+
+    def __post_init__(self):
+        rotation, bias = parse_pos(self.pos)
+        if rotation != "nope" and self.head_dim % 2:
+            raise ValueError(f"pos={self.pos!r} rotates coordinate pairs, so head_dim must be even (got {self.head_dim})")
+        if bias == "grape_ap" and self.p_head_dim % 2:
+            raise ValueError(f"grape_ap rotates its path vectors, so p_head_dim must be even (got {self.p_head_dim})")
+        resolve_backend(self.attn_backend, None)  # validates the name
+        for name in ("n_layer", "n_head", "n_embd", "head_dim", "vocab_size", "block_size"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"GPTConfig.{name} must be positive (got {getattr(self, name)})")
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "GPTConfig":
+        fields = [f.name for f in dataclasses.fields(cls)]
+        for key in values:
+            if key not in fields:
+                close = difflib.get_close_matches(key, fields, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(fields)}"
+                raise ValueError(f"unknown model config key {key!r}{hint}")
+        return cls(**values)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), self.eps).to(x.dtype)
+
+
+class LayerCache:
+    """One layer's KV cache: preallocated buffers with the time axis at dim 2 (keys as attention
+    consumes them, i.e. rotated and lifted; values; the bias's key features), plus the running state
+    of the encodings (FoX's log-gate sum, the contextual phase, KV-shift's previous k and v)."""
+
+    def __init__(self, max_len: int):
+        self.max_len = max_len
+        self.length = 0
+        self.buffers: dict[str, torch.Tensor] = {}
+        self.state: dict[str, torch.Tensor] = {}
+
+    def append(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        new = next(iter(tensors.values())).shape[2]
+        end = self.length + new
+        if end > self.max_len:
+            raise ValueError(f"KV cache is full: {end} positions needed, {self.max_len} allocated; "
+                             f"create it with model.new_cache(batch_size, max_len={end}) or larger")
+        views = {}
+        for name, t in tensors.items():
+            if name not in self.buffers:
+                self.buffers[name] = t.new_zeros(*t.shape[:2], self.max_len, *t.shape[3:])
+            self.buffers[name][:, :, self.length:end] = t
+            views[name] = self.buffers[name][:, :, :end]
+        self.length = end
+        return views
+
+
+class KVCache:
+    def __init__(self, n_layer: int, max_len: int, start_pos: int = 0):
+        self.layers = [LayerCache(max_len) for _ in range(n_layer)]
+        self.start_pos = start_pos  # absolute position of the first cached token
+        self.pos = start_pos  # absolute position of the next token
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        H, d, C = config.n_head, config.head_dim, config.n_embd
+        self.n_head, self.head_dim, self.scale = H, d, 1.0 / math.sqrt(d)
+        self.qkv = nn.Linear(C, 3 * H * d, bias=False)
+        self.proj = nn.Linear(H * d, C, bias=False)
+        self.q_norm = RMSNorm(d, config.norm_eps)
+        self.k_norm = RMSNorm(d, config.norm_eps)
+        rotation, bias = parse_pos(config.pos)
+        self.rotation = Rotation(rotation, n_head=H, head_dim=d, n_embd=C, base=config.rope_base,
+                                 learn_spectrum=config.learn_spectrum,
+                                 spectrum_per_head=config.spectrum_per_head,
+                                 ctx_temperature=config.ctx_temperature,
+                                 ctx_init_increment=config.ctx_init_increment)
+        self.bias = build_bias(bias, n_head=H, head_dim=d, n_embd=C,
+                               grape_a_omega_init=config.grape_a_omega_init,
+                               fox_gate_bias_init=config.fox_gate_bias_init, p_head_dim=config.p_head_dim)
+        self.kv_shift = KVShift(H, C) if config.kv_shift else None
+        self.backend = resolve_backend(config.attn_backend, self.bias)
+
+    def forward(self, x, positions, cache: LayerCache | None = None, k_positions=None):
+        B, T, _ = x.shape
+        state = cache.state if cache is not None else {}
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
+        if self.kv_shift is not None:
+            k, v = self.kv_shift(x, k, v, state)
+        q, k = self.q_norm(q), self.k_norm(k)
+        qf, kf = self.bias.features(x, q, k, positions, state) if self.bias is not None else ({}, {})
+        q, k = self.rotation(q, k, x, positions, state)
+        if self.backend == "lifted":
+            q, k = lift_qk(q, k, qf, kf, self.bias, self.scale)
+        if cache is not None:
+            stored = cache.append({"k": k, "v": v, **{f"feature_{n}": f for n, f in kf.items()}})
+            k, v = stored["k"], stored["v"]
+            kf = {n: stored[f"feature_{n}"] for n in kf}
+        y = attend(q, k, v, backend=self.backend, scale=self.scale, q_pos=positions,
+                   k_pos=positions if k_positions is None else k_positions, bias=self.bias, qf=qf, kf=kf)
+        return self.proj(y.transpose(1, 2).reshape(B, T, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        hidden = math.floor(8 * config.n_embd / 3)
+        self.gate = nn.Linear(config.n_embd, hidden, bias=False)
+        self.up = nn.Linear(config.n_embd, hidden, bias=False)
+        self.proj = nn.Linear(hidden, config.n_embd, bias=False)
+
+    def forward(self, x):
+        return self.proj(F.silu(self.gate(x)) * self.up(x))
+
+
+class Block(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.attn_norm = RMSNorm(config.n_embd, config.norm_eps)
+        self.attn = CausalSelfAttention(config)
+        self.mlp_norm = RMSNorm(config.n_embd, config.norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, x, positions, cache=None, k_positions=None):
+        x = x + self.attn(self.attn_norm(x), positions, cache, k_positions)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = config
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.norm = RMSNorm(config.n_embd, config.norm_eps)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight  # tied
+        self._init_weights()
+
+    def _init_weights(self):
+        # The official init; positional modules (rotation, bias, kv_shift) keep their own.
+        cfg = self.config
+        nn.init.normal_(self.wte.weight, std=0.02)
+        std = 0.5 / math.sqrt(cfg.n_embd)
+        for block in self.blocks:
+            for linear in (block.attn.qkv, block.mlp.gate, block.mlp.up):
+                nn.init.normal_(linear.weight, std=std)
+            for linear in (block.attn.proj, block.mlp.proj):
+                nn.init.normal_(linear.weight, std=std / math.sqrt(cfg.n_layer))
+
+    def extra_repr(self):
+        backend = self.blocks[0].attn.backend
+        return (f"pos={self.config.pos}, kv_shift={self.config.kv_shift}, "
+                f"attention backend={backend} ({describe_backend(backend)})")
+
+    @property
+    def attention_backend(self) -> str:
+        return self.blocks[0].attn.backend
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token (forward + backward), PaLM convention: 6N for the weights (the
+        tied lm_head matmul included) plus 12·L·H·d·T for the attention scores and values."""
+        cfg = self.config
+        return 6 * self.num_params() + 12 * cfg.n_layer * cfg.n_head * cfg.head_dim * seq_len
+
+    def new_cache(self, batch_size: int, max_len: int, start_pos: int = 0) -> KVCache:
+        del batch_size  # buffers take their batch size from the first tokens appended
+        return KVCache(self.config.n_layer, max_len, start_pos)
+
+    def forward(self, idx, targets=None, start_pos: int = 0, cache: KVCache | None = None):
+        """idx (B, T) token ids; start_pos is the absolute position of idx[:, 0] (taken from the cache
+        when one is given). Returns fp32 logits (B, T, vocab) and the mean cross-entropy over targets
+        that are not -1 (None without targets)."""
+        T = idx.shape[1]
+        k_positions = None
+        if cache is not None:
+            start_pos = cache.pos
+            k_positions = torch.arange(cache.start_pos, start_pos + T, device=idx.device)
+        positions = torch.arange(start_pos, start_pos + T, device=idx.device)
+        x = self.wte(idx)
+        for i, block in enumerate(self.blocks):
+            x = block(x, positions, cache.layers[i] if cache is not None else None, k_positions)
+        if cache is not None:
+            cache.pos += T
+        logits = self.lm_head(self.norm(x)).float()
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-1)
+        return logits, loss
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
+                 generator: torch.Generator | None = None):
+        """Sample max_new_tokens after idx with the KV cache: one prefill, then one token per step.
+        temperature 0 is greedy."""
+        cache = self.new_cache(idx.shape[0], idx.shape[1] + max_new_tokens)
+        logits, _ = self(idx, cache=cache)
+        out = [idx]
+        for step in range(max_new_tokens):
+            next_logits = logits[:, -1]
+            if temperature == 0:
+                next_token = next_logits.argmax(dim=-1, keepdim=True)
+            else:
+                next_logits = next_logits / temperature
+                if top_k is not None:
+                    kth = torch.topk(next_logits, min(top_k, next_logits.shape[-1])).values[:, -1:]
+                    next_logits = next_logits.masked_fill(next_logits < kth, float("-inf"))
+                next_token = torch.multinomial(torch.softmax(next_logits, dim=-1), 1, generator=generator)
+            out.append(next_token)
+            if step + 1 < max_new_tokens:
+                logits, _ = self(next_token, cache=cache)
+        return torch.cat(out, dim=1)
+
+    @classmethod
+    def from_checkpoint(cls, path: str, map_location="cpu") -> tuple["GPT", dict]:
+        """Load RUN_DIR/ckpt.pt (or the file given): needs the keys "model" and "model_config"."""
+        file = os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path
+        if not os.path.isfile(file):
+            raise FileNotFoundError(f"no checkpoint at {file}: pass a run directory holding ckpt.pt or a .pt file")
+        try:
+            ckpt = torch.load(file, map_location=map_location, weights_only=True)
+        except Exception as error:
+            raise ValueError(f"checkpoint {file} is corrupt or not a checkpoint of this project ({error})") from error
+        missing = [key for key in ("model", "model_config") if key not in ckpt]
+        if missing:
+            raise ValueError(f"checkpoint {file} lacks {missing}; it was not written by this project's train.py")
+        model = cls(GPTConfig.from_dict(ckpt["model_config"]))
+        model.load_state_dict(ckpt["model"])
+        return model, ckpt
+
+
+__all__ = ["GPT", "GPTConfig", "KVCache", "BIASES"]

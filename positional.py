@@ -1,0 +1,375 @@
+"""The positional encodings of the GRAPE paper behind one small interface.
+
+Every encoding contributes up to two parts, mirroring the paper's families, and attention composes
+whatever it gets:
+
+* a ``Rotation`` (multiplicative GRAPE, SO(d)): rotates q and k at given positions (or contextual
+  phases) before the dot product: ``nope``, ``rope``, ``grape_m``, ``grape_m_basis``, ``grape_m_ctx``;
+* an ``AdditiveBias`` (additive GRAPE, the GL(d+2) unipotent lift): a logit bias b(t, j) built from
+  per-token query features and key features. Separable biases (``alibi``, ``grape_a_*``, ``fox``) can
+  also be written as a few *lifted columns* appended to q and k whose dot product equals the bias up to
+  a per-query constant (softmax ignores it), so they run through fused causal attention. ``grape_ap``
+  is not separable and needs its own kernel.
+
+Key features are what the KV cache stores beside the keys, so training, prefill and decoding are the
+same code: features are computed per token from explicit absolute positions and a running state
+(FoX's cumulative log-gate, the contextual phase, the previous key and value for KV-shift).
+Everything positional is computed in fp32.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+ROTATIONS = ("nope", "rope", "grape_m", "grape_m_basis", "grape_m_ctx")
+BIASES = ("alibi", "grape_a_q", "grape_a_k", "grape_a_qk", "fox", "grape_ap")
+ENCODINGS = ROTATIONS + BIASES
+
+
+def parse_pos(name: str) -> tuple[str, str | None]:
+    """Split a config value such as ``rope``, ``fox`` or ``rope+grape_ap`` into (rotation, bias)."""
+    parts = [p.strip() for p in name.split("+")] if isinstance(name, str) else [name]
+    unknown = [p for p in parts if p not in ENCODINGS]
+    if unknown or not 1 <= len(parts) <= 2:
+        raise ValueError(
+            f"unknown positional encoding {name!r}: use one of {', '.join(ENCODINGS)}, or one rotation "
+            f"and one additive encoding joined by '+' (e.g. 'rope+grape_ap', 'grape_m+alibi')")
+    rotations = [p for p in parts if p in ROTATIONS]
+    biases = [p for p in parts if p in BIASES]
+    if len(rotations) > 1 or len(biases) > 1:
+        raise ValueError(f"positional encoding {name!r} combines two encodings of the same family; "
+                         f"combine at most one of {ROTATIONS} with one of {BIASES}")
+    return (rotations[0] if rotations else "nope"), (biases[0] if biases else None)
+
+
+def alibi_slopes(n_head: int) -> torch.Tensor:
+    """The standard ALiBi slopes 2^(-8h/H); for H not a power of two, the slopes of the next lower
+    power of two followed by every other slope of the next higher one (Press et al.)."""
+    def power_of_two_slopes(n):
+        return [2.0 ** (-8.0 * (h + 1) / n) for h in range(n)]
+    if n_head & (n_head - 1) == 0:
+        slopes = power_of_two_slopes(n_head)
+    else:
+        lower = 2 ** math.floor(math.log2(n_head))
+        slopes = power_of_two_slopes(lower) + power_of_two_slopes(2 * lower)[0::2][: n_head - lower]
+    return torch.tensor(slopes, dtype=torch.float32)
+
+
+def inverse_softplus(y: float) -> float:
+    return y + math.log(-math.expm1(-y))
+
+
+def rank2_exp(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """exp(L) for the rank-2 skew generator L = a bᵀ - b aᵀ in closed form (Rodrigues):
+    exp(L) = I + (sin s / s) L + ((1 - cos s) / s²) L², with s² = |a|²|b|² - (a·b)².
+    Near s = 0 the two coefficients use their Taylor series, so the formula is exact to fp precision."""
+    L = torch.outer(a, b) - torch.outer(b, a)
+    s2 = (a @ a) * (b @ b) - (a @ b) ** 2
+    s2 = s2.clamp_min(0.0)
+    s = s2.sqrt()
+    small = s < 1e-3
+    safe_s = torch.where(small, torch.ones_like(s), s)
+    sin_coeff = torch.where(small, 1 - s2 / 6 + s2 * s2 / 120, torch.sin(safe_s) / safe_s)
+    cos_coeff = torch.where(small, 0.5 - s2 / 24 + s2 * s2 / 720, (1 - torch.cos(safe_s)) / safe_s**2)
+    eye = torch.eye(a.numel(), dtype=a.dtype, device=a.device)
+    return eye + sin_coeff * L + cos_coeff * (L @ L)
+
+
+def rotate_planes(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
+    """Rotate each coordinate pair (i, i + d/2) of x by angles[..., i], in fp32.
+
+    This is exp(Σ_i angle_i L_i) with L_i = e_{i+d/2} e_iᵀ - e_i e_{i+d/2}ᵀ: commuting planes, so
+    rotate(x, a)·rotate(y, b) depends only on a - b (the relative law)."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    cos, sin = angles.cos(), angles.sin()
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).to(x.dtype)
+
+
+def rms_normalize(x: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+# --------------------------------------------------------------------------------------------------
+# Multiplicative GRAPE: rotations of q and k
+
+
+class Rotation(nn.Module):
+    """SO(d) action on q and k. ``forward(q, k, x, positions, state)`` returns rotated q, k.
+
+    Angles are (B|1, H|1, T, d/2) fp32: position (or contextual phase) times the plane frequencies
+    θ_i. ``rope`` fixes θ_i = base^(-2i/d); ``grape_m*`` learn log θ (initialised to the same values,
+    so with learning frozen they equal ``rope`` bit for bit); ``grape_m_basis`` rotates in a learned
+    orthogonal basis B = exp(A - Aᵀ) (B = I at init), which is enough because Bᵀ cancels in q̃·k̃;
+    ``grape_m_ctx`` replaces the position by the phase Φ_t = Σ_{τ<t} ω_τ with ω_τ ≥ 0 from the layer
+    input (one Φ shared by all heads)."""
+
+    def __init__(self, kind: str, *, n_head: int, head_dim: int, n_embd: int, base: float,
+                 learn_spectrum: bool, spectrum_per_head: bool, ctx_temperature: float,
+                 ctx_init_increment: float):
+        super().__init__()
+        self.kind = kind
+        if kind == "nope":
+            return
+        if head_dim % 2:
+            raise ValueError(f"pos={kind!r} rotates coordinate pairs, so head_dim must be even (got {head_dim})")
+        # θ_i = exp(-(2i/d) ln base): the same expression for every kind, so grape_m == rope exactly.
+        log_theta = -(torch.arange(head_dim // 2, dtype=torch.float32) * 2 / head_dim) * math.log(base)
+        if kind == "rope":
+            self.register_buffer("log_theta", log_theta, persistent=False)
+        else:
+            if spectrum_per_head:
+                log_theta = log_theta.expand(n_head, -1).clone()
+            if learn_spectrum:
+                self.log_theta = nn.Parameter(log_theta)
+            else:
+                self.register_buffer("log_theta", log_theta)
+        if kind == "grape_m_basis":
+            self.basis_generator = nn.Parameter(torch.zeros(head_dim, head_dim))
+        if kind == "grape_m_ctx":
+            self.ctx_temperature = ctx_temperature
+            self.phase_increment = nn.Linear(n_embd, 1)
+            nn.init.zeros_(self.phase_increment.weight)
+            nn.init.constant_(self.phase_increment.bias, inverse_softplus(ctx_init_increment))
+
+    def extra_repr(self):
+        return f"kind={self.kind}"
+
+    def basis(self) -> torch.Tensor:
+        skew = self.basis_generator - self.basis_generator.T
+        return torch.linalg.matrix_exp(skew.float())
+
+    def angles(self, x: torch.Tensor, positions: torch.Tensor, state: dict) -> torch.Tensor:
+        theta = self.log_theta.float().exp()
+        if theta.dim() == 2:  # per head: (H, d/2) -> (1, H, 1, d/2)
+            theta = theta[None, :, None, :]
+        if self.kind == "grape_m_ctx":
+            increments = torch.sigmoid(self.phase_increment(x.float()).squeeze(-1) / self.ctx_temperature)
+            previous = state.get("phase", torch.zeros(x.shape[0], device=x.device))
+            inclusive = previous[:, None] + torch.cumsum(increments, dim=1)
+            phase = inclusive - increments  # exclusive: Φ_t = Σ_{τ<t} ω_τ
+            state["phase"] = inclusive[:, -1]
+            return phase[:, None, :, None] * theta
+        return positions.float()[:, None] * theta
+
+    def forward(self, q, k, x, positions, state):
+        if self.kind == "nope":
+            return q, k
+        if self.kind == "grape_m_basis":
+            basis = self.basis().to(q.dtype)
+            q, k = q @ basis, k @ basis  # row vectors: (Bᵀ q)ᵀ = qᵀ B
+        angles = self.angles(x, positions, state)
+        return rotate_planes(q, angles), rotate_planes(k, angles)
+
+
+# --------------------------------------------------------------------------------------------------
+# Additive GRAPE: logit biases b(t, j)
+
+
+class AdditiveBias(nn.Module):
+    """A logit bias b(t, j) for query t and key j <= t.
+
+    ``features`` returns per-token query and key features (fp32 tensors with the time axis at dim 2;
+    the KV cache stores the key features). ``dense`` is the formula as the paper writes it,
+    (B, H, Tq, Tk). ``lift`` returns (q_cols, k_cols) with q_cols·k_cols = b(t, j) + c(t); ``None``
+    when the bias is not separable (GRAPE-AP)."""
+
+    separable = True
+
+    def features(self, x, q, k, positions, state) -> tuple[dict, dict]:
+        raise NotImplementedError
+
+    def dense(self, qf: dict, kf: dict) -> torch.Tensor:
+        raise NotImplementedError
+
+    def lift(self, qf: dict, kf: dict) -> tuple[torch.Tensor, torch.Tensor] | None:
+        return None
+
+
+def _positions_feature(positions: torch.Tensor) -> torch.Tensor:
+    return positions.float()[None, None, :]  # (1, 1, T)
+
+
+def _distance(qf, kf) -> torch.Tensor:
+    return qf["pos"][..., :, None] - kf["pos"][..., None, :]  # t - j, (.., Tq, Tk)
+
+
+class ALiBi(AdditiveBias):
+    """b(t, j) = -β_h (t - j) with the standard slopes. Lift: -β(t - j) ≡ β j (drop -β t)."""
+
+    def __init__(self, n_head: int):
+        super().__init__()
+        self.register_buffer("slopes", alibi_slopes(n_head), persistent=False)
+
+    def features(self, x, q, k, positions, state):
+        pos = _positions_feature(positions)
+        return {"pos": pos}, {"pos": pos}
+
+    def dense(self, qf, kf):
+        return -self.slopes[:, None, None] * _distance(qf, kf)
+
+    def lift(self, qf, kf):
+        q_cols = torch.ones_like(qf["pos"])[..., None]
+        k_cols = (self.slopes[:, None] * kf["pos"])[..., None]  # (1, H, Tk, 1)
+        return q_cols, k_cols
+
+
+class GatedSlope(AdditiveBias):
+    """GRAPE-A with content-gated slopes: b(t, j) = -(t - j) ω_h [λ_q(q_t) + λ_k(k_j)],
+    λ_q = softplus(v̂_h·q_t/√d), λ_k = softplus(û_h·k_j/√d) (û, v̂ unit vectors), ω_h = softplus(w_h) ×
+    ALiBi slope. ``gates`` picks "q", "k" or "qk". The gates read the QK-normalised, unrotated q and k.
+
+    Lift (drop the row constant -ω t λ_q,t): ω(j λ_q,t - t λ_k,j + j λ_k,j), i.e.
+    q-side [λ_q,t, t, 1] against k-side [ω j, -ω λ_k,j, ω j λ_k,j] (the columns of the absent gate
+    are left out)."""
+
+    def __init__(self, n_head: int, head_dim: int, gates: str, omega_init: float):
+        super().__init__()
+        self.gates = gates
+        self.head_dim = head_dim
+        self.register_buffer("slopes", alibi_slopes(n_head), persistent=False)
+        self.rate = nn.Parameter(torch.full((n_head,), inverse_softplus(omega_init)))
+        if "q" in gates:
+            self.query_gate = nn.Parameter(torch.randn(n_head, head_dim) / math.sqrt(head_dim))
+        if "k" in gates:
+            self.key_gate = nn.Parameter(torch.randn(n_head, head_dim) / math.sqrt(head_dim))
+
+    def extra_repr(self):
+        return f"gates={self.gates}"
+
+    def omega(self):
+        return F.softplus(self.rate.float()) * self.slopes  # (H,)
+
+    def _gate(self, weight, x):
+        unit = F.normalize(weight.float(), dim=-1)
+        return F.softplus(torch.einsum("bhtd,hd->bht", x.float(), unit) / math.sqrt(self.head_dim))
+
+    def features(self, x, q, k, positions, state):
+        pos = _positions_feature(positions)
+        qf, kf = {"pos": pos}, {"pos": pos}
+        if "q" in self.gates:
+            qf["lam"] = self._gate(self.query_gate, q)
+        if "k" in self.gates:
+            kf["lam"] = self._gate(self.key_gate, k)
+        return qf, kf
+
+    def dense(self, qf, kf):
+        rate = 0.0
+        if "q" in self.gates:
+            rate = rate + qf["lam"][..., :, None]
+        if "k" in self.gates:
+            rate = rate + kf["lam"][..., None, :]
+        return -_distance(qf, kf) * self.omega()[:, None, None] * rate
+
+    def lift(self, qf, kf):
+        omega = self.omega()[:, None]  # (H, 1) against (.., H, T)
+        j = kf["pos"]
+        q_cols, k_cols = [], []
+        if "q" in self.gates:
+            q_cols.append(qf["lam"])
+            k_cols.append(omega * j)
+        if "k" in self.gates:
+            t = qf["pos"]
+            q_cols += [t, torch.ones_like(t)]
+            k_cols += [-omega * kf["lam"], omega * j * kf["lam"]]
+        shape_q = torch.broadcast_shapes(*(c.shape for c in q_cols))
+        shape_k = torch.broadcast_shapes(*(c.shape for c in k_cols))
+        return (torch.stack([c.expand(shape_q) for c in q_cols], dim=-1),
+                torch.stack([c.expand(shape_k) for c in k_cols], dim=-1))
+
+
+class ForgetGate(AdditiveBias):
+    """FoX: f_t = sigmoid(w_h·x_t + b_h), b(t, j) = Σ_{ℓ=j+1}^{t} log f_ℓ = c_t - c_j with the running
+    sum c_u = Σ_{ℓ<=u} log f_ℓ (carried across cache steps). Lift: c_t - c_j ≡ -c_j."""
+
+    def __init__(self, n_head: int, n_embd: int, bias_init: float):
+        super().__init__()
+        self.gate = nn.Linear(n_embd, n_head)
+        nn.init.normal_(self.gate.weight, std=0.5 / math.sqrt(n_embd))
+        nn.init.constant_(self.gate.bias, bias_init)
+
+    def features(self, x, q, k, positions, state):
+        log_f = F.logsigmoid(self.gate(x.float())).transpose(1, 2)  # (B, H, T)
+        previous = state.get("log_gate_sum", torch.zeros_like(log_f[..., 0]))
+        c = previous[..., None] + torch.cumsum(log_f, dim=-1)
+        state["log_gate_sum"] = c[..., -1]
+        return {"c": c}, {"c": c}
+
+    def dense(self, qf, kf):
+        return qf["c"][..., :, None] - kf["c"][..., None, :]
+
+    def lift(self, qf, kf):
+        return torch.ones_like(qf["c"])[..., None], -kf["c"][..., None]
+
+
+class PathIntegral(AdditiveBias):
+    """GRAPE-AP: ψ(t, ℓ) = α_h logsigmoid(⟨p_t, R_ℓ p̂_ℓ⟩ / d_p) <= 0, b(t, j) = Σ_{ℓ=j+1}^{t} ψ(t, ℓ).
+
+    p = a per-head linear projection of the layer input (d_p each); the query side uses p_t as is, the
+    key side its parameter-free RMS norm rotated by R_ℓ (angle ℓ in every plane: RoPE with base 1),
+    so ψ depends on absolute ℓ. Query features: p_t / d_p; key features: r_ℓ = R_ℓ p̂_ℓ (cached)."""
+
+    separable = False
+
+    def __init__(self, n_head: int, n_embd: int, p_head_dim: int):
+        super().__init__()
+        if p_head_dim % 2:
+            raise ValueError(f"grape_ap rotates its path vectors in planes, so p_head_dim must be even "
+                             f"(got {p_head_dim})")
+        self.n_head, self.p_head_dim = n_head, p_head_dim
+        self.path = nn.Linear(n_embd, n_head * p_head_dim, bias=False)
+        nn.init.normal_(self.path.weight, std=0.5 / math.sqrt(n_embd))
+        self.register_buffer("slopes", alibi_slopes(n_head), persistent=False)
+
+    def features(self, x, q, k, positions, state):
+        B, T, _ = x.shape
+        p = self.path(x.float()).view(B, T, self.n_head, self.p_head_dim).transpose(1, 2)
+        angles = positions.float()[:, None].expand(T, self.p_head_dim // 2)
+        r = rotate_planes(rms_normalize(p), angles)
+        return {"p": p / self.p_head_dim, "pos": _positions_feature(positions)}, \
+               {"r": r, "pos": _positions_feature(positions)}
+
+    def edge_potentials(self, qf, kf) -> torch.Tensor:
+        """ψ(t, ℓ) for every query t and key ℓ, zero where ℓ > t: (B, H, Tq, Tk)."""
+        psi = self.slopes[:, None, None] * F.logsigmoid(qf["p"] @ kf["r"].transpose(-1, -2))
+        return psi.masked_fill(_distance(qf, kf) < 0, 0.0)
+
+    def dense(self, qf, kf):
+        left_sums = torch.cumsum(self.edge_potentials(qf, kf), dim=-1)  # Σ_{ℓ<=j} ψ(t, ℓ)
+        return left_sums[..., -1:] - left_sums  # Σ_{j<ℓ<=t} ψ(t, ℓ)
+
+
+class KVShift(nn.Module):
+    """KV-shift: k'_t = a_t k_{t-1} + (1 - a_t) k_t, and the same for v with its own gate,
+    a_t = sigmoid(W x_t) per head, k_{-1} = 0. The previous raw k and v are carried in the cache."""
+
+    def __init__(self, n_head: int, n_embd: int):
+        super().__init__()
+        self.gate = nn.Linear(n_embd, 2 * n_head, bias=False)
+        nn.init.normal_(self.gate.weight, std=0.5 / math.sqrt(n_embd))
+
+    def forward(self, x, k, v, state):
+        a_k, a_v = torch.sigmoid(self.gate(x)).transpose(1, 2)[..., None].to(k.dtype).chunk(2, dim=1)
+        shifted = []
+        for name, t, a in (("prev_k", k, a_k), ("prev_v", v, a_v)):
+            previous = state.get(name, torch.zeros_like(t[:, :, :1]))
+            state[name] = t[:, :, -1:]
+            shifted.append(a * torch.cat((previous, t[:, :, :-1]), dim=2) + (1 - a) * t)
+        return shifted
+
+
+def build_bias(kind: str | None, *, n_head: int, head_dim: int, n_embd: int, grape_a_omega_init: float,
+               fox_gate_bias_init: float, p_head_dim: int) -> AdditiveBias | None:
+    if kind is None:
+        return None
+    if kind == "alibi":
+        return ALiBi(n_head)
+    if kind.startswith("grape_a_"):
+        return GatedSlope(n_head, head_dim, kind.removeprefix("grape_a_"), grape_a_omega_init)
+    if kind == "fox":
+        return ForgetGate(n_head, n_embd, fox_gate_bias_init)
+    if kind == "grape_ap":
+        return PathIntegral(n_head, n_embd, p_head_dim)
+    raise ValueError(f"unknown additive encoding {kind!r}; valid: {', '.join(BIASES)}")
