@@ -1,0 +1,253 @@
+"""Training configuration: the TrainConfig dataclass and the TOML config loader with CLI overrides.
+
+A config file is TOML with up to three top-level entries:
+
+    include = "../base/medium.toml"   # optional; a path relative to this file, merged first
+    [model]                           # keys of model.GPTConfig
+    pos = "fox"
+    [train]                           # keys of TrainConfig below
+    lr = 1e-3
+
+Files are merged include-first, so a per-encoding file only says what differs from its base.
+Command-line overrides `--key=value` (or `--model.key=value` / `--train.key=value` when a name is
+ambiguous) are applied last. Every key is checked: a misspelling is an error that names the closest
+valid key, and every value is converted to the type of its field.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import tomllib
+import typing
+from dataclasses import dataclass
+
+SECTIONS = ("model", "train")
+
+
+class ConfigError(Exception):
+    """A user mistake in a config file or on the command line; the message says what to do."""
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    # data and output
+    data_dir: str = "default"        # a prepared data directory; "default" = the embedded corpus (prepared once, offline)
+    out_dir: str = ""                # run directory; "" = runs/<config path below configs/, without .toml>
+    seed: int = 1337
+    # batch: global_batch_size sequences per optimizer step = batch_size x grad_accum x world_size
+    batch_size: int = 4              # sequences per micro-batch per process
+    global_batch_size: int = 480     # sequences per optimizer step over all processes
+    # optimizer and schedule (AdamW; no weight decay on parameters with ndim < 2)
+    max_iters: int = 25000
+    lr: float = 1e-3
+    min_lr: float = 3e-5
+    warmup_iters: int = 2000
+    weight_decay: float = 0.01
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0           # 0 = no clipping
+    # evaluation, logging, checkpoints
+    log_interval: int = 10
+    eval_interval: int = 1000        # validation every this many iterations (and at the first and last); 0 = never
+    eval_batches: int = 50           # validation micro-batches (batch_size sequences each) per evaluation
+    ckpt_interval: int = 1000        # checkpoint every this many iterations (and at the end); 0 = only at the end
+    stop_iter: int = 0               # stop with a checkpoint after this many iterations (time-limited jobs); 0 = max_iters
+    # system
+    device: str = "auto"             # auto | cpu | cuda
+    dtype: str = "auto"              # auto (bf16 autocast on GPU, fp32 on CPU) | bf16 | fp32
+    compile: bool = False            # torch.compile the model
+    # wandb (disabled unless asked; offline by default, so no account is needed)
+    wandb: bool = False
+    wandb_project: str = "grape"
+    wandb_mode: str = "offline"      # offline | online
+    wandb_run_name: str = ""         # "" = the run directory's name
+
+    def validate(self) -> None:
+        checks = [
+            (self.batch_size >= 1, "batch_size must be at least 1"),
+            (self.global_batch_size >= self.batch_size,
+             "global_batch_size must be at least batch_size (it counts sequences over all processes)"),
+            (self.max_iters >= 1, "max_iters must be at least 1"),
+            (0 <= self.warmup_iters < self.max_iters, "warmup_iters must be between 0 and max_iters - 1"),
+            (0 <= self.min_lr <= self.lr, "min_lr must be between 0 and lr"),
+            (self.log_interval >= 1, "log_interval must be at least 1"),
+            (self.eval_interval >= 0 and self.ckpt_interval >= 0 and self.stop_iter >= 0,
+             "eval_interval, ckpt_interval and stop_iter must be 0 or positive"),
+            (self.eval_batches >= 1, "eval_batches must be at least 1"),
+            (self.device in ("auto", "cpu", "cuda"), f"device must be auto, cpu or cuda, not {self.device!r}"),
+            (self.dtype in ("auto", "bf16", "fp32"), f"dtype must be auto, bf16 or fp32, not {self.dtype!r}"),
+            (self.wandb_mode in ("offline", "online"), f"wandb_mode must be offline or online, not {self.wandb_mode!r}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(message + ".")
+
+
+def closest_hint(name: str, valid: typing.Iterable[str]) -> str:
+    match = difflib.get_close_matches(name, list(valid), n=1, cutoff=0.5)
+    return f"did you mean {match[0]!r}?" if match else "valid keys: " + ", ".join(sorted(valid))
+
+
+def field_kinds(cls) -> dict[str, object]:
+    """Map field name -> the type its values are converted to (bool/int/float/str, or None if unknown)."""
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception:  # unresolvable annotations: fall back to the defaults' types below
+        hints = {}
+    kinds = {}
+    for f in dataclasses.fields(cls):
+        kind = hints.get(f.name)
+        if kind not in (bool, int, float, str):
+            # Optional or other annotation: fall back to the default's type, if it is a plain one.
+            default = f.default if f.default is not dataclasses.MISSING else None
+            kind = type(default) if isinstance(default, (bool, int, float, str)) else None
+        kinds[f.name] = kind
+    return kinds
+
+
+def convert(section: str, key: str, value, kind):
+    """Convert a TOML or command-line value to the field's type; one clear error if impossible."""
+    where = f"{section}.{key}"
+    if kind is None:
+        if isinstance(value, str):  # optional or unusual field type: guess from the text
+            if value.lower() in ("none", "null"):
+                return None
+            for parse in (int, float):
+                try:
+                    return parse(value)
+                except ValueError:
+                    pass
+            if value.lower() in ("true", "false"):
+                return value.lower() == "true"
+        return value
+    try:
+        if kind is bool:
+            if isinstance(value, bool):
+                return value
+            text = str(value).lower()
+            if text in ("true", "1", "yes", "on"):
+                return True
+            if text in ("false", "0", "no", "off"):
+                return False
+            raise ValueError
+        if kind is int:
+            if isinstance(value, bool):
+                raise ValueError
+            if isinstance(value, int):
+                return value
+            number = float(value)  # accepts "25000", "2.5e4" and 2.5e4, but not 2.5
+            if not number.is_integer():
+                raise ValueError
+            return int(number)
+        if kind is float:
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        if kind is str:
+            return str(value)
+    except (ValueError, TypeError):
+        pass
+    expected = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}[kind]
+    raise ConfigError(f"{where} = {value!r} is not valid; it must be {expected}.")
+
+
+def read_toml(path: str, seen: tuple[str, ...] = ()) -> dict[str, dict]:
+    """Read a config file and everything it includes; later files override earlier ones."""
+    path = os.path.abspath(path)
+    if path in seen:
+        raise ConfigError(f"config include cycle: {' -> '.join(seen + (path,))}; remove one of the includes.")
+    if not os.path.isfile(path):
+        raise ConfigError(f"config file {path} does not exist; pick one of the files under configs/.")
+    try:
+        with open(path, "rb") as f:
+            raw = tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {path} is not valid TOML ({e}); fix the line it names.") from None
+    merged: dict[str, dict] = {s: {} for s in SECTIONS}
+    include = raw.pop("include", None)
+    if include is not None:
+        includes = [include] if isinstance(include, str) else include
+        for inc in includes:
+            base = read_toml(os.path.join(os.path.dirname(path), inc), seen + (path,))
+            for s in SECTIONS:
+                merged[s].update(base[s])
+    for name, table in raw.items():
+        if name not in SECTIONS or not isinstance(table, dict):
+            raise ConfigError(f"{path}: unknown top-level entry {name!r}; "
+                              f"{closest_hint(name, SECTIONS + ('include',))} "
+                              "(a config file has only include, [model] and [train]).")
+        merged[name].update(table)
+    return merged
+
+
+def parse_overrides(args: list[str], model_keys, train_keys) -> dict[str, dict]:
+    """--key=value / --model.key=value / --train.key=value / --flag (a bool set to true)."""
+    out: dict[str, dict] = {s: {} for s in SECTIONS}
+    keys = {"model": set(model_keys), "train": set(train_keys)}
+    for arg in args:
+        if not arg.startswith("--") or len(arg) < 3:
+            raise ConfigError(f"unexpected argument {arg!r}; overrides are written --key=value.")
+        name, has_value, value = arg[2:].partition("=")
+        if not has_value:
+            value = "true"  # a bare --flag switches a bool on
+        name = name.replace("-", "_")
+        section, dot, key = name.partition(".")
+        if dot:
+            if section not in SECTIONS:
+                raise ConfigError(f"override {arg!r}: unknown section {section!r}; use model. or train.")
+        else:
+            key = name
+            owners = [s for s in SECTIONS if key in keys[s]]
+            if len(owners) > 1:
+                raise ConfigError(f"override {arg!r} is ambiguous; write --model.{key}=... or --train.{key}=....")
+            if not owners:
+                raise ConfigError(f"unknown config key {key!r} in {arg!r}; "
+                                  f"{closest_hint(key, keys['model'] | keys['train'])}")
+            section = owners[0]
+        if key not in keys[section]:
+            raise ConfigError(f"unknown {section} key {key!r} in {arg!r}; {closest_hint(key, keys[section])}")
+        out[section][key] = value
+    return out
+
+
+def default_out_dir(config_path: str) -> str:
+    """runs/<path below configs/ without .toml>, e.g. configs/medium/fox.toml -> runs/medium/fox."""
+    path = os.path.abspath(config_path)
+    parts = path.split(os.sep)
+    stem = os.path.splitext(path)[0]
+    if "configs" in parts:
+        i = len(parts) - 1 - parts[::-1].index("configs")
+        rel = os.path.splitext(os.path.join(*parts[i + 1:]))[0]
+    else:
+        rel = os.path.basename(stem)
+    return os.path.join("runs", rel)
+
+
+def resolve(config_path: str, overrides: list[str], model_config_cls) -> tuple[object, TrainConfig]:
+    """Config file + overrides -> (model config object, TrainConfig), all keys checked and typed."""
+    merged = read_toml(config_path)
+    model_kinds = field_kinds(model_config_cls)
+    train_kinds = field_kinds(TrainConfig)
+    cli = parse_overrides(overrides, model_kinds, train_kinds)
+    for s in SECTIONS:
+        merged[s].update(cli[s])
+
+    for key in merged["train"]:
+        if key not in train_kinds:
+            raise ConfigError(f"unknown train key {key!r} in {config_path}; {closest_hint(key, train_kinds)}")
+    for key in merged["model"]:
+        if key not in model_kinds:
+            raise ConfigError(f"unknown model key {key!r} in {config_path}; {closest_hint(key, model_kinds)}")
+    train_values = {k: convert("train", k, v, train_kinds[k]) for k, v in merged["train"].items()}
+    model_values = {k: convert("model", k, v, model_kinds[k]) for k, v in merged["model"].items()}
+
+    train = TrainConfig(**train_values)
+    if not train.out_dir:
+        train.out_dir = default_out_dir(config_path)
+    train.validate()
+    try:
+        model = model_config_cls.from_dict(model_values)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"model config in {config_path}: {e}") from None
+    return model, train

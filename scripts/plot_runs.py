@@ -1,0 +1,96 @@
+"""Plot the train and validation loss of several runs against tokens seen, on one PNG.
+
+    python scripts/plot_runs.py runs/medium/rope runs/medium/fox runs/medium/grape_ap --out docs/medium_loss.png
+
+Reads RUN_DIR/metrics.jsonl of each run directory (written by train.py). Left panel: training loss
+(smoothed with --smooth, an exponential moving average); right panel: validation loss. Each run is
+labelled with its directory name (or --labels), the way the paper's Figures 2-3 compare encodings.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+
+def read_curves(run_dir: str) -> dict[str, list[tuple[int, float]]]:
+    """{"train": [(tokens, loss), ...], "val": [(tokens, val_loss), ...]} from RUN_DIR/metrics.jsonl."""
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path} does not exist; pass run directories written by train.py")
+    curves: dict[str, list[tuple[int, float]]] = {"train": [], "val": []}
+    with open(path) as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut short by a kill
+            if record.get("type") == "train":
+                curves["train"].append((record["tokens"], record["loss"]))
+            elif record.get("type") == "val":
+                curves["val"].append((record["tokens"], record["val_loss"]))
+    for points in curves.values():
+        points.sort()
+    return curves
+
+
+def smooth(values: list[float], weight: float) -> list[float]:
+    """Exponential moving average with bias correction (weight 0 = raw values)."""
+    out, average = [], 0.0
+    for i, value in enumerate(values):
+        average = weight * average + (1 - weight) * value
+        out.append(average / (1 - weight ** (i + 1)))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="+", help="run directories (each with metrics.jsonl)")
+    parser.add_argument("--out", default="loss_curves.png", help="output PNG (default loss_curves.png)")
+    parser.add_argument("--labels", nargs="*", help="one label per run (default: the directory names)")
+    parser.add_argument("--smooth", type=float, default=0.6, help="EMA weight for the training loss, 0..1 (default 0.6)")
+    parser.add_argument("--title", default="", help="figure title")
+    args = parser.parse_args(argv)
+    if args.labels and len(args.labels) != len(args.runs):
+        print(f"error: {len(args.labels)} labels for {len(args.runs)} runs; give one label per run", file=sys.stderr)
+        return 2
+    if not 0 <= args.smooth < 1:
+        print("error: --smooth must be in [0, 1)", file=sys.stderr)
+        return 2
+    try:
+        curves = [read_curves(run) for run in args.runs]
+    except FileNotFoundError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+    import matplotlib
+    matplotlib.use("Agg")  # no display needed
+    import matplotlib.pyplot as plt
+
+    labels = args.labels or [os.path.basename(os.path.normpath(run)) for run in args.runs]
+    fig, (ax_train, ax_val) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for label, curve in zip(labels, curves):
+        if curve["train"]:
+            tokens, losses = zip(*curve["train"])
+            ax_train.plot([t / 1e9 for t in tokens], smooth(list(losses), args.smooth), label=label, linewidth=1.2)
+        if curve["val"]:
+            tokens, losses = zip(*curve["val"])
+            ax_val.plot([t / 1e9 for t in tokens], losses, marker="o", markersize=3, label=label, linewidth=1.2)
+    for ax, name in ((ax_train, "training loss"), (ax_val, "validation loss")):
+        ax.set_xlabel("tokens (billions)")
+        ax.set_ylabel(name)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    if args.title:
+        fig.suptitle(args.title)
+    fig.tight_layout()
+    tmp = args.out + ".tmp.png"
+    fig.savefig(tmp, dpi=130)
+    os.replace(tmp, args.out)
+    print(args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,498 @@
+"""Pretrain a GPT with any positional encoding, on one process or many (DDP through torchrun).
+
+    python train.py configs/quickstart.toml                       # CPU, a few minutes, offline
+    python train.py configs/medium/fox.toml --batch_size=8        # any key can be overridden: --key=value
+    torchrun --nproc_per_node=8 train.py configs/medium/fox.toml  # NCCL on GPUs, gloo on CPUs
+    python train.py configs/medium/fox.toml --resume              # continue RUN_DIR/ckpt.pt exactly
+
+Each optimizer step sees global_batch_size sequences: batch_size per micro-batch per process, times the
+gradient-accumulation steps, times the number of processes. Micro-batch `micro` of step `step` on rank
+`rank` reads training window batch (step * grad_accum + micro) * world_size + rank, so the windows of a
+step do not depend on how the global batch is split; that is why 1 process with 2 accumulation steps
+equals 2 processes with 1, why a resumed run needs only the step, and why a resume may change the
+number of processes.
+
+RUN_DIR (train.out_dir, default runs/<config path below configs/>) gets config.json (the resolved
+config), metrics.jsonl (one JSON object per log line: train, val, summary) and ckpt.pt.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import resource
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from config import ConfigError, TrainConfig, resolve
+
+# Settings that shape the loss sequence: a resumed run must use the checkpoint's values.
+TRAJECTORY_KEYS = ("data_dir", "seed", "batch_size", "global_batch_size", "max_iters", "lr", "min_lr",
+                   "warmup_iters", "weight_decay", "beta1", "beta2", "grad_clip", "dtype")
+CHECKPOINT_KEYS = ("model", "model_config", "tokenizer", "train_config", "step", "optimizer", "rng")
+# bf16 dense peak FLOP/s per GPU, for MFU (matched against torch.cuda.get_device_name).
+GPU_PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
+
+
+class TrainError(Exception):
+    """A problem the user must act on (bad checkpoint, diverged run, ...); the message says what to do."""
+
+
+# ----------------------------------------------------------------------------- small pieces
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warm-up to cfg.lr over warmup_iters steps, then cosine decay to min_lr at max_iters."""
+    if step < cfg.warmup_iters:
+        return cfg.lr * (step + 1) / cfg.warmup_iters
+    progress = min(1.0, (step - cfg.warmup_iters) / max(1, cfg.max_iters - cfg.warmup_iters))
+    return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.lr - cfg.min_lr)
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """Weight decay on matrices only: parameters with ndim < 2 (norm gains, positional scalars) get none."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def gpu_peak_flops(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((peak for key, peak in GPU_PEAK_FLOPS.items() if key in name), None)
+
+
+def code_version() -> str:
+    """git commit of this file's repository (+ "-dirty" with uncommitted changes), or "unknown"."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        commit = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (commit + ("-dirty" if dirty else "")) if commit else "unknown"
+
+
+def atomic_write_text(path: str, text: str) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def save_checkpoint(path: str, state: dict) -> None:
+    """Write to a temp file, fsync, rename: a kill at any moment leaves the previous checkpoint intact."""
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: str) -> dict:
+    """Load a checkpoint with weights_only=True; a truncated, corrupt or foreign file is one clear error."""
+    if not os.path.isfile(path):
+        raise TrainError(f"no checkpoint at {path}; run without --resume to start this run, "
+                         "or point --out_dir at the run directory to continue.")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises RuntimeError, EOFError, UnpicklingError, ... depending on the damage
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise TrainError(f"checkpoint {path} is corrupt or truncated and cannot be loaded ({first_line}); "
+                         "restore it from a backup or delete the run directory and start again.") from None
+    missing = [k for k in CHECKPOINT_KEYS if not isinstance(ckpt, dict) or k not in ckpt]
+    if missing:
+        raise TrainError(f"checkpoint {path} is incomplete (missing {', '.join(missing)}); it was not written "
+                         "by train.py or is damaged: restore it from a backup or start a new run.")
+    return ckpt
+
+
+class Distributed:
+    """Rank, world size and device; a process group only when launched by torchrun (RANK is set)."""
+
+    def __init__(self, device_pref: str):
+        self.enabled = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+        self.rank = int(os.environ.get("RANK", 0))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        self.world_size = int(os.environ.get("WORLD_SIZE", 1))
+        use_cuda = torch.cuda.is_available() if device_pref == "auto" else device_pref == "cuda"
+        if use_cuda and not torch.cuda.is_available():
+            raise ConfigError("device=cuda but no CUDA GPU is visible; use --device=cpu or auto.")
+        if use_cuda:
+            self.device = torch.device("cuda", self.local_rank)
+            torch.cuda.set_device(self.device)
+        else:
+            self.device = torch.device("cpu")
+        if self.enabled and not dist.is_initialized():
+            dist.init_process_group(backend="nccl" if use_cuda else "gloo", device_id=self.device if use_cuda else None)
+        self.is_main = self.rank == 0
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.enabled:
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return tensor
+
+    def barrier(self) -> None:
+        if self.enabled:
+            dist.barrier()
+
+    def close(self) -> None:
+        if self.enabled and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+# ----------------------------------------------------------------------------- the run
+
+def parse_args(argv: list[str]) -> tuple[str, bool, list[str]]:
+    config_path, resume, overrides = None, False, []
+    for arg in argv:
+        if arg == "--resume":
+            resume = True
+        elif arg.startswith("--"):
+            overrides.append(arg)
+        elif config_path is None:
+            config_path = arg
+        else:
+            raise ConfigError(f"unexpected argument {arg!r}: give one config file, then --key=value overrides.")
+    if config_path is None:
+        raise ConfigError("no config file given: python train.py CONFIG [--key=value ...], e.g. "
+                          "python train.py configs/quickstart.toml")
+    return config_path, resume, overrides
+
+
+def check_resume_compatible(ckpt: dict, model_cfg: dict, train_cfg: TrainConfig, path: str) -> None:
+    if ckpt["model_config"] != model_cfg:
+        diff = sorted(k for k in set(model_cfg) | set(ckpt["model_config"])
+                      if model_cfg.get(k) != ckpt["model_config"].get(k))
+        raise TrainError(f"cannot resume {path}: the model config differs from the checkpoint's in "
+                         f"{', '.join(diff)}; resume with the same config (see config.json in the run directory).")
+    saved = ckpt["train_config"]
+    for key in TRAJECTORY_KEYS:
+        if key in saved and saved[key] != getattr(train_cfg, key):
+            raise TrainError(f"cannot resume {path}: train.{key} is {getattr(train_cfg, key)!r} here but "
+                             f"{saved[key]!r} in the checkpoint; the loss sequence depends on it, so resume "
+                             f"with --{key}={saved[key]} or start a new run in another --out_dir.")
+
+
+def trim_metrics(path: str, step: int) -> None:
+    """On resume, drop log lines written after the checkpoint (they will be written again)."""
+    if not os.path.isfile(path):
+        return
+    kept = []
+    with open(path) as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut by a kill
+            if record.get("iter", 0) <= step and record.get("type") != "summary":
+                kept.append(json.dumps(record) + "\n")
+    atomic_write_text(path, "".join(kept))
+
+
+class Metrics:
+    """Console + metrics.jsonl + (optionally) wandb, on the main process only."""
+
+    def __init__(self, path: str | None, wandb_run=None):
+        self.path, self.wandb_run = path, wandb_run
+
+    def write(self, record: dict, console: str) -> None:
+        if self.path is None:
+            return
+        print(console, flush=True)
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.wandb_run is not None:
+            step = record.get("iter")
+            values = {f"{record['type']}/{k}": v for k, v in record.items()
+                      if k not in ("type", "iter") and isinstance(v, (int, float)) and v is not None}
+            self.wandb_run.log(values, step=step)
+
+
+def start_wandb(cfg: TrainConfig, run_name: str, resolved: dict, run_id: str | None):
+    try:
+        import wandb
+    except Exception as e:  # ImportError, or a broken install raising something else
+        raise ConfigError(f"wandb=true but wandb cannot be imported ({e}); pip install wandb, "
+                          "or run with --wandb=false.") from None
+    return wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name or run_name, config=resolved,
+                      mode=cfg.wandb_mode, dir=cfg.out_dir, id=run_id, resume="allow" if run_id else None)
+
+
+@torch.no_grad()
+def evaluate(model, data_dir: str, cfg: TrainConfig, block_size: int, ddp: Distributed, autocast) -> float:
+    """Mean loss over the fixed validation windows, the batches shared out over the processes."""
+    from data.loader import validation_batches
+    model.eval()
+    total = torch.zeros(2, dtype=torch.float64, device=ddp.device)
+    for i, (x, y) in enumerate(validation_batches(data_dir, batch_size=cfg.batch_size, block_size=block_size,
+                                                  max_batches=cfg.eval_batches)):
+        if i % ddp.world_size != ddp.rank:
+            continue
+        with autocast():
+            _, loss = model(x.to(ddp.device), targets=y.to(ddp.device))
+        total[0] += loss.double()
+        total[1] += 1
+    model.train()
+    ddp.all_reduce_sum(total)
+    if total[1].item() == 0:
+        raise TrainError(f"{data_dir} has no validation windows of length {block_size}; prepare a larger "
+                         "validation split or lower block_size.")
+    return (total[0] / total[1]).item()
+
+
+def run(argv: list[str]) -> dict:
+    """Train as the arguments say; returns a summary (per-step losses of this invocation, final step, ...)."""
+    from model import GPT, GPTConfig
+    from data.loader import TrainBatches, read_manifest
+
+    config_path, resume, overrides = parse_args(argv)
+    model_cfg, cfg = resolve(config_path, overrides, GPTConfig)
+    model_cfg_dict = dataclasses.asdict(model_cfg)
+    T = model_cfg.block_size
+
+    ddp = Distributed(cfg.device)
+    is_main = ddp.is_main
+    say = print if is_main else (lambda *a, **k: None)
+    per_step = cfg.batch_size * ddp.world_size
+    if cfg.global_batch_size % per_step:
+        raise ConfigError(f"global_batch_size {cfg.global_batch_size} is not a multiple of batch_size "
+                          f"{cfg.batch_size} x {ddp.world_size} processes; change --batch_size or --global_batch_size.")
+    grad_accum = cfg.global_batch_size // per_step
+
+    use_bf16 = cfg.dtype == "bf16" or (cfg.dtype == "auto" and ddp.device.type == "cuda")
+    autocast = (lambda: torch.autocast(ddp.device.type, dtype=torch.bfloat16)) if use_bf16 else contextlib.nullcontext
+    if ddp.device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    else:
+        torch.set_flush_denormal(True)  # decaying attention makes denormals, which are slow on CPUs
+
+    # data
+    if cfg.data_dir == "default":
+        from data.prepare import ensure_default_corpus
+        data_dir = ensure_default_corpus() if is_main else None
+        if ddp.enabled:  # the main process prepares it once; the others wait and use the same directory
+            holder = [data_dir]
+            dist.broadcast_object_list(holder, src=0)
+            data_dir = holder[0]
+    else:
+        data_dir = cfg.data_dir
+    try:
+        manifest = read_manifest(data_dir)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"data_dir {data_dir!r} is not a prepared data directory ({e}); prepare it with the "
+                          "data package (see README) or use --data_dir=default.") from None
+    tokenizer_name = manifest["tokenizer"]
+    n_vocab = manifest.get("n_vocab") or manifest.get("vocab_size")
+    if n_vocab is not None and n_vocab > model_cfg.vocab_size:
+        raise ConfigError(f"the data's tokenizer {tokenizer_name!r} has {n_vocab} tokens but model.vocab_size is "
+                          f"{model_cfg.vocab_size}; set --vocab_size={n_vocab} or more.")
+    train_batches = TrainBatches(data_dir, batch_size=cfg.batch_size, block_size=T, seed=cfg.seed)
+
+    # run directory
+    ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
+    metrics_path = os.path.join(cfg.out_dir, "metrics.jsonl")
+    if not resume and os.path.exists(ckpt_path):
+        raise ConfigError(f"{cfg.out_dir} already holds a checkpoint; add --resume to continue it, "
+                          "or choose another --out_dir.")
+
+    # model and optimizer (same seed on every process, so every replica starts equal)
+    torch.manual_seed(cfg.seed)
+    raw_model = GPT(model_cfg).to(ddp.device)
+    optimizer = torch.optim.AdamW(param_groups(raw_model, cfg.weight_decay), lr=cfg.lr,
+                                  betas=(cfg.beta1, cfg.beta2), fused=ddp.device.type == "cuda")
+    step, wandb_id = 0, None
+    if resume:
+        ckpt = load_checkpoint(ckpt_path)
+        check_resume_compatible(ckpt, model_cfg_dict, cfg, ckpt_path)
+        raw_model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        step = ckpt["step"]
+        torch.set_rng_state(ckpt["rng"]["torch"])
+        if ddp.device.type == "cuda" and ckpt["rng"].get("cuda") is not None:
+            torch.cuda.set_rng_state(ckpt["rng"]["cuda"], ddp.device)
+        wandb_id = ckpt.get("wandb_id")
+        saved_world = ckpt.get("world_size", ddp.world_size)
+        say(f"resuming {ckpt_path} at iteration {step} (saved by code {ckpt.get('code_version', 'unknown')})")
+        if saved_world != ddp.world_size:
+            say(f"note: saved with {saved_world} processes, resumed with {ddp.world_size}: each step reads the same "
+                f"training windows; gradient accumulation is now {grad_accum}.")
+        del ckpt
+
+    version = code_version()
+    resolved = {"config_file": os.path.abspath(config_path), "overrides": overrides, "model": model_cfg_dict,
+                "train": dataclasses.asdict(cfg), "data_dir_resolved": os.path.abspath(data_dir),
+                "tokenizer": tokenizer_name, "world_size": ddp.world_size, "grad_accum": grad_accum,
+                "code_version": version}
+    wandb_run = None
+    if is_main:
+        os.makedirs(cfg.out_dir, exist_ok=True)
+        atomic_write_text(os.path.join(cfg.out_dir, "config.json"), json.dumps(resolved, indent=2) + "\n")
+        if resume:
+            trim_metrics(metrics_path, step)
+        if cfg.wandb:
+            wandb_run = start_wandb(cfg, os.path.basename(os.path.normpath(cfg.out_dir)), resolved, wandb_id)
+            wandb_id = wandb_run.id
+    metrics = Metrics(metrics_path if is_main else None, wandb_run)
+
+    model = torch.compile(raw_model) if cfg.compile else raw_model
+    train_model = DistributedDataParallel(model, device_ids=[ddp.local_rank] if ddp.device.type == "cuda" else None) \
+        if ddp.enabled else model
+    params = [p for p in raw_model.parameters() if p.requires_grad]
+    flops_per_token = raw_model.flops_per_token(T)
+    peak = gpu_peak_flops(ddp.device)
+    tokens_per_step = cfg.global_batch_size * T
+    end_iter = min(cfg.max_iters, cfg.stop_iter) if cfg.stop_iter else cfg.max_iters
+    say(f"model: {raw_model.num_params() / 1e6:.2f}M parameters, pos={model_cfg.pos}, kv_shift={model_cfg.kv_shift} | "
+        f"{ddp.world_size} process(es) on {ddp.device.type}, {'bf16 autocast' if use_bf16 else 'fp32'}, "
+        f"batch {cfg.global_batch_size} x {T} tokens = {cfg.batch_size} x {grad_accum} accum x {ddp.world_size} | "
+        f"data {data_dir} ({tokenizer_name}) | run dir {cfg.out_dir}")
+
+    def checkpoint() -> None:
+        if is_main:
+            rng = {"torch": torch.get_rng_state(),
+                   "cuda": torch.cuda.get_rng_state(ddp.device) if ddp.device.type == "cuda" else None}
+            save_checkpoint(ckpt_path, {
+                "model": raw_model.state_dict(), "model_config": model_cfg_dict, "tokenizer": tokenizer_name,
+                "train_config": dataclasses.asdict(cfg), "step": step, "optimizer": optimizer.state_dict(),
+                "rng": rng, "world_size": ddp.world_size, "grad_accum": grad_accum,
+                "windows_seen": step * cfg.global_batch_size, "tokens_seen": step * tokens_per_step,
+                "code_version": version, "wandb_id": wandb_id})
+        ddp.barrier()
+
+    def validate() -> float:
+        val_loss = evaluate(model, data_dir, cfg, T, ddp, autocast)
+        metrics.write({"type": "val", "iter": step, "tokens": step * tokens_per_step, "val_loss": val_loss},
+                      f"iter {step:>6} | val loss {val_loss:.4f}")
+        return val_loss
+
+    # SIGTERM (preemption): finish the current step, save, exit cleanly.
+    term_requested = threading.Event()
+    previous_handler = None
+    if threading.current_thread() is threading.main_thread():
+        previous_handler = signal.signal(signal.SIGTERM, lambda signum, frame: term_requested.set())
+
+    losses: list[float] = []
+    val_losses: list[tuple[int, float]] = []
+    stopped = "done"
+    try:
+        if step == 0 and cfg.eval_interval:
+            val_losses.append((step, validate()))
+        train_model.train()
+        last_time, last_step = time.perf_counter(), step
+        while step < end_iter:
+            lr = lr_at(step, cfg)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            loss_sum = torch.zeros((), device=ddp.device)
+            for micro in range(grad_accum):
+                x, y = train_batches.batch((step * grad_accum + micro) * ddp.world_size + ddp.rank)
+                x, y = x.to(ddp.device, non_blocking=True), y.to(ddp.device, non_blocking=True)
+                # Gradients are all-reduced only on the last micro-batch.
+                sync = contextlib.nullcontext() if not ddp.enabled or micro == grad_accum - 1 else train_model.no_sync()
+                with sync:
+                    with autocast():
+                        _, loss = train_model(x, targets=y)
+                    (loss / grad_accum).backward()
+                loss_sum += loss.detach().float()
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
+            # One small all-reduce per step: the global loss, and whether any process got SIGTERM
+            # (all must stop at the same step).
+            stats = torch.stack([loss_sum / grad_accum, torch.tensor(float(term_requested.is_set()), device=ddp.device)])
+            loss_value, term_votes = ddp.all_reduce_sum(stats).tolist()
+            loss_value /= ddp.world_size
+            grad_norm_value = grad_norm.item()
+            if not (math.isfinite(loss_value) and math.isfinite(grad_norm_value)):
+                stopped = "diverged"
+                raise TrainError(
+                    f"loss is {loss_value} (grad norm {grad_norm_value}) at iteration {step}: training diverged and "
+                    f"stopped without updating the weights; the last good checkpoint {ckpt_path} is kept "
+                    "(lower --lr, raise --warmup_iters, or check the data, then --resume).")
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            losses.append(loss_value)
+
+            if step % cfg.log_interval == 0 or step == end_iter:
+                now = time.perf_counter()
+                tokens_per_s = (step - last_step) * tokens_per_step / max(now - last_time, 1e-9)
+                mfu = flops_per_token * tokens_per_s / (peak * ddp.world_size) if peak else None
+                metrics.write(
+                    {"type": "train", "iter": step, "tokens": step * tokens_per_step, "loss": loss_value, "lr": lr,
+                     "grad_norm": grad_norm_value, "tokens_per_s": tokens_per_s, "mfu": mfu,
+                     "ms_per_iter": 1000 * (now - last_time) / (step - last_step)},
+                    f"iter {step:>6}/{cfg.max_iters} | loss {loss_value:.4f} | lr {lr:.2e} | grad norm "
+                    f"{grad_norm_value:.3f} | {tokens_per_s:,.0f} tok/s"
+                    + (f" | MFU {100 * mfu:.1f}%" if mfu is not None else ""))
+            logged = step % cfg.log_interval == 0
+            evaluated = bool(cfg.eval_interval) and (step % cfg.eval_interval == 0 or step == cfg.max_iters)
+            if evaluated:
+                val_losses.append((step, validate()))
+            if term_votes > 0:
+                stopped = "sigterm"
+                checkpoint()
+                say(f"SIGTERM: saved {ckpt_path} at iteration {step}; continue with --resume.")
+                break
+            saved = step == end_iter or (cfg.ckpt_interval > 0 and step % cfg.ckpt_interval == 0)
+            if saved:
+                checkpoint()
+            if logged or evaluated or saved:  # keep validation and checkpoint time out of tokens/s
+                last_time, last_step = time.perf_counter(), step
+        if not losses and stopped == "done":
+            say(f"{ckpt_path} is already at iteration {step} (this run ends at {end_iter}); nothing to do.")
+        if stopped == "done" and step < cfg.max_iters:
+            stopped = "stop_iter"
+
+        if ddp.device.type == "cuda":
+            peak_mem_gb = torch.cuda.max_memory_allocated(ddp.device) / 2**30
+        else:
+            peak_mem_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
+        metrics.write({"type": "summary", "iter": step, "stopped": stopped, "peak_memory_gb": peak_mem_gb,
+                       "memory_kind": "cuda max allocated" if ddp.device.type == "cuda" else "process max RSS"},
+                      f"{stopped} at iteration {step} | peak memory {peak_mem_gb:.2f} GiB | run dir {cfg.out_dir}")
+        return {"losses": losses, "val_losses": val_losses, "step": step, "stopped": stopped, "out_dir": cfg.out_dir,
+                "grad_accum": grad_accum, "peak_memory_gb": peak_mem_gb}
+    finally:
+        if previous_handler is not None:
+            signal.signal(signal.SIGTERM, previous_handler)
+        if wandb_run is not None:
+            wandb_run.finish()
+
+
+def main() -> None:
+    rank = int(os.environ.get("RANK", 0))
+    if any(arg in ("-h", "--help") for arg in sys.argv[1:]):
+        print(__doc__.strip() + "\n\ntrain keys and defaults:\n" + "\n".join(
+            f"  --{f.name}={f.default}" for f in dataclasses.fields(TrainConfig))
+            + "\nmodel keys: the fields of model.GPTConfig (--model.<key>=... if a name is ambiguous).")
+        return
+    try:
+        run(sys.argv[1:])
+    except (ConfigError, TrainError) as e:
+        if rank == 0:
+            print(f"error: {e}", file=sys.stderr, flush=True)
+        code = 2 if isinstance(e, ConfigError) else 1
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+        sys.exit(code)
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
