@@ -1,0 +1,45 @@
+"""Load a checkpoint written by train.py (checkpoint contract) for evaluation or sampling."""
+import os
+
+import torch
+
+
+class UserError(Exception):
+    """A mistake in the command line or inputs: printed as one sentence, without a traceback."""
+
+
+def pick_device(device=None):
+    if device:
+        return device
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def load_model(ckpt, device="cpu"):
+    """Returns (model in eval mode on `device`, tokenizer, checkpoint dict) for a run dir or a ckpt file."""
+    from data.tokenizer import get_tokenizer
+    from model import GPT
+
+    path = os.path.join(ckpt, "ckpt.pt") if os.path.isdir(ckpt) else ckpt
+    if not os.path.isfile(path):
+        raise UserError(f"no checkpoint at {path}: pass --ckpt a run directory that holds ckpt.pt "
+                        f"(written by train.py) or the path of a .pt file")
+    model, ckpt_dict = GPT.from_checkpoint(path, map_location="cpu")
+    if "tokenizer" not in ckpt_dict:
+        raise UserError(f"{path} has no 'tokenizer' entry; re-save it with the tokenizer name "
+                        f"(e.g. 'gpt2' or 'byte') as the checkpoint contract requires")
+    tokenizer = get_tokenizer(ckpt_dict["tokenizer"])
+    model.to(device).eval()
+    return model, tokenizer, ckpt_dict
+
+
+def describe_encoding(model_config):
+    """The paper_results.json row name for a model config, e.g. 'rope', 'grape_ap+kv_shift'."""
+    name = model_config.get("pos", "?")
+    return name + "+kv_shift" if model_config.get("kv_shift") else name
+
+
+def autocast_context(device):
+    """bf16 autocast on CUDA (logits come back fp32 per the model contract); a no-op on the CPU."""
+    if str(device).startswith("cuda"):
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return torch.autocast("cpu", enabled=False)

@@ -1,0 +1,257 @@
+"""lm-evaluation-harness adapter for our checkpoints, registered under the model name "grape".
+
+    from eval.lm_adapter import GrapeLM
+    lm = GrapeLM(ckpt="runs/medium_rope", batch_size=16)
+    lm_eval.simple_evaluate(model=lm, tasks=[...])
+
+All three request types are exact for a causal model:
+- loglikelihood: every continuation token is scored. Context + continuation that do not fit the
+  model window are cut from the left and scored in one pass over the last `max_length` tokens (as
+  lm-eval's own causal models do); only a continuation longer than the window itself is scored in
+  rolling windows (below). Sequences are right-padded inside a batch, which cannot change the
+  scored logits of a causal model.
+- loglikelihood_rolling: the document is scored in windows of `max_length` tokens that advance by
+  `rolling_stride` tokens, so after the first window every token sees at least
+  max_length - rolling_stride + 1 tokens of context (stride = max_length gives lm-eval's usual
+  disjoint windows).
+- generate_until: prefill + token-by-token decoding through the model's KV cache, with stop strings,
+  the end-of-text token and max_gen_toks. Requests are batched only with others of the same prompt
+  length and generation settings, so no padding ever enters the cache.
+"""
+import json
+
+import torch
+import torch.nn.functional as F
+from lm_eval.api.model import TemplateLM
+from lm_eval.api.registry import register_model
+from tqdm import tqdm
+
+from eval.checkpoint import autocast_context, load_model, pick_device
+
+
+def plan_windows(n_tokens, first_target, window, stride):
+    """Windows that score tokens seq[first_target:n_tokens] of a sequence exactly once each.
+
+    Returns a list of (start, end, n_scored): the model reads seq[start:end] (at most `window`
+    tokens) and the last n_scored of its predictions are scored, i.e. targets
+    seq[end - n_scored + 1 : end + 1]. The first window is filled with as much context as fits;
+    each later window scores the next `stride` tokens with the window's full context before them.
+    """
+    if not 1 <= stride <= window:
+        raise ValueError(f"stride must be in [1, window={window}], got {stride}")
+    if first_target < 1:
+        raise ValueError("the first scored token needs at least one token of context before it")
+    windows = []
+    next_target = first_target
+    while next_target < n_tokens:
+        if windows:
+            end_target = min(n_tokens, next_target + stride)
+        else:  # first window: score as many tokens as one full window can
+            end_target = min(n_tokens, max(next_target + stride, window + 1))
+        end = end_target - 1  # the input that predicts target t is seq[t - 1]
+        start = max(0, end - window)
+        windows.append((start, end, end_target - next_target))
+        next_target = end_target
+    return windows
+
+
+@register_model("grape")
+class GrapeLM(TemplateLM):
+    """lm-eval model for a GRAPE checkpoint (`ckpt=RUN_DIR`) or an in-memory model + tokenizer."""
+
+    def __init__(self, ckpt=None, model=None, tokenizer=None, batch_size=16, device=None,
+                 max_length=None, rolling_stride=None, **unused):
+        super().__init__()
+        self._device = pick_device(device)
+        if model is None:
+            if ckpt is None:
+                raise ValueError("GrapeLM needs ckpt=RUN_DIR (or model= and tokenizer=)")
+            model, tokenizer, _ = load_model(ckpt, self._device)
+        elif tokenizer is None:
+            raise ValueError("GrapeLM(model=...) also needs tokenizer=")
+        self.model = model.to(self._device).eval()
+        self.tok = tokenizer
+        # lm-eval passes command-line values as strings; batch_size may be "auto" (we use our default)
+        self.batch_size = int(batch_size) if str(batch_size).isdigit() else 16
+        self.max_length = int(max_length or model.config.block_size)
+        self.rolling_stride = int(rolling_stride or max(1, self.max_length // 2))
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string, additional_config=None):
+        args = dict(kv.split("=", 1) for kv in arg_string.split(",") if kv)
+        for key, value in (additional_config or {}).items():
+            if value is not None and key in ("batch_size", "device"):
+                args[key] = value
+        return cls(**args)
+
+    # ------------------------------------------------------------------ tokenizer interface
+    @property
+    def eot_token_id(self):
+        return self.tok.eot_token
+
+    @property
+    def device(self):
+        return self._device
+
+    def tok_encode(self, string, add_special_tokens=None, **kwargs):
+        return self.tok.encode(string)
+
+    def tok_decode(self, tokens, **kwargs):
+        return self.tok.decode(list(tokens))
+
+    # ------------------------------------------------------------------ scoring
+    @torch.no_grad()
+    def _score_windows(self, items, disable_tqdm=False):
+        """items: (tokens, targets) pairs, len(targets) <= len(tokens); the targets are the
+        next tokens after the last len(targets) inputs. Returns [(sum logprob, all greedy)]."""
+        order = sorted(range(len(items)), key=lambda i: -len(items[i][0]))  # long first: less padding
+        results = [None] * len(items)
+        for b0 in tqdm(range(0, len(order), self.batch_size), disable=disable_tqdm,
+                       desc="scoring windows"):
+            batch = [order[j] for j in range(b0, min(b0 + self.batch_size, len(order)))]
+            width = max(len(items[i][0]) for i in batch)
+            idx = torch.zeros(len(batch), width, dtype=torch.long)
+            for row, i in enumerate(batch):
+                tokens = items[i][0]
+                idx[row, :len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+            with autocast_context(self._device):
+                logits, _ = self.model(idx.to(self._device))
+            for row, i in enumerate(batch):
+                tokens, targets = items[i]
+                k = len(targets)
+                if k == 0:
+                    results[i] = (0.0, True)
+                    continue
+                scored = logits[row, len(tokens) - k:len(tokens)].float()
+                logprobs = F.log_softmax(scored, dim=-1)
+                target = torch.tensor(targets, dtype=torch.long, device=logprobs.device)
+                total = logprobs.gather(-1, target[:, None]).sum().item()
+                greedy = bool((scored.argmax(-1) == target).all())
+                results[i] = (total, greedy)
+        return results
+
+    def _score_sequences(self, sequences, disable_tqdm=False):
+        """sequences: (tokens, first_target, stride). Scores tokens[first_target:] of each one,
+        splitting sequences longer than the window. Returns [(sum logprob, all greedy)]."""
+        items, owner = [], []
+        for n, (tokens, first_target, stride) in enumerate(sequences):
+            for start, end, k in plan_windows(len(tokens), first_target, self.max_length, stride):
+                items.append((tokens[start:end], tokens[end - k + 1:end + 1]))
+                owner.append(n)
+        window_results = self._score_windows(items, disable_tqdm)
+        totals = [[0.0, True] for _ in sequences]
+        for n, (logprob, greedy) in zip(owner, window_results):
+            totals[n][0] += logprob
+            totals[n][1] = totals[n][1] and greedy
+        return [tuple(t) for t in totals]
+
+    def _loglikelihood_tokens(self, requests, disable_tqdm=False, **kwargs):
+        sequences = []
+        for _, context_enc, continuation_enc in requests:
+            # stride = window: one pass when the continuation fits (the standard case)
+            stride = self.max_length if len(continuation_enc) <= self.max_length else self.rolling_stride
+            sequences.append((list(context_enc) + list(continuation_enc), len(context_enc), stride))
+        results = self._score_sequences(sequences, disable_tqdm)
+        for (cache_key, _, _), answer in zip(requests, results):
+            if cache_key is not None:
+                self.cache_hook.add_partial("loglikelihood", cache_key, answer)
+        return results
+
+    def loglikelihood_rolling(self, requests, disable_tqdm=False):
+        sequences = []
+        for request in requests:
+            (text,) = request.args
+            tokens = [self.prefix_token_id] + self.tok_encode(text)
+            sequences.append((tokens, 1, self.rolling_stride))
+        results = [logprob for logprob, _ in self._score_sequences(sequences, disable_tqdm)]
+        for request, logprob in zip(requests, results):
+            self.cache_hook.add_partial("loglikelihood_rolling", request.args, logprob)
+        return results
+
+    # ------------------------------------------------------------------ generation
+    def generate_until(self, requests, disable_tqdm=False):
+        groups = {}  # (settings, prompt length) -> request indices
+        prepared = []
+        for i, request in enumerate(requests):
+            context, gen_kwargs = request.args
+            settings = self._generation_settings(gen_kwargs)
+            max_new = settings["max_gen_toks"]
+            prompt = self.tok_encode(context)[-(self.max_length - max_new):] or [self.prefix_token_id]
+            prepared.append((prompt, settings))
+            key = (json.dumps(settings, sort_keys=True), len(prompt))
+            groups.setdefault(key, []).append(i)
+        outputs = [None] * len(requests)
+        progress = tqdm(total=len(requests), disable=disable_tqdm, desc="generating")
+        for indices in groups.values():
+            for b0 in range(0, len(indices), self.batch_size):
+                batch = indices[b0:b0 + self.batch_size]
+                settings = prepared[batch[0]][1]
+                texts = self.generate_batch([prepared[i][0] for i in batch], **settings)
+                for i, text in zip(batch, texts):
+                    outputs[i] = text
+                    self.cache_hook.add_partial("generate_until", requests[i].args, text)
+                progress.update(len(batch))
+        progress.close()
+        return outputs
+
+    def _generation_settings(self, gen_kwargs):
+        gen_kwargs = dict(gen_kwargs or {})
+        until = gen_kwargs.pop("until", None) or []
+        if isinstance(until, str):
+            until = [until]
+        max_gen_toks = int(gen_kwargs.pop("max_gen_toks", 256))
+        max_gen_toks = max(1, min(max_gen_toks, self.max_length - 1))  # leave room for a prompt token
+        temperature = float(gen_kwargs.pop("temperature", 0.0))
+        if not gen_kwargs.pop("do_sample", False):
+            temperature = 0.0
+        top_k = gen_kwargs.pop("top_k", None)
+        return {"until": list(until), "max_gen_toks": max_gen_toks, "temperature": temperature,
+                "top_k": int(top_k) if top_k else None}
+
+    @torch.no_grad()
+    def generate_batch(self, prompts, until=(), max_gen_toks=256, temperature=0.0, top_k=None):
+        """Continues equal-length token prompts with the KV cache; returns the generated texts,
+        each cut before the first stop string. Stops at the end-of-text token too."""
+        assert len({len(p) for p in prompts}) == 1, "generate_batch needs equal-length prompts"
+        idx = torch.tensor(prompts, dtype=torch.long, device=self._device)
+        cache = self.model.new_cache(len(prompts), idx.shape[1] + max_gen_toks)
+        generated = [[] for _ in prompts]
+        done = [False] * len(prompts)
+        with autocast_context(self._device):
+            logits, _ = self.model(idx, cache=cache)
+            for step in range(max_gen_toks):
+                # ids past the tokenizer's vocabulary are padding rows of the embedding: never emit them
+                next_logits = logits[:, -1, :self.tok.n_vocab].float()
+                next_tokens = sample_next(next_logits, temperature, top_k)
+                for row, token in enumerate(next_tokens.tolist()):
+                    if done[row]:
+                        continue
+                    if token == self.eot_token_id:
+                        done[row] = True
+                        continue
+                    generated[row].append(token)
+                    if until and any(s in self.tok_decode(generated[row]) for s in until):
+                        done[row] = True
+                if all(done) or step == max_gen_toks - 1:
+                    break
+                logits, _ = self.model(next_tokens[:, None], cache=cache)
+        texts = []
+        for tokens in generated:
+            text = self.tok_decode(tokens)
+            for stop in until:
+                text = text.split(stop)[0]
+            texts.append(text)
+        return texts
+
+
+def sample_next(logits, temperature=0.0, top_k=None, generator=None):
+    """Next token per row from (B, vocab) fp32 logits: greedy at temperature 0, else softmax
+    sampling at that temperature, restricted to the top_k most likely tokens when given."""
+    if temperature <= 0:
+        return logits.argmax(-1)
+    logits = logits / temperature
+    if top_k:
+        kth = torch.topk(logits, min(int(top_k), logits.shape[-1]), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = F.softmax(logits, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator)[:, 0]

@@ -1,0 +1,187 @@
+"""The lm-eval adapter against independent computations from the model's own logits."""
+import random
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from data.tokenizer import get_tokenizer
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+from eval.lm_adapter import GrapeLM, plan_windows
+from eval.tiny import tiny_model
+
+WINDOW = 24
+
+
+def request(*args):
+    return SimpleNamespace(args=args)
+
+
+@pytest.fixture(scope="module")
+def lm():
+    model = tiny_model(pos="rope", block_size=WINDOW, seed=1)
+    return GrapeLM(model=model, tokenizer=get_tokenizer("byte"), batch_size=3)
+
+
+def direct_logprobs(model, inputs, targets):
+    """Per-token log-probabilities of `targets`, each predicted from the last len(targets) inputs."""
+    with torch.no_grad():
+        logits, _ = model(torch.tensor([inputs]))
+    logprobs = F.log_softmax(logits[0, len(inputs) - len(targets):].double(), dim=-1)
+    return logprobs.gather(-1, torch.tensor(targets)[:, None])[:, 0]
+
+
+def per_token_reference(model, context_ids, continuation_ids, window):
+    """Sum of log p(continuation token | the `window` tokens before it), one forward pass per
+    token: what any windowing must give when every token gets a full window (stride 1)."""
+    sequence = context_ids + continuation_ids
+    total = 0.0
+    for t in range(len(context_ids), len(sequence)):
+        inputs = sequence[max(0, t - window):t]
+        total += direct_logprobs(model, inputs, [sequence[t]]).item()
+    return total
+
+
+def single_window_reference(model, context_ids, continuation_ids, window):
+    """One pass over the last `window` inputs of context + continuation (left truncation)."""
+    sequence = context_ids + continuation_ids
+    inputs = sequence[max(0, len(sequence) - 1 - window):-1]
+    return direct_logprobs(model, inputs, continuation_ids).sum().item()
+
+
+def test_loglikelihood_equals_direct_computation_short_and_truncated(lm):
+    tok = lm.tok
+    cases = [
+        ("Question: what is 2+2?\nAnswer:", " four"),  # continuation starting with a space
+        ("The cat sat on the", " mat"),
+        ("x" * 60 + " long context that must be cut from the left", " end"),  # truncation
+        ("", "no context at all"),  # lm-eval puts the end-of-text token in front
+    ]
+    results = lm.loglikelihood([request(c, x) for c, x in cases])
+    for (context, continuation), (logprob, _) in zip(cases, results):
+        context_ids = tok.encode(context) if context else [tok.eot_token]
+        expected = single_window_reference(lm.model, context_ids, tok.encode(continuation), WINDOW)
+        assert logprob == pytest.approx(expected, abs=1e-3), (context, continuation)
+    assert len(tok.encode(cases[2][0] + cases[2][1])) > WINDOW + 1  # the truncation case truncates
+
+
+def test_continuation_longer_than_window_is_scored_in_full(lm):
+    context, continuation = "short", " a continuation longer than the whole model window"
+    lm.rolling_stride, saved = 1, lm.rolling_stride
+    try:
+        got = lm.loglikelihood([request(context, continuation)])[0][0]
+    finally:
+        lm.rolling_stride = saved
+    expected = per_token_reference(lm.model, lm.tok.encode(context), lm.tok.encode(continuation), WINDOW)
+    assert got == pytest.approx(expected, abs=1e-3)
+
+
+def test_single_window_request_matches_one_forward_pass(lm):
+    # The usual zero-shot case: context + continuation fits, scored with one pass over seq[:-1].
+    context, continuation = "Answer:", " yes"
+    ids = lm.tok.encode(context + continuation)
+    expected = direct_logprobs(lm.model, ids[:-1], ids[len(lm.tok.encode(context)):]).sum().item()
+    assert lm.loglikelihood([request(context, continuation)])[0][0] == pytest.approx(expected, abs=1e-4)
+
+
+def test_trailing_space_in_context_moves_to_continuation(lm):
+    # lm-eval moves the context's trailing space into the continuation: same tokens, same score.
+    a, b = lm.loglikelihood([request("Hello", " world"), request("Hello ", "world")])
+    assert a[0] == pytest.approx(b[0], abs=1e-5)
+
+
+def test_is_greedy_flag_matches_argmax(lm):
+    tok = lm.tok
+    context = "abcabcabc"
+    with torch.no_grad():
+        logits, _ = lm.model(torch.tensor([tok.encode(context)]))
+    greedy_token = int(logits[0, -1].argmax())
+    other_token = (greedy_token + 1) % 256
+    (_, greedy), (_, not_greedy) = lm._loglikelihood_tokens(
+        [(None, tok.encode(context), [greedy_token]), (None, tok.encode(context), [other_token])])
+    assert greedy and not not_greedy
+
+
+def test_batching_and_padding_do_not_change_scores(lm):
+    cases = [request("a" * n, " b" * (1 + n % 4)) for n in range(1, 12)]
+    batched = [r[0] for r in lm.loglikelihood(cases)]
+    lm.batch_size, saved = 1, lm.batch_size
+    try:
+        single = [r[0] for r in lm.loglikelihood(cases)]
+    finally:
+        lm.batch_size = saved
+    assert batched == pytest.approx(single, abs=1e-4)
+
+
+def test_rolling_loglikelihood_short_document_is_full_sequence_logprob(lm):
+    text = "a short document"
+    ids = [lm.tok.eot_token] + lm.tok.encode(text)
+    expected = direct_logprobs(lm.model, ids[:-1], ids[1:]).sum().item()
+    assert lm.loglikelihood_rolling([request(text)])[0] == pytest.approx(expected, abs=1e-3)
+
+
+@pytest.mark.parametrize("stride", [1, WINDOW])
+def test_rolling_loglikelihood_long_document(lm, stride):
+    # stride 1: every token is predicted from a full window (reference: token by token).
+    # stride = window: lm-eval's own disjoint rolling windows (reference: lm_eval.utils).
+    text = "the quick brown fox jumps over the lazy dog. " * 2
+    ids = lm.tok.encode(text)
+    lm.rolling_stride, saved = stride, lm.rolling_stride
+    try:
+        got = lm.loglikelihood_rolling([request(text)])[0]
+    finally:
+        lm.rolling_stride = saved
+    if stride == 1:
+        expected = per_token_reference(lm.model, [lm.tok.eot_token], ids, WINDOW)
+    else:
+        expected = 0.0
+        for window in get_rolling_token_windows(ids, lm.tok.eot_token, WINDOW, 1):
+            context, predicted = make_disjoint_window(window)
+            expected += direct_logprobs(lm.model, (context + predicted)[:-1], predicted).sum().item()
+    assert got == pytest.approx(expected, abs=1e-3)
+
+
+def test_plan_windows_scores_every_target_once_with_enough_context():
+    rng = random.Random(0)
+    for _ in range(300):
+        window = rng.randint(1, 20)
+        stride = rng.randint(1, window)
+        n = rng.randint(1, 80)
+        first = rng.randint(1, max(1, n))
+        scored = []
+        for start, end, k in plan_windows(n, first, window, stride):
+            assert 0 <= start < end and end - start <= window and 1 <= k <= end - start
+            targets = list(range(end - k + 1, end + 1))
+            for t in targets:
+                context = t - start  # tokens seq[start:t] precede target t in this window
+                assert context == t or context >= window - stride + 1, (n, first, window, stride)
+            scored += targets
+        assert scored == list(range(first, n))
+
+
+def test_generate_until_matches_greedy_decoding_without_cache(lm):
+    tok = lm.tok
+    prompts = ["Once upon", "Twice upo", "x"]
+    out = lm.generate_until([request(p, {"max_gen_toks": 6, "until": []}) for p in prompts])
+    for prompt, text in zip(prompts, out):
+        ids = tok.encode(prompt)
+        generated = []
+        for _ in range(6):  # reference: recompute the whole prefix every step, no cache
+            with torch.no_grad():
+                logits, _ = lm.model(torch.tensor([ids + generated]))
+            token = int(logits[0, -1, :tok.n_vocab].argmax())
+            if token == tok.eot_token:
+                break
+            generated.append(token)
+        assert text == tok.decode(generated)
+
+
+def test_generate_until_cuts_at_stop_string(lm):
+    full = lm.generate_until([request("Once upon", {"max_gen_toks": 8, "until": []})])[0]
+    # a printable ASCII character of the output, not at its start, as the stop string
+    stops = [c for i, c in enumerate(full) if i > 0 and c.isascii() and c.isprintable() and c not in full[:i]]
+    if not stops:
+        pytest.skip("the random model's output has no usable stop string")
+    cut = lm.generate_until([request("Once upon", {"max_gen_toks": 8, "until": [stops[0]]})])[0]
+    assert cut == full[:full.index(stops[0])]
