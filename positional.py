@@ -55,7 +55,7 @@ def alibi_slopes(n_head: int) -> torch.Tensor:
     else:
         lower = 2 ** math.floor(math.log2(n_head))
         slopes = power_of_two_slopes(lower) + power_of_two_slopes(2 * lower)[0::2][: n_head - lower]
-    return torch.tensor(slopes, dtype=torch.float32)
+    return torch.tensor(slopes)
 
 
 def inverse_softplus(y: float) -> float:
@@ -78,12 +78,18 @@ def rank2_exp(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return eye + sin_coeff * L + cos_coeff * (L @ L)
 
 
+def fp32(x: torch.Tensor) -> torch.Tensor:
+    """x in fp32, or in fp64 if it already is (the exactness tests run in fp64)."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
 def rotate_planes(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
     """Rotate each coordinate pair (i, i + d/2) of x by angles[..., i], in fp32.
 
     This is exp(Σ_i angle_i L_i) with L_i = e_{i+d/2} e_iᵀ - e_i e_{i+d/2}ᵀ: commuting planes, so
     rotate(x, a)·rotate(y, b) depends only on a - b (the relative law)."""
-    x1, x2 = x.float().chunk(2, dim=-1)
+    x1, x2 = fp32(x).chunk(2, dim=-1)
+    angles = angles.to(x1.dtype)
     cos, sin = angles.cos(), angles.sin()
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).to(x.dtype)
 
@@ -116,7 +122,7 @@ class Rotation(nn.Module):
         if head_dim % 2:
             raise ValueError(f"pos={kind!r} rotates coordinate pairs, so head_dim must be even (got {head_dim})")
         # θ_i = exp(-(2i/d) ln base): the same expression for every kind, so grape_m == rope exactly.
-        log_theta = -(torch.arange(head_dim // 2, dtype=torch.float32) * 2 / head_dim) * math.log(base)
+        log_theta = -(torch.arange(head_dim // 2) * 2 / head_dim) * math.log(base)
         if kind == "rope":
             self.register_buffer("log_theta", log_theta, persistent=False)
         else:
@@ -139,20 +145,20 @@ class Rotation(nn.Module):
 
     def basis(self) -> torch.Tensor:
         skew = self.basis_generator - self.basis_generator.T
-        return torch.linalg.matrix_exp(skew.float())
+        return torch.linalg.matrix_exp(fp32(skew))
 
     def angles(self, x: torch.Tensor, positions: torch.Tensor, state: dict) -> torch.Tensor:
-        theta = self.log_theta.float().exp()
+        theta = fp32(self.log_theta).exp()
         if theta.dim() == 2:  # per head: (H, d/2) -> (1, H, 1, d/2)
             theta = theta[None, :, None, :]
         if self.kind == "grape_m_ctx":
-            increments = torch.sigmoid(self.phase_increment(x.float()).squeeze(-1) / self.ctx_temperature)
+            increments = torch.sigmoid(self.phase_increment(fp32(x)).squeeze(-1) / self.ctx_temperature)
             previous = state.get("phase", torch.zeros(x.shape[0], device=x.device))
             inclusive = previous[:, None] + torch.cumsum(increments, dim=1)
             phase = inclusive - increments  # exclusive: Φ_t = Σ_{τ<t} ω_τ
             state["phase"] = inclusive[:, -1]
             return phase[:, None, :, None] * theta
-        return positions.float()[:, None] * theta
+        return fp32(positions)[:, None] * theta
 
     def forward(self, q, k, x, positions, state):
         if self.kind == "nope":
@@ -189,7 +195,7 @@ class AdditiveBias(nn.Module):
 
 
 def _positions_feature(positions: torch.Tensor) -> torch.Tensor:
-    return positions.float()[None, None, :]  # (1, 1, T)
+    return fp32(positions)[None, None, :]  # (1, 1, T)
 
 
 def _distance(qf, kf) -> torch.Tensor:
@@ -240,11 +246,11 @@ class GatedSlope(AdditiveBias):
         return f"gates={self.gates}"
 
     def omega(self):
-        return F.softplus(self.rate.float()) * self.slopes  # (H,)
+        return F.softplus(fp32(self.rate)) * self.slopes  # (H,)
 
     def _gate(self, weight, x):
-        unit = F.normalize(weight.float(), dim=-1)
-        return F.softplus(torch.einsum("bhtd,hd->bht", x.float(), unit) / math.sqrt(self.head_dim))
+        unit = F.normalize(fp32(weight), dim=-1)
+        return F.softplus(torch.einsum("bhtd,hd->bht", fp32(x), unit) / math.sqrt(self.head_dim))
 
     def features(self, x, q, k, positions, state):
         pos = _positions_feature(positions)
@@ -291,7 +297,7 @@ class ForgetGate(AdditiveBias):
         nn.init.constant_(self.gate.bias, bias_init)
 
     def features(self, x, q, k, positions, state):
-        log_f = F.logsigmoid(self.gate(x.float())).transpose(1, 2)  # (B, H, T)
+        log_f = F.logsigmoid(self.gate(fp32(x))).transpose(1, 2)  # (B, H, T)
         previous = state.get("log_gate_sum", torch.zeros_like(log_f[..., 0]))
         c = previous[..., None] + torch.cumsum(log_f, dim=-1)
         state["log_gate_sum"] = c[..., -1]
@@ -325,8 +331,8 @@ class PathIntegral(AdditiveBias):
 
     def features(self, x, q, k, positions, state):
         B, T, _ = x.shape
-        p = self.path(x.float()).view(B, T, self.n_head, self.p_head_dim).transpose(1, 2)
-        angles = positions.float()[:, None].expand(T, self.p_head_dim // 2)
+        p = self.path(fp32(x)).view(B, T, self.n_head, self.p_head_dim).transpose(1, 2)
+        angles = fp32(positions)[:, None].expand(T, self.p_head_dim // 2)
         r = rotate_planes(rms_normalize(p), angles)
         return {"p": p / self.p_head_dim, "pos": _positions_feature(positions)}, \
                {"r": r, "pos": _positions_feature(positions)}
@@ -337,8 +343,13 @@ class PathIntegral(AdditiveBias):
         return psi.masked_fill(_distance(qf, kf) < 0, 0.0)
 
     def dense(self, qf, kf):
-        left_sums = torch.cumsum(self.edge_potentials(qf, kf), dim=-1)  # Σ_{ℓ<=j} ψ(t, ℓ)
-        return left_sums[..., -1:] - left_sums  # Σ_{j<ℓ<=t} ψ(t, ℓ)
+        return path_sum(self.edge_potentials(qf, kf))
+
+
+def path_sum(psi: torch.Tensor) -> torch.Tensor:
+    """b(t, j) = Σ_{j<ℓ<=t} ψ(t, ℓ) from edge potentials ψ (.., Tq, Tk) that are zero for ℓ > t."""
+    left_sums = torch.cumsum(psi, dim=-1)  # Σ_{ℓ<=j} ψ(t, ℓ)
+    return left_sums[..., -1:] - left_sums
 
 
 class KVShift(nn.Module):

@@ -1,0 +1,166 @@
+"""Behaviour of the whole model for every encoding, with and without KV-shift: causality, KV-cache
+decoding against the full forward, shift invariance, fast backend against the dense reference,
+gradients reaching every parameter."""
+import pytest
+import torch
+
+from model import GPT, GPTConfig
+from positional import ENCODINGS
+
+VOCAB = 53
+ALL_POS = list(ENCODINGS) + ["rope+grape_ap", "grape_m+alibi", "grape_m_ctx+fox", "grape_m_basis+grape_a_qk"]
+CASES = [(pos, kv_shift) for pos in ALL_POS for kv_shift in (False, True)]
+ids = [f"{pos}{'+kv_shift' if kv else ''}" for pos, kv in CASES]
+
+
+def make(pos, kv_shift, backend="auto", seed=0, **kw):
+    torch.manual_seed(seed)
+    cfg = GPTConfig(n_layer=2, n_head=4, n_embd=32, head_dim=8, vocab_size=VOCAB, block_size=64, pos=pos,
+                    kv_shift=kv_shift, attn_backend=backend, **kw)
+    model = GPT(cfg)
+    perturb_positional_parameters(model)
+    return model
+
+
+def perturb_positional_parameters(model):
+    """Move positional parameters away from their init (zero basis generator, zero ctx weight, ...) so
+    that the tests exercise them in general position."""
+    g = torch.Generator().manual_seed(123)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if any(part in name for part in ("rotation", "bias.", "kv_shift")):
+                p.add_(0.3 * torch.randn(p.shape, generator=g))
+
+
+def tokens(B=2, T=13, seed=1):
+    return torch.randint(0, VOCAB, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("pos,kv_shift", CASES, ids=ids)
+def test_causality(pos, kv_shift):
+    model = make(pos, kv_shift)
+    idx = tokens()
+    changed = idx.clone()
+    changed[:, 8:] = (changed[:, 8:] + 1) % VOCAB
+    a, b = model(idx)[0], model(changed)[0]
+    torch.testing.assert_close(a[:, :8], b[:, :8], atol=1e-5, rtol=1e-5)
+    assert (a[:, 8:] - b[:, 8:]).abs().max() > 1e-3  # the change is visible where it may be
+
+
+@pytest.mark.parametrize("pos,kv_shift", CASES, ids=ids)
+def test_kv_cache_equals_full_forward(pos, kv_shift):
+    model = make(pos, kv_shift)
+    idx = tokens(T=14)
+    full = model(idx, start_pos=3)[0]
+    # prefill a prefix, then one token at a time
+    cache = model.new_cache(2, 14, start_pos=3)
+    steps = [model(idx[:, :5], cache=cache)[0]] + [model(idx[:, t:t + 1], cache=cache)[0] for t in range(5, 14)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+    # chunked prefill
+    cache = model.new_cache(2, 14, start_pos=3)
+    chunks = [model(idx[:, s:e], cache=cache)[0] for s, e in ((0, 4), (4, 9), (9, 10), (10, 14))]
+    torch.testing.assert_close(torch.cat(chunks, dim=1), full, atol=1e-5, rtol=1e-5)
+    assert cache.pos == 17
+
+
+@pytest.mark.parametrize("pos,kv_shift", CASES, ids=ids)
+def test_start_pos_invariance(pos, kv_shift):
+    model = make(pos, kv_shift)
+    idx = tokens()
+    at_zero, shifted = model(idx, start_pos=0)[0], model(idx, start_pos=1000)[0]
+    if "grape_ap" in pos:  # R_ℓ is absolute: moving the sequence changes the path potentials
+        assert (at_zero - shifted).abs().max() > 1e-4
+    else:
+        torch.testing.assert_close(at_zero, shifted, atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("pos,kv_shift", CASES, ids=ids)
+def test_auto_equals_dense_in_logits_and_gradients(pos, kv_shift):
+    fast, dense = make(pos, kv_shift, "auto"), make(pos, kv_shift, "dense")
+    dense.load_state_dict(fast.state_dict())
+    idx, targets = tokens(), tokens(seed=2)
+    targets[0, :3] = -1  # ignored positions
+    results = []
+    for model in (fast, dense):
+        logits, loss = model(idx, targets, start_pos=5)
+        loss.backward()
+        results.append((logits, loss, {n: p.grad for n, p in model.named_parameters()}))
+    (l1, loss1, g1), (l2, loss2, g2) = results
+    torch.testing.assert_close(l1, l2, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(loss1, loss2, atol=1e-6, rtol=1e-6)
+    for name in g1:
+        torch.testing.assert_close(g1[name], g2[name], atol=1e-5, rtol=1e-4, msg=name)
+    # every parameter receives a (non-zero) gradient
+    for name, grad in g1.items():
+        assert grad is not None and grad.abs().sum() > 0, f"{name} got no gradient"
+
+
+def test_loss_is_mean_cross_entropy_over_non_ignored_targets():
+    model = make("rope", False)
+    idx, targets = tokens(), tokens(seed=2)
+    targets[1, 5:] = -1
+    logits, loss = model(idx, targets)
+    log_probs = torch.log_softmax(logits, dim=-1)
+    keep = targets != -1
+    expected = -log_probs[keep].gather(-1, targets[keep][:, None]).mean()
+    torch.testing.assert_close(loss, expected)
+
+
+@pytest.mark.parametrize("pos", ["rope", "fox", "grape_ap", "grape_m_ctx"])
+def test_greedy_generate_matches_recomputing_the_full_forward(pos):
+    model = make(pos, True)
+    prompt = tokens(T=5)
+    generated = model.generate(prompt, max_new_tokens=6, temperature=0)
+    seq = prompt
+    for _ in range(6):  # no cache: the whole sequence every step
+        next_token = model(seq)[0][:, -1].argmax(-1, keepdim=True)
+        seq = torch.cat((seq, next_token), dim=1)
+    assert torch.equal(generated, seq)
+
+
+def test_sampling_respects_top_k_and_seed():
+    model = make("alibi", False)
+    prompt = tokens(B=1, T=4)
+    a = model.generate(prompt, 8, temperature=1.0, top_k=3, generator=torch.Generator().manual_seed(7))
+    b = model.generate(prompt, 8, temperature=1.0, top_k=3, generator=torch.Generator().manual_seed(7))
+    assert torch.equal(a, b)
+    # every sampled token is among the top 3 of the model's distribution at that step
+    logits = model(a[:, :-1])[0]
+    top3 = logits.topk(3, dim=-1).indices
+    for t in range(3, a.shape[1] - 1):
+        assert a[0, t + 1] in top3[0, t]
+
+
+def test_cache_overflow_is_a_clear_error():
+    model = make("rope", False)
+    cache = model.new_cache(1, 4)
+    with pytest.raises(ValueError, match="KV cache is full"):
+        model(tokens(B=1, T=5), cache=cache)
+
+
+def test_official_init_and_structure():
+    torch.manual_seed(0)
+    cfg = GPTConfig(n_layer=4, n_head=4, n_embd=256, head_dim=32, vocab_size=1000, pos="rope")
+    model = GPT(cfg)
+    assert model.lm_head.weight is model.wte.weight
+    assert abs(model.wte.weight.std().item() - 0.02) < 0.002
+    std = 0.5 / 256 ** 0.5
+    assert abs(model.blocks[0].attn.qkv.weight.std().item() - std) < 0.05 * std
+    assert abs(model.blocks[0].mlp.proj.weight.std().item() - std / 2) < 0.05 * std
+    assert model.blocks[0].mlp.gate.out_features == int(8 * 256 / 3)
+    assert not any(isinstance(m, torch.nn.Linear) and m.bias is not None for m in model.blocks.modules())
+    assert "fused causal SDPA" in repr(model)
+    assert "homogeneous lift" in repr(GPT(GPTConfig(n_layer=1, n_embd=64, head_dim=16, vocab_size=10, pos="fox")))
+
+
+def test_checkpoint_round_trip(tmp_path):
+    model = make("grape_a_qk", True)
+    torch.save({"model": model.state_dict(), "model_config": model.config.__dict__.copy()}, tmp_path / "ckpt.pt")
+    loaded, ckpt = GPT.from_checkpoint(str(tmp_path))
+    idx = tokens()
+    assert torch.equal(loaded(idx)[0], model(idx)[0])
+    (tmp_path / "bad.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match="corrupt"):
+        GPT.from_checkpoint(str(tmp_path / "bad.pt"))
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        GPT.from_checkpoint(str(tmp_path / "missing"))
