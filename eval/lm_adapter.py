@@ -63,10 +63,12 @@ class GrapeLM(TemplateLM):
                  max_length=None, rolling_stride=None, **unused):
         super().__init__()
         self._device = pick_device(device)
+        self.step = None  # training step of the checkpoint, when loaded from one
         if model is None:
             if ckpt is None:
                 raise ValueError("GrapeLM needs ckpt=RUN_DIR (or model= and tokenizer=)")
-            model, tokenizer, _ = load_model(ckpt, self._device)
+            model, tokenizer, ckpt_dict = load_model(ckpt, self._device)
+            self.step = ckpt_dict.get("step")
         elif tokenizer is None:
             raise ValueError("GrapeLM(model=...) also needs tokenizer=")
         self.model = model.to(self._device).eval()
