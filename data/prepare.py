@@ -46,9 +46,10 @@ class Source:
     """A document stream: `description` (JSON, identifies the data for resume and the manifest) and a
     datasets.IterableDataset factory whose rows have a 'text' field."""
 
-    def __init__(self, description, open_dataset):
+    def __init__(self, description, open_dataset, check=None):
         self.description = description
         self.open_dataset = open_dataset
+        self.check = check or (lambda: None)  # raises DataError at once if the source cannot be read
 
 
 def _quiet_datasets():
@@ -69,7 +70,7 @@ def hub_source(version):
         raise DataError(f"unknown FineWeb-Edu version {version!r}; choose one of {', '.join(FINEWEB_EDU_CONFIGS)}")
     config = FINEWEB_EDU_CONFIGS[version]
 
-    def open_dataset():
+    def check():
         # Fail in well under a second when the hub cannot be reached; datasets itself retries for ~23 s.
         if _env_true("HF_HUB_OFFLINE") or _env_true("HF_DATASETS_OFFLINE"):
             raise DataError(f"cannot stream {FINEWEB_EDU_REPO} because offline mode is on (HF_HUB_OFFLINE / "
@@ -81,13 +82,16 @@ def hub_source(version):
         except OSError as exc:
             raise DataError(f"cannot reach the Hugging Face hub at {endpoint.hostname}:{port} ({exc.__class__.__name__})"
                             f" to stream {FINEWEB_EDU_REPO}; {OFFLINE_HINT}") from None
+
+    def open_dataset():
+        check()
         datasets = _quiet_datasets()
         try:
             return datasets.load_dataset(FINEWEB_EDU_REPO, name=config, split="train", streaming=True)
         except (ConnectionError, OSError) as exc:
             raise DataError(f"could not open {FINEWEB_EDU_REPO} ({config}) on the hub: {exc}; {OFFLINE_HINT}") from None
 
-    return Source({"kind": "hub", "dataset": FINEWEB_EDU_REPO, "config": config}, open_dataset)
+    return Source({"kind": "hub", "dataset": FINEWEB_EDU_REPO, "config": config}, open_dataset, check)
 
 
 def files_source(pattern, txt_sample_by="document"):
@@ -215,6 +219,7 @@ def prepare(source, out_dir, tokenizer="gpt2", val_tokens=DEFAULT_FILES_VAL_TOKE
     if shard_tokens < 1 or val_tokens < 0 or (max_tokens is not None and max_tokens < 1):
         raise DataError("--shard-tokens and --max-tokens must be positive and --val-tokens non-negative")
     workers = max(1, os.cpu_count() or 1) if workers is None else workers
+    source.check()
     tok = get_tokenizer(tokenizer)
     if tok.n_vocab > 2**16:
         raise DataError(f"tokenizer {tokenizer} has {tok.n_vocab} ids; uint16 shards hold at most 65536")

@@ -1,0 +1,164 @@
+"""Deterministic batches from memory-mapped token shards.
+
+Training windows: each train shard is cut into windows of block_size+1 tokens that start every block_size
+tokens (so every token is a target once per epoch). Sample number n = index*batch_size + b goes to window
+perm_e(n mod W) of epoch e = n div W, where W is the number of windows and perm_e a pseudo-random
+permutation keyed by (seed, e). So batch(index) is a pure function of (seed, index): no state, no
+iteration order, nothing to save for resume but the step; and every window is used once per epoch.
+
+Validation windows: the same cut of the validation shards, in order, so the set is fixed for every run.
+"""
+import glob
+import json
+import os
+
+import numpy as np
+import torch
+
+from data.shards import DataError, open_shard
+
+PREPARE_HINT = "prepare one with `python -m data.prepare --default` (or --files / --dataset, see README)"
+
+
+def read_manifest(data_dir):
+    """The manifest.json that data/prepare.py wrote, as a dict (has "tokenizer", "tokens", "shards", ...)."""
+    path = os.path.join(data_dir, "manifest.json")
+    if not os.path.exists(path):
+        if os.path.exists(os.path.join(data_dir, "progress.json")):
+            raise DataError(f"the preparation of {data_dir} did not finish; run the same data.prepare command again "
+                            f"to complete it")
+        raise DataError(f"{data_dir} has no manifest.json, so it is not a prepared data directory; {PREPARE_HINT}")
+    with open(path) as f:
+        return json.load(f)
+
+
+def split_files(data_dir, split):
+    """Shard paths of a split, in order: from the manifest, or for llm.c-style folders without one, by name."""
+    if split not in ("train", "val"):
+        raise DataError(f"unknown split {split!r}; use 'train' or 'val'")
+    if not os.path.isdir(data_dir):
+        raise DataError(f"data directory {data_dir} does not exist; {PREPARE_HINT}")
+    if os.path.exists(os.path.join(data_dir, "manifest.json")) or os.path.exists(os.path.join(data_dir, "progress.json")):
+        manifest = read_manifest(data_dir)
+        paths = [os.path.join(data_dir, s["file"]) for s in manifest["shards"] if s["split"] == split]
+    else:  # e.g. llm.c's fineweb_val_000000.bin, fineweb_train_000001.bin
+        paths = sorted(set(glob.glob(os.path.join(data_dir, f"{split}_*.bin")))
+                       | set(glob.glob(os.path.join(data_dir, f"*_{split}_*.bin"))))
+    if not paths:
+        raise DataError(f"{data_dir} has no {split} shards; {PREPARE_HINT}")
+    return paths
+
+
+def _windows(shards, block_size):
+    """Per shard, the number of block_size+1 windows starting every block_size tokens; and their prefix sums."""
+    counts = np.array([max(0, (len(s) - 1) // block_size) for s in shards], dtype=np.int64)
+    return counts, np.concatenate([[0], np.cumsum(counts)])
+
+
+def _gather(shards, offsets, windows, block_size):
+    rows = np.empty((len(windows), block_size + 1), dtype=np.int64)
+    shard_of = np.searchsorted(offsets, windows, side="right") - 1
+    for row, (w, s) in enumerate(zip(windows.tolist(), shard_of.tolist())):
+        start = (w - int(offsets[s])) * block_size
+        rows[row] = shards[s][start:start + block_size + 1]
+    rows = torch.from_numpy(rows)
+    return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
+
+
+_MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+def _round_function(half, key):
+    # splitmix64-style mixing of a uint64 array; wraps modulo 2**64 on purpose.
+    with np.errstate(over="ignore"):
+        x = (half ^ key) * np.uint64(0x9E3779B97F4A7C15)
+        x ^= x >> np.uint64(30)
+        x *= np.uint64(0xBF58476D1CE4E5B9)
+        x ^= x >> np.uint64(27)
+        x *= np.uint64(0x94D049BB133111EB)
+        x ^= x >> np.uint64(31)
+    return x
+
+
+def permute(positions, size, seed, epoch):
+    """A pseudo-random permutation of range(size) keyed by (seed, epoch), applied to `positions`.
+
+    A 4-round Feistel network is a bijection on [0, 4**h) >= size; values that land outside range(size) are
+    mapped again until they land inside ("cycle walking"), which keeps it a bijection on range(size)."""
+    half_bits = max(1, (int(size - 1).bit_length() + 1) // 2)
+    mask = np.uint64((1 << half_bits) - 1)
+    keys = np.random.SeedSequence([seed, epoch]).generate_state(4, dtype=np.uint64)
+
+    def feistel(x):
+        left, right = x >> np.uint64(half_bits), x & mask
+        for key in keys:
+            left, right = right, left ^ (_round_function(right, key) & mask)
+        return (left << np.uint64(half_bits)) | right
+
+    out = feistel(np.asarray(positions, dtype=np.uint64))
+    outside = out >= np.uint64(size)
+    while outside.any():
+        out[outside] = feistel(out[outside])
+        outside = out >= np.uint64(size)
+    return out.astype(np.int64)
+
+
+class TrainBatches:
+    """Random training batches; batch(index) depends only on (data, batch_size, block_size, seed, index).
+
+    train.py uses index = (step * grad_accum + micro_step) * world_size + rank, so that runs with different
+    rank / accumulation layouts see the same windows, and resuming needs only the step."""
+
+    def __init__(self, data_dir, batch_size, block_size, seed=0):
+        if batch_size < 1 or block_size < 1:
+            raise DataError(f"batch_size and block_size must be positive (got {batch_size}, {block_size})")
+        self.batch_size, self.block_size, self.seed = batch_size, block_size, seed
+        self.paths = split_files(data_dir, "train")
+        self.shards = [open_shard(p) for p in self.paths]
+        self.tokens = sum(len(s) for s in self.shards)
+        self.window_counts, self.offsets = _windows(self.shards, block_size)
+        self.windows_per_epoch = int(self.offsets[-1])
+        if self.windows_per_epoch == 0:
+            raise DataError(f"the train shards of {data_dir} ({self.tokens:,} tokens) hold no window of block_size+1 "
+                            f"= {block_size + 1} tokens; use a smaller block_size or more data")
+
+    def batch(self, index):
+        """(x, y): int64 (batch_size, block_size) inputs and next-token targets of batch number `index`."""
+        if index < 0:
+            raise DataError(f"batch index must be >= 0 (got {index})")
+        samples = index * self.batch_size + np.arange(self.batch_size, dtype=np.int64)
+        epochs, positions = np.divmod(samples, self.windows_per_epoch)
+        windows = np.empty(self.batch_size, dtype=np.int64)
+        for epoch in np.unique(epochs).tolist():
+            chosen = epochs == epoch
+            windows[chosen] = permute(positions[chosen], self.windows_per_epoch, self.seed, epoch)
+        return _gather(self.shards, self.offsets, windows, self.block_size)
+
+    def epoch_of(self, index):
+        """The epoch (full passes over the train windows) that batch `index` starts in."""
+        return index * self.batch_size // self.windows_per_epoch
+
+
+def validation_batches(data_dir, batch_size, block_size, max_batches=None):
+    """Yield (x, y) batches of the fixed validation windows, in order.
+
+    Only full batches are yielded (the last windows that do not fill one are left out), unless the split has
+    fewer than batch_size windows: then it is one smaller batch. The same arguments give the same batches."""
+    shards = [open_shard(p) for p in split_files(data_dir, "val")]
+    _, offsets = _windows(shards, block_size)
+    total = int(offsets[-1])
+    if total == 0:
+        raise DataError(f"the validation shards of {data_dir} hold no window of block_size+1 = {block_size + 1} "
+                        f"tokens; use a smaller block_size or prepare with a larger --val-tokens")
+    starts = list(range(0, max(total - batch_size + 1, 1), batch_size))
+    if max_batches is not None:
+        starts = starts[:max_batches]
+    for start in starts:
+        windows = np.arange(start, min(start + batch_size, total), dtype=np.int64)
+        yield _gather(shards, offsets, windows, block_size)
+
+
+def load_split_tokens(data_dir, split="val"):
+    """All tokens of a split as one 1-D uint16 array (memory-mapped when the split is a single shard)."""
+    shards = [open_shard(p) for p in split_files(data_dir, split)]
+    return shards[0] if len(shards) == 1 else np.concatenate(shards)

@@ -1,0 +1,270 @@
+"""Tokenizers, shard files and data/prepare.py, with the byte tokenizer (no GPT-2 vocabulary needed)."""
+import hashlib
+import json
+import lzma
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from data import prepare as prep
+from data.loader import load_split_tokens, read_manifest
+from data.shards import DataError, HEADER_BYTES, open_shard, read_header, write_shard
+from data.tokenizer import get_tokenizer
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOCS = [f"Document {i}: the quick brown fox jumps over the lazy dog {i * 7} times. " * (1 + i % 4)
+        for i in range(40)] + ["Ünïcödé — ∑ 日本語 😀", ""]
+
+
+def expected_stream(docs):
+    """Independent reference: eot (256) then the UTF-8 bytes of every document."""
+    out = []
+    for doc in docs:
+        out.append(256)
+        out.extend(doc.encode("utf-8"))
+    return np.array(out, dtype=np.uint16)
+
+
+def write_jsonl(path, docs):
+    with open(path, "w", encoding="utf-8") as f:
+        for doc in docs:
+            f.write(json.dumps({"text": doc, "id": len(doc)}) + "\n")
+
+
+def all_tokens(out_dir):
+    return np.concatenate([load_split_tokens(out_dir, "val"), load_split_tokens(out_dir, "train")])
+
+
+def run_prepare(source, out_dir, **kw):
+    kw = {"tokenizer": "byte", "val_tokens": 500, "shard_tokens": 700, "workers": 1, "progress_bar": False, **kw}
+    return prep.prepare(source, str(out_dir), **kw)
+
+
+def test_byte_tokenizer_round_trip():
+    tok = get_tokenizer("byte")
+    text = "plain ASCII, Ünïcödé and 😀"
+    assert tok.encode(text) == list(text.encode("utf-8"))
+    assert tok.decode(tok.encode(text)) == text
+    assert tok.decode([104, 105, tok.eot_token, 33]) == "hi<|endoftext|>!"
+    assert (tok.n_vocab, tok.eot_token) == (257, 256)
+
+
+def test_unknown_tokenizer_and_bad_local_ranks(tmp_path, monkeypatch):
+    with pytest.raises(DataError, match="unknown tokenizer 'gpt3'"):
+        get_tokenizer("gpt3")
+    fake = tmp_path / "gpt2.tiktoken"
+    fake.write_bytes(b"aGVsbG8= 0\n")
+    monkeypatch.setenv("GRAPE_GPT2_RANKS", str(fake))
+    get_tokenizer.cache_clear()
+    try:
+        with pytest.raises(DataError, match="is not that of the GPT-2 ranks"):
+            get_tokenizer("gpt2")
+    finally:
+        get_tokenizer.cache_clear()
+
+
+def test_whisper_ranks_found_without_importing_whisper(tmp_path, monkeypatch):
+    from data import tokenizer
+
+    assets = tmp_path / "whisper" / "assets"
+    assets.mkdir(parents=True)
+    (tmp_path / "whisper" / "__init__.py").write_text("raise ImportError('whisper must not be imported')\n")
+    (assets / "gpt2.tiktoken").write_bytes(b"")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert tokenizer._whisper_ranks_path() == str(assets / "gpt2.tiktoken")
+    assert "whisper" not in sys.modules
+
+
+def test_shard_written_by_hand_reads_back(tmp_path):
+    # Build the file with plain numpy, independently of write_shard.
+    tokens = np.array([0, 1, 65535, 256, 50256], dtype="<u2")
+    header = np.zeros(256, dtype="<i4")
+    header[:3] = [20240520, 1, len(tokens)]
+    path = tmp_path / "x_val_000000.bin"
+    path.write_bytes(header.tobytes() + tokens.tobytes())
+    assert np.array_equal(open_shard(path), tokens)
+    sha = write_shard(str(tmp_path / "y.bin"), tokens)
+    assert (tmp_path / "y.bin").read_bytes() == path.read_bytes()
+    assert sha == hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("damage,message", [
+    (lambda b: b[:100], "less than the 1024-byte shard header"),
+    (lambda b: np.int32(123).tobytes() + b[4:], "magic number 123 is not 20240520"),
+    (lambda b: b[:4] + np.int32(2).tobytes() + b[8:], "shard version 2 is not supported"),
+    (lambda b: b[:-2], "header says 10 tokens"),
+    (lambda b: b + b"\0\0", "header says 10 tokens"),
+])
+def test_header_errors_name_the_file(tmp_path, damage, message):
+    path = tmp_path / "train_000001.bin"
+    write_shard(str(path), np.arange(10))
+    path.write_bytes(damage(path.read_bytes()))
+    with pytest.raises(DataError, match=message) as err:
+        read_header(path)
+    assert str(path) in str(err.value) and "prepare" in str(err.value)
+
+
+def test_jsonl_text_to_shards_to_text(tmp_path):
+    write_jsonl(tmp_path / "a.jsonl", DOCS[:20])
+    write_jsonl(tmp_path / "b.jsonl", DOCS[20:])
+    out = tmp_path / "out"
+    manifest = run_prepare(prep.files_source(str(tmp_path / "*.jsonl")), out)
+    reference = expected_stream(DOCS)
+    assert np.array_equal(all_tokens(out), reference)
+    # Decoding the shards and splitting at end-of-text gives back the documents.
+    text = get_tokenizer("byte").decode(all_tokens(out).tolist())
+    assert text.split("<|endoftext|>")[1:] == DOCS
+    # Validation first (500 tokens), then train shards of 700, the last one shorter.
+    sizes = [(s["split"], s["tokens"]) for s in manifest["shards"]]
+    n = len(reference) - 500
+    assert sizes == [("val", 500)] + [("train", 700)] * (n // 700) + ([("train", n % 700)] if n % 700 else [])
+    assert manifest["tokens"] == {"val": 500, "train": n, "total": len(reference)}
+    assert manifest["documents"] == len(DOCS) and read_manifest(str(out))["tokenizer"] == "byte"
+    for shard in manifest["shards"]:
+        assert shard["sha256"] == hashlib.sha256((out / shard["file"]).read_bytes()).hexdigest()
+    assert sorted(os.listdir(out)) == sorted(["manifest.json"] + [s["file"] for s in manifest["shards"]])
+
+
+def test_validation_split_spanning_several_shards_and_max_tokens(tmp_path):
+    write_jsonl(tmp_path / "a.jsonl", DOCS)
+    manifest = run_prepare(prep.files_source(str(tmp_path / "a.jsonl")), tmp_path / "out",
+                           val_tokens=1500, max_tokens=3001)
+    assert [(s["split"], s["tokens"]) for s in manifest["shards"]] == [
+        ("val", 700), ("val", 700), ("val", 100), ("train", 700), ("train", 700), ("train", 101)]
+    assert np.array_equal(all_tokens(tmp_path / "out"), expected_stream(DOCS)[:3001])
+
+
+def test_parquet_json_and_txt_sources(tmp_path):
+    pq.write_table(pa.table({"text": DOCS[:30], "n": list(range(30))}), tmp_path / "p1.parquet")
+    pq.write_table(pa.table({"text": DOCS[30:]}), tmp_path / "p2.parquet")
+    run_prepare(prep.files_source(str(tmp_path / "*.parquet")), tmp_path / "pq")
+    assert np.array_equal(all_tokens(tmp_path / "pq"), expected_stream(DOCS))
+
+    (tmp_path / "arr.json").write_text(json.dumps([{"text": d} for d in DOCS]))
+    run_prepare(prep.files_source(str(tmp_path / "arr.json")), tmp_path / "js")
+    assert np.array_equal(all_tokens(tmp_path / "js"), expected_stream(DOCS))
+
+    books = tmp_path / "books"
+    books.mkdir()
+    texts = ["First book.\nIt has two lines.\n", "Second book,\n\nwith a blank line.\n", "Third. " * 200]
+    for i, text in enumerate(texts):
+        (books / f"{i}.txt").write_text(text)
+    # One document per .txt file by default.
+    run_prepare(prep.files_source(str(books / "*.txt")), tmp_path / "txt", val_tokens=100)
+    assert np.array_equal(all_tokens(tmp_path / "txt"), expected_stream(texts))
+
+
+def test_source_errors(tmp_path):
+    with pytest.raises(DataError, match="no files match"):
+        prep.files_source(str(tmp_path / "*.jsonl"))
+    (tmp_path / "a.jsonl").write_text('{"body": "no text field"}\n')
+    (tmp_path / "b.txt").write_text("text")
+    with pytest.raises(DataError, match="mixes .jsonl, .txt files"):
+        prep.files_source(str(tmp_path / "*"))
+    with pytest.raises(DataError, match="have no 'text' field \\(fields: body\\)"):
+        run_prepare(prep.files_source(str(tmp_path / "a.jsonl")), tmp_path / "out")
+    (tmp_path / "c.csv").write_text("text\nhello\n")
+    with pytest.raises(DataError, match="type .csv"):
+        prep.files_source(str(tmp_path / "*.csv"))
+
+
+def test_everything_in_validation_is_an_error(tmp_path):
+    write_jsonl(tmp_path / "a.jsonl", DOCS[:3])
+    with pytest.raises(DataError, match="all went to validation"):
+        run_prepare(prep.files_source(str(tmp_path / "a.jsonl")), tmp_path / "out", val_tokens=10**6)
+
+
+# In the second case the validation shard (the first one) ends exactly where a document ends, so the first
+# resume point is the start of a document rather than the middle of one.
+DOC_STARTS = np.flatnonzero(expected_stream(DOCS) == 256)
+
+
+@pytest.mark.parametrize("val_tokens", [450, int(DOC_STARTS[DOC_STARTS < 333].max())])
+def test_interrupted_preparation_resumes_to_identical_shards(tmp_path, monkeypatch, val_tokens):
+    # Small dataset batches so that resuming has to seek inside the stream (datasets state + skipped documents).
+    monkeypatch.setattr(prep, "DOCS_PER_TASK", 3)
+    for i in range(4):
+        write_jsonl(tmp_path / f"part{i}.jsonl", DOCS[i * 11:(i + 1) * 11])
+    source = prep.files_source(str(tmp_path / "part*.jsonl"))
+    settings = {"val_tokens": val_tokens, "shard_tokens": 333}
+    run_prepare(source, tmp_path / "full", **settings)
+    reference = {name: (tmp_path / "full" / name).read_bytes() for name in os.listdir(tmp_path / "full")}
+
+    out = tmp_path / "resumed"
+    with pytest.raises(KeyboardInterrupt):
+        run_prepare(source, out, stop_after_shards=1 if val_tokens < 333 else 2, **settings)
+    # What a kill leaves behind: a partial temp file, and a shard renamed before progress.json recorded it.
+    (out / "train_000002.bin.tmp").write_bytes(b"partial")
+    (out / "train_000002.bin").write_bytes(b"garbage")
+    with pytest.raises(KeyboardInterrupt):
+        run_prepare(source, out, stop_after_shards=3, **settings)
+    assert not (out / "manifest.json").exists()
+    run_prepare(source, out, **settings)
+    assert {name: (out / name).read_bytes() for name in os.listdir(out)} == reference
+    assert np.array_equal(all_tokens(out), expected_stream(DOCS[:44]))
+
+
+def test_resume_refuses_other_arguments(tmp_path):
+    write_jsonl(tmp_path / "a.jsonl", DOCS)
+    source = prep.files_source(str(tmp_path / "a.jsonl"))
+    with pytest.raises(KeyboardInterrupt):
+        run_prepare(source, tmp_path / "out", stop_after_shards=1)
+    with pytest.raises(DataError, match="other arguments"):
+        run_prepare(source, tmp_path / "out", shard_tokens=999)
+
+
+def test_worker_processes_give_the_same_shards(tmp_path):
+    write_jsonl(tmp_path / "a.jsonl", DOCS * 3)
+    source = prep.files_source(str(tmp_path / "a.jsonl"))
+    run_prepare(source, tmp_path / "one", workers=1)
+    run_prepare(source, tmp_path / "two", workers=2)
+    for name in os.listdir(tmp_path / "one"):
+        assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes()
+
+
+def test_script_entry_point_and_offline_hub_message(tmp_path):
+    write_jsonl(tmp_path / "a.jsonl", DOCS)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "data/prepare.py", "--files", str(tmp_path / "*.jsonl"), "--out",
+                           str(tmp_path / "out"), "--tokenizer", "byte", "--val-tokens", "100", "--quiet"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert np.array_equal(all_tokens(tmp_path / "out"), expected_stream(DOCS))
+
+    hub = subprocess.run([sys.executable, "-m", "data.prepare", "--dataset", "fineweb-edu", "--version", "10B",
+                          "--out", str(tmp_path / "hub")], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert hub.returncode == 2
+    assert "offline" in hub.stderr and "--files" in hub.stderr and "Traceback" not in hub.stderr
+
+
+def test_unreachable_hub_fails_at_once(monkeypatch):
+    # A port on this machine with nothing listening stands in for a hub that cannot be reached.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    with pytest.raises(DataError, match="cannot reach the Hugging Face hub.*--files"):
+        prep.hub_source("100B").open_dataset()
+    with pytest.raises(DataError, match="unknown FineWeb-Edu version '5B'"):
+        prep.hub_source("5B")
+
+
+def test_default_corpus_is_the_embedded_text(tmp_path):
+    out = prep.ensure_default_corpus(str(tmp_path / "default"), tokenizer="byte", progress_bar=False)
+    with open(prep.DEFAULT_CORPUS_FILE, "rb") as f:
+        docs = [json.loads(line)["text"] for line in lzma.decompress(f.read()).decode("utf-8").splitlines()]
+    assert np.array_equal(all_tokens(out), expected_stream(docs))
+    manifest = read_manifest(out)
+    assert manifest["tokens"]["val"] == prep.DEFAULT_CORPUS_VAL_TOKENS and manifest["tokens"]["train"] > 10**6
+    stamp = os.path.getmtime(os.path.join(out, manifest["shards"][-1]["file"]))
+    assert prep.ensure_default_corpus(out, tokenizer="byte", progress_bar=False) == out
+    assert os.path.getmtime(os.path.join(out, manifest["shards"][-1]["file"])) == stamp
