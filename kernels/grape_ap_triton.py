@@ -1,0 +1,272 @@
+"""Triton FlashAttention-style kernel for GRAPE-AP attention (forward and backward), O(T) memory.
+
+Same contract as ``kernels.grape_ap.grape_ap_attention``. Per program: one (batch·head, query tile).
+
+Forward. Key tiles are visited from the diagonal towards key 0 (softmax does not care about the
+order), carrying per query row the *suffix* sum carry_i = Σ_{ℓ >= end of tile, ℓ <= t_i} ψ(i, ℓ). Inside
+a tile, bias(i, j) = carry_i + Σ_{j<ℓ<tile end} ψ(i, ℓ) = carry_i + total_i - cumsum_i(j). This is the
+bias itself (<= 0, small where the attention weight is large), not the left prefix sum shifted by
+a row constant, so its fp32 rounding error is relative to the bias, not to the whole row's sum.
+Then the usual online softmax; ψ = α·logsigmoid(p·rᵀ) is a (tile × tile × d_p) dot.
+
+Backward, with dS = P∘(dO·vᵀ - D) the gradient of the logits:
+dψ(i, ℓ) = Σ_{j<ℓ} dS(i, j) = -Σ_{j>=ℓ} dS(i, j) (rows of dS sum to zero), which the same right-to-left
+order carries as a second running suffix. Two kernels, both without atomics (deterministic):
+``_bwd_query`` (query-major, like the forward) gives dq and dp and stores both running suffixes at every
+key-tile boundary, O(T²/BLOCK_N) floats; ``_bwd_key`` (key-major) reads them back to rebuild the same
+bias and gradient suffixes and gives dk, dv, dr.
+
+Accumulation is fp32 throughout (inputs bf16/fp16/fp32). The path vectors p, r are passed as fp32;
+their dot uses 3xTF32 on the GPU (about fp32 accuracy at a small fraction of the q·k cost).
+The interpreter (TRITON_INTERPRET=1) runs these kernels on the CPU in fp32/fp16 for the tests; its
+bf16 dot is wrong, so bf16 is checked on a GPU (scripts/gpu_check.sh).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@triton.jit
+def _logsigmoid_and_slope(z):
+    """logsigmoid(z) and its derivative sigmoid(-z), both without overflow for any z."""
+    e = tl.exp(-tl.abs(z))
+    log_sig = tl.minimum(z, 0.0) - tl.log(1.0 + e)
+    sig_neg = tl.where(z >= 0, e, 1.0) / (1.0 + e)
+    return log_sig, sig_neg
+
+
+@triton.jit
+def _fwd(Q, K, V, P, R, SLOPES, OUT, LSE, scale, Tq, Tk, H, D, DV, DP,
+         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+         BLOCK_DP: tl.constexpr, Z_PRECISION: tl.constexpr):
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    slope = tl.load(SLOPES + bh % H)
+    offset = Tk - Tq
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < Tq
+    t = rows + offset  # key index of each query
+    d = tl.arange(0, BLOCK_D)
+    dv = tl.arange(0, BLOCK_DV)
+    dp = tl.arange(0, BLOCK_DP)
+    q = tl.load(Q + bh * Tq * D + rows[:, None] * D + d[None, :], mask=row_ok[:, None] & (d[None, :] < D), other=0.0)
+    p = tl.load(P + bh * Tq * DP + rows[:, None] * DP + dp[None, :], mask=row_ok[:, None] & (dp[None, :] < DP), other=0.0)
+
+    m_i = tl.full([BLOCK_M], -1e30, tl.float32)  # finite: a row may see no key in its first tiles
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+    carry = tl.zeros([BLOCK_M], tl.float32)
+    last_key = tl.minimum(offset + pid_m * BLOCK_M + BLOCK_M - 1, Tk - 1)
+    n_tiles = last_key // BLOCK_N + 1
+    for it in range(0, n_tiles):
+        kb = n_tiles - 1 - it  # right to left: the suffix sums are then running sums
+        cols = kb * BLOCK_N + tl.arange(0, BLOCK_N)
+        col_ok = cols < Tk
+        k = tl.load(K + bh * Tk * D + cols[:, None] * D + d[None, :], mask=col_ok[:, None] & (d[None, :] < D), other=0.0)
+        v = tl.load(V + bh * Tk * DV + cols[:, None] * DV + dv[None, :], mask=col_ok[:, None] & (dv[None, :] < DV), other=0.0)
+        r = tl.load(R + bh * Tk * DP + cols[:, None] * DP + dp[None, :], mask=col_ok[:, None] & (dp[None, :] < DP), other=0.0)
+        visible = (cols[None, :] <= t[:, None]) & col_ok[None, :]
+        log_sig, _ = _logsigmoid_and_slope(tl.dot(p, tl.trans(r), input_precision=Z_PRECISION))
+        psi = tl.where(visible, slope * log_sig, 0.0)
+        tile_total = tl.sum(psi, axis=1)
+        bias = carry[:, None] + tile_total[:, None] - tl.cumsum(psi, axis=1)
+        s = tl.dot(q, tl.trans(k)) * scale + bias
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp(m_i - m_new)
+        probs = tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(probs, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(probs.to(v.dtype), v)
+        m_i = m_new
+        carry += tile_total
+    out = acc / l_i[:, None]
+    tl.store(OUT + bh * Tq * DV + rows[:, None] * DV + dv[None, :], out.to(OUT.dtype.element_ty),
+             mask=row_ok[:, None] & (dv[None, :] < DV))
+    tl.store(LSE + bh * Tq + rows, m_i + tl.log(l_i), mask=row_ok)
+
+
+@triton.jit
+def _bwd_query(Q, K, V, P, R, SLOPES, DO, LSE, DELTA, DQ, DPATH, CARRY_PSI, CARRY_DS,
+               scale, Tq, Tk, H, D, DV, DP, N_KTILES,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+               BLOCK_DP: tl.constexpr, Z_PRECISION: tl.constexpr):
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    slope = tl.load(SLOPES + bh % H)
+    offset = Tk - Tq
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < Tq
+    t = rows + offset
+    d = tl.arange(0, BLOCK_D)
+    dv = tl.arange(0, BLOCK_DV)
+    dp = tl.arange(0, BLOCK_DP)
+    q = tl.load(Q + bh * Tq * D + rows[:, None] * D + d[None, :], mask=row_ok[:, None] & (d[None, :] < D), other=0.0)
+    p = tl.load(P + bh * Tq * DP + rows[:, None] * DP + dp[None, :], mask=row_ok[:, None] & (dp[None, :] < DP), other=0.0)
+    do = tl.load(DO + bh * Tq * DV + rows[:, None] * DV + dv[None, :], mask=row_ok[:, None] & (dv[None, :] < DV), other=0.0)
+    lse = tl.load(LSE + bh * Tq + rows, mask=row_ok, other=0.0)
+    delta = tl.load(DELTA + bh * Tq + rows, mask=row_ok, other=0.0)
+
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    dpath = tl.zeros([BLOCK_M, BLOCK_DP], tl.float32)
+    carry = tl.zeros([BLOCK_M], tl.float32)
+    carry_ds = tl.zeros([BLOCK_M], tl.float32)
+    last_key = tl.minimum(offset + pid_m * BLOCK_M + BLOCK_M - 1, Tk - 1)
+    n_tiles = last_key // BLOCK_N + 1
+    for it in range(0, n_tiles):
+        kb = n_tiles - 1 - it
+        cols = kb * BLOCK_N + tl.arange(0, BLOCK_N)
+        col_ok = cols < Tk
+        k = tl.load(K + bh * Tk * D + cols[:, None] * D + d[None, :], mask=col_ok[:, None] & (d[None, :] < D), other=0.0)
+        v = tl.load(V + bh * Tk * DV + cols[:, None] * DV + dv[None, :], mask=col_ok[:, None] & (dv[None, :] < DV), other=0.0)
+        r = tl.load(R + bh * Tk * DP + cols[:, None] * DP + dp[None, :], mask=col_ok[:, None] & (dp[None, :] < DP), other=0.0)
+        # the key-major kernel restarts from these boundary values
+        boundary = (bh * N_KTILES + kb) * Tq + rows
+        tl.store(CARRY_PSI + boundary, carry, mask=row_ok)
+        tl.store(CARRY_DS + boundary, carry_ds, mask=row_ok)
+
+        visible = (cols[None, :] <= t[:, None]) & col_ok[None, :]
+        log_sig, sig_neg = _logsigmoid_and_slope(tl.dot(p, tl.trans(r), input_precision=Z_PRECISION))
+        psi = tl.where(visible, slope * log_sig, 0.0)
+        tile_total = tl.sum(psi, axis=1)
+        bias = carry[:, None] + tile_total[:, None] - tl.cumsum(psi, axis=1)
+        s = tl.dot(q, tl.trans(k)) * scale + bias
+        probs = tl.where(visible, tl.exp(s - lse[:, None]), 0.0)
+        ds = probs * (tl.dot(do, tl.trans(v)) - delta[:, None])
+        dq += tl.dot(ds.to(k.dtype), k)
+        ds_total = tl.sum(ds, axis=1)
+        ds_suffix = carry_ds[:, None] + ds_total[:, None] - tl.cumsum(ds, axis=1) + ds  # Σ_{j>=ℓ} dS(i, j)
+        dz = tl.where(visible & (cols[None, :] >= 1), -slope * ds_suffix * sig_neg, 0.0)
+        dpath += tl.dot(dz, r, input_precision=Z_PRECISION)
+        carry += tile_total
+        carry_ds += ds_total
+    tl.store(DQ + bh * Tq * D + rows[:, None] * D + d[None, :], dq * scale, mask=row_ok[:, None] & (d[None, :] < D))
+    tl.store(DPATH + bh * Tq * DP + rows[:, None] * DP + dp[None, :], dpath, mask=row_ok[:, None] & (dp[None, :] < DP))
+
+
+@triton.jit
+def _bwd_key(Q, K, V, P, R, SLOPES, DO, LSE, DELTA, DK, DV_OUT, DR, CARRY_PSI, CARRY_DS,
+             scale, Tq, Tk, H, D, DV, DP, N_KTILES,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+             BLOCK_DP: tl.constexpr, Z_PRECISION: tl.constexpr):
+    kb = tl.program_id(0)
+    bh = tl.program_id(1)
+    slope = tl.load(SLOPES + bh % H)
+    offset = Tk - Tq
+    cols = kb * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < Tk
+    d = tl.arange(0, BLOCK_D)
+    dv = tl.arange(0, BLOCK_DV)
+    dp = tl.arange(0, BLOCK_DP)
+    k = tl.load(K + bh * Tk * D + cols[:, None] * D + d[None, :], mask=col_ok[:, None] & (d[None, :] < D), other=0.0)
+    v = tl.load(V + bh * Tk * DV + cols[:, None] * DV + dv[None, :], mask=col_ok[:, None] & (dv[None, :] < DV), other=0.0)
+    r = tl.load(R + bh * Tk * DP + cols[:, None] * DP + dp[None, :], mask=col_ok[:, None] & (dp[None, :] < DP), other=0.0)
+
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv_acc = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
+    dr = tl.zeros([BLOCK_N, BLOCK_DP], tl.float32)
+    first_row = tl.maximum(kb * BLOCK_N - offset, 0)  # the first query that sees this key tile
+    for mb in range(first_row // BLOCK_M, tl.cdiv(Tq, BLOCK_M)):
+        rows = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = rows < Tq
+        t = rows + offset
+        q = tl.load(Q + bh * Tq * D + rows[:, None] * D + d[None, :], mask=row_ok[:, None] & (d[None, :] < D), other=0.0)
+        p = tl.load(P + bh * Tq * DP + rows[:, None] * DP + dp[None, :], mask=row_ok[:, None] & (dp[None, :] < DP), other=0.0)
+        do = tl.load(DO + bh * Tq * DV + rows[:, None] * DV + dv[None, :], mask=row_ok[:, None] & (dv[None, :] < DV), other=0.0)
+        lse = tl.load(LSE + bh * Tq + rows, mask=row_ok, other=0.0)
+        delta = tl.load(DELTA + bh * Tq + rows, mask=row_ok, other=0.0)
+        boundary = (bh * N_KTILES + kb) * Tq + rows
+        carry = tl.load(CARRY_PSI + boundary, mask=row_ok, other=0.0)
+        carry_ds = tl.load(CARRY_DS + boundary, mask=row_ok, other=0.0)
+
+        visible = (cols[None, :] <= t[:, None]) & col_ok[None, :] & row_ok[:, None]
+        log_sig, sig_neg = _logsigmoid_and_slope(tl.dot(p, tl.trans(r), input_precision=Z_PRECISION))
+        psi = tl.where(visible, slope * log_sig, 0.0)
+        bias = carry[:, None] + tl.sum(psi, axis=1)[:, None] - tl.cumsum(psi, axis=1)
+        s = tl.dot(q, tl.trans(k)) * scale + bias
+        probs = tl.where(visible, tl.exp(s - lse[:, None]), 0.0)
+        dv_acc += tl.dot(tl.trans(probs.to(do.dtype)), do)
+        ds = probs * (tl.dot(do, tl.trans(v)) - delta[:, None])
+        dk += tl.dot(tl.trans(ds.to(q.dtype)), q)
+        ds_suffix = carry_ds[:, None] + tl.sum(ds, axis=1)[:, None] - tl.cumsum(ds, axis=1) + ds
+        dz = tl.where(visible & (cols[None, :] >= 1), -slope * ds_suffix * sig_neg, 0.0)
+        dr += tl.dot(tl.trans(dz), p, input_precision=Z_PRECISION)
+    tl.store(DK + bh * Tk * D + cols[:, None] * D + d[None, :], dk * scale, mask=col_ok[:, None] & (d[None, :] < D))
+    tl.store(DV_OUT + bh * Tk * DV + cols[:, None] * DV + dv[None, :], dv_acc, mask=col_ok[:, None] & (dv[None, :] < DV))
+    tl.store(DR + bh * Tk * DP + cols[:, None] * DP + dp[None, :], dr, mask=col_ok[:, None] & (dp[None, :] < DP))
+
+
+def _pow2(n: int) -> int:
+    return max(16, triton.next_power_of_2(n))  # tl.dot needs every dimension >= 16
+
+
+class _TritonGrapeAP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, p, r, slopes, scale, config):
+        block_m, block_n, num_warps, num_stages = config
+        B, H, Tq, D = q.shape
+        Tk, DV, DP = k.shape[2], v.shape[3], p.shape[3]
+        q, k, v = (x.contiguous() for x in (q, k, v))
+        p_dtype, r_dtype = p.dtype, r.dtype
+        p, r = (x.float().contiguous() for x in (p, r))
+        slopes = slopes.to(device=q.device, dtype=torch.float32).contiguous()
+        out = torch.empty(B, H, Tq, DV, device=q.device, dtype=v.dtype)
+        lse = torch.empty(B, H, Tq, device=q.device, dtype=torch.float32)
+        precision = "ieee" if INTERPRET else "tf32x3"
+        _fwd[(triton.cdiv(Tq, block_m), B * H)](
+            q, k, v, p, r, slopes, out, lse, scale, Tq, Tk, H, D, DV, DP,
+            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=_pow2(D), BLOCK_DV=_pow2(DV), BLOCK_DP=_pow2(DP),
+            Z_PRECISION=precision, num_warps=num_warps, num_stages=num_stages)
+        ctx.save_for_backward(q, k, v, p, r, slopes, out, lse)
+        ctx.path_dtypes = (p_dtype, r_dtype)
+        ctx.scale, ctx.config, ctx.precision = scale, config, precision
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, p, r, slopes, out, lse = ctx.saved_tensors
+        block_m, block_n, num_warps, num_stages = ctx.config
+        B, H, Tq, D = q.shape
+        Tk, DV, DP = k.shape[2], v.shape[3], p.shape[3]
+        grad_out = grad_out.contiguous()
+        delta = (grad_out.float() * out.float()).sum(-1)  # D_i = dO_i·O_i
+        n_ktiles = triton.cdiv(Tk, block_n)
+        carry_psi = torch.empty(B * H, n_ktiles, Tq, device=q.device, dtype=torch.float32)
+        carry_ds = torch.empty_like(carry_psi)
+        dq = torch.empty(q.shape, device=q.device, dtype=torch.float32)
+        dp = torch.empty(p.shape, device=q.device, dtype=torch.float32)
+        dk = torch.empty(k.shape, device=q.device, dtype=torch.float32)
+        dv = torch.empty(v.shape, device=q.device, dtype=torch.float32)
+        dr = torch.empty(r.shape, device=q.device, dtype=torch.float32)
+        sizes = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=_pow2(D), BLOCK_DV=_pow2(DV), BLOCK_DP=_pow2(DP),
+                     Z_PRECISION=ctx.precision, num_warps=num_warps, num_stages=num_stages)
+        _bwd_query[(triton.cdiv(Tq, block_m), B * H)](
+            q, k, v, p, r, slopes, grad_out, lse, delta, dq, dp, carry_psi, carry_ds,
+            ctx.scale, Tq, Tk, H, D, DV, DP, n_ktiles, **sizes)
+        _bwd_key[(n_ktiles, B * H)](
+            q, k, v, p, r, slopes, grad_out, lse, delta, dk, dv, dr, carry_psi, carry_ds,
+            ctx.scale, Tq, Tk, H, D, DV, DP, n_ktiles, **sizes)
+        p_dtype, r_dtype = ctx.path_dtypes
+        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dp.to(p_dtype), dr.to(r_dtype),
+                None, None, None)
+
+
+def default_config(head_dim: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages). The interpreter uses tiny tiles so the tests are fast."""
+    if INTERPRET:
+        return (16, 16, 1, 1)
+    return (64, 64, 4, 2) if head_dim <= 64 else (64, 32, 4, 2)
+
+
+def grape_ap_triton(q, k, v, p, r, slopes, scale: float, *, config: tuple[int, int, int, int] | None = None):
+    """The Triton path (CUDA tensors, or CPU tensors under TRITON_INTERPRET=1). Returns v's dtype;
+    dp, dr come back in p's and r's dtypes."""
+    if q.dtype != k.dtype or q.dtype != v.dtype:
+        raise ValueError(f"grape_ap (triton): q, k, v must share one dtype (got {q.dtype}, {k.dtype}, {v.dtype})")
+    config = config or default_config(q.shape[3])
+    return _TritonGrapeAP.apply(q, k, v, p, r, slopes.detach(), float(scale), tuple(config))

@@ -1,0 +1,196 @@
+"""GRAPE-AP attention kernels (kernels/grape_ap*.py) against an independent dense reference written
+from the definition:
+
+    logit(i, j) = scale·q_i·k_j + Σ_{ℓ=j+1}^{t_i} α_h logsigmoid(p_i·r_ℓ),   t_i = Tk - Tq + i, j <= t_i.
+
+The reference sums over ℓ with an explicit 0/1 tensor [j < ℓ <= t_i] (no cumulative sums, no
+row-constant tricks), so it shares nothing with the kernels but the formula. Values and gradients
+(q, k, v, p, r) are compared in fp64 (chunked path) and fp32/fp16 (Triton under TRITON_INTERPRET=1,
+tiny shapes: the interpreter is slow)."""
+import importlib.util
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels import grape_ap_attention
+from kernels.grape_ap import grape_ap_chunked
+
+
+def dense_grape_ap(q, k, v, p, r, slopes, scale):
+    Tq, Tk = q.shape[2], k.shape[2]
+    t = torch.arange(Tq) + (Tk - Tq)
+    j = torch.arange(Tk)
+    ell = torch.arange(Tk)
+    between = (j[None, :, None] < ell[None, None, :]) & (ell[None, None, :] <= t[:, None, None])  # (Tq, Tk, Tk)
+    psi = slopes.to(p.dtype)[:, None, None] * F.logsigmoid(p @ r.transpose(-1, -2))  # (B, H, Tq, Tk)
+    bias = torch.einsum("bhil,ijl->bhij", psi, between.to(psi.dtype))
+    logits = scale * (q @ k.transpose(-1, -2)) + bias
+    logits = logits.masked_fill(j[None, :] > t[:, None], float("-inf"))
+    return torch.softmax(logits, dim=-1) @ v
+
+
+def random_inputs(B, H, Tq, Tk, D, dp, *, dtype=torch.float64, seed=0, path_scale=3.0):
+    """Inputs like the model's: p already divided by d_p (path_scale makes logsigmoid's argument span
+    its linear and saturated parts), r RMS-normalised; slopes 4x ALiBi's so the bias matters."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, Tq, D, generator=g, dtype=torch.float64)
+    k = torch.randn(B, H, Tk, D, generator=g, dtype=torch.float64)
+    v = torch.randn(B, H, Tk, D, generator=g, dtype=torch.float64)
+    p = path_scale * torch.randn(B, H, Tq, dp, generator=g, dtype=torch.float64)
+    r = torch.randn(B, H, Tk, dp, generator=g, dtype=torch.float64)
+    r = r * torch.rsqrt(r.pow(2).mean(-1, keepdim=True))
+    slopes = torch.tensor([4 * 2.0 ** (-8.0 * (h + 1) / H) for h in range(H)], dtype=torch.float64)
+    return [x.to(dtype) for x in (q, k, v, p, r)], slopes
+
+
+def values_and_grads(fn, inputs, slopes, scale, grad_out):
+    leaves = [x.detach().clone().requires_grad_(True) for x in inputs]
+    out = fn(*leaves, slopes, scale)
+    grads = torch.autograd.grad(out, leaves, grad_out.to(out.dtype))
+    return out.detach(), [g.detach() for g in grads]
+
+
+def assert_matches_reference(fn, inputs, slopes, scale, *, atol, rtol):
+    """fn's output and its five gradients against the fp64 dense reference."""
+    ref_inputs = [x.double() for x in inputs]
+    grad_out = torch.randn(ref_inputs[2].shape[:2] + (inputs[0].shape[2], inputs[2].shape[3]),
+                           generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    ref_out, ref_grads = values_and_grads(dense_grape_ap, ref_inputs, slopes.double(), scale, grad_out)
+    out, grads = values_and_grads(fn, inputs, slopes.to(inputs[0].dtype), scale, grad_out)
+    torch.testing.assert_close(out.double(), ref_out, atol=atol, rtol=rtol, msg=lambda m: f"output: {m}")
+    for name, g, ref in zip("qkvpr", grads, ref_grads):
+        torch.testing.assert_close(g.double(), ref, atol=atol, rtol=rtol, msg=lambda m, name=name: f"d{name}: {m}")
+
+
+def test_reference_agrees_with_a_python_double_loop():
+    # The reference itself, checked once against the definition spelled out entry by entry.
+    (q, k, v, p, r), slopes = random_inputs(1, 2, 3, 6, 4, 2)
+    scale = 0.5
+    out = dense_grape_ap(q, k, v, p, r, slopes, scale)
+    Tq, Tk = 3, 6
+    for h in range(2):
+        for i in range(Tq):
+            t = Tk - Tq + i
+            logits = []
+            for j in range(t + 1):
+                bias = sum(slopes[h] * F.logsigmoid(p[0, h, i] @ r[0, h, ell]) for ell in range(j + 1, t + 1))
+                logits.append(scale * q[0, h, i] @ k[0, h, j] + bias)
+            weights = torch.softmax(torch.stack(logits), dim=0)
+            torch.testing.assert_close(out[0, h, i], weights @ v[0, h, : t + 1])
+
+
+# (B, H, Tq, Tk, block): T not multiples of the block, several blocks, a KV cache (Tq < Tk), one-token decode
+CHUNKED_CASES = [(2, 3, 37, 37, 8), (1, 2, 19, 19, 64), (1, 2, 1, 1, 4), (1, 2, 5, 29, 2), (2, 1, 1, 23, 16),
+                 (1, 2, 24, 24, 8)]
+
+
+@pytest.mark.parametrize("B,H,Tq,Tk,block", CHUNKED_CASES)
+def test_chunked_matches_dense_reference_fp64(B, H, Tq, Tk, block):
+    inputs, slopes = random_inputs(B, H, Tq, Tk, 8, 4)
+    fn = lambda *a: grape_ap_chunked(*a, block_size=block)  # noqa: E731
+    assert_matches_reference(fn, inputs, slopes, 1 / math.sqrt(8), atol=1e-10, rtol=1e-8)
+
+
+def test_chunked_fp32_and_default_block_size():
+    inputs, slopes = random_inputs(2, 2, 45, 45, 16, 8, dtype=torch.float32)
+    assert_matches_reference(grape_ap_attention, inputs, slopes, 0.25, atol=2e-5, rtol=1e-4)
+
+
+def test_large_path_logits_do_not_overflow():
+    # |p·r| far beyond where sigmoid underflows in fp32: logsigmoid and its derivative must stay finite.
+    inputs, slopes = random_inputs(1, 2, 20, 20, 8, 4, dtype=torch.float32, path_scale=100.0)
+    assert_matches_reference(lambda *a: grape_ap_chunked(*a, block_size=8), inputs, slopes, 0.3, atol=1e-4, rtol=1e-4)
+
+
+def test_gradient_of_first_key_path_vector_is_exactly_zero():
+    # ψ(i, 0) never enters a bias (the sum starts at ℓ = j + 1), so r_0 gets no gradient at all.
+    inputs, slopes = random_inputs(1, 2, 10, 10, 8, 4, dtype=torch.float32)
+    _, grads = values_and_grads(lambda *a: grape_ap_chunked(*a, block_size=4), inputs, slopes, 0.3,
+                                torch.randn(1, 2, 10, 8))
+    assert torch.all(grads[4][:, :, 0] == 0)
+
+
+def test_bad_shapes_get_one_clear_error():
+    (q, k, v, p, r), slopes = random_inputs(1, 2, 4, 4, 8, 4)
+    with pytest.raises(ValueError, match="Tq .* must be <= Tk"):
+        grape_ap_attention(q, k[:, :, :3], v[:, :, :3], p, r[:, :, :3], slopes, 0.3)
+    with pytest.raises(ValueError, match="one slope per head"):
+        grape_ap_attention(q, k, v, p, r, slopes[:1], 0.3)
+    with pytest.raises(ValueError, match="4-D"):
+        grape_ap_attention(q[0], k, v, p, r, slopes, 0.3)
+    with pytest.raises(ValueError, match="unknown grape_ap backend"):
+        grape_ap_attention(q, k, v, p, r, slopes, 0.3, backend="flash")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Triton kernel under the interpreter (fp32 and fp16; bf16 tl.dot is wrong in the interpreter).
+# TRITON_INTERPRET=1 must be set before triton itself is imported (its own library functions are
+# decorated at import), so the kernels run in a child process that writes its outputs and gradients
+# to a file; the comparison with the reference happens here.
+
+# (B, H, Tq, Tk, D, (BLOCK_M, BLOCK_N), dtype): T not multiples of the tiles, Tq < Tk, one-token decode,
+# a head dim that is not a power of two, tiles of unequal sizes; fp16 q, k, v with fp32 path vectors
+TRITON_CASES = [(1, 2, 21, 21, 16, (16, 16), "float32"), (2, 1, 9, 40, 12, (16, 16), "float32"),
+                (1, 1, 1, 19, 16, (16, 16), "float32"), (1, 2, 33, 33, 16, (32, 16), "float32"),
+                (1, 1, 20, 37, 16, (16, 32), "float32"), (1, 2, 27, 27, 16, (16, 16), "float16")]
+
+
+def triton_case_inputs(case):
+    B, H, Tq, Tk, D, _, dtype = case
+    (q, k, v, p, r), slopes = random_inputs(B, H, Tq, Tk, D, 8, dtype=torch.float32)
+    low = getattr(torch, dtype)
+    return [q.to(low), k.to(low), v.to(low), p, r], slopes.float()  # the model passes p, r in fp32
+
+
+def run_triton_cases(path):
+    """Child process (TRITON_INTERPRET=1): every case's kernel output and gradients, saved to path."""
+    from kernels.grape_ap_triton import grape_ap_triton
+    results = []
+    for case in TRITON_CASES:
+        inputs, slopes = triton_case_inputs(case)
+        fn = lambda *a, tiles=case[5]: grape_ap_triton(*a, config=(*tiles, 1, 1))  # noqa: E731
+        results.append(values_and_grads(fn, inputs, slopes, 1 / math.sqrt(case[4]), triton_grad_out(case)))
+    torch.save(results, path)
+
+
+def triton_grad_out(case):
+    B, H, Tq, _, D, _, _ = case
+    return torch.randn(B, H, Tq, D, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+
+
+@pytest.fixture(scope="module")
+def triton_results(tmp_path_factory):
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed")
+    path = tmp_path_factory.mktemp("triton") / "results.pt"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    child = subprocess.run([sys.executable, os.path.abspath(__file__), str(path)], cwd=root, env=env,
+                           capture_output=True, text=True, timeout=600)
+    assert child.returncode == 0, f"the interpreted Triton kernels failed:\n{child.stderr[-4000:]}"
+    return torch.load(path)
+
+
+@pytest.mark.parametrize("index", range(len(TRITON_CASES)), ids=[
+    f"B{c[0]}H{c[1]}Tq{c[2]}Tk{c[3]}D{c[4]}tiles{c[5][0]}x{c[5][1]}-{c[6]}" for c in TRITON_CASES])
+def test_triton_interpreter_matches_dense_reference(triton_results, index):
+    case = TRITON_CASES[index]
+    inputs, slopes = triton_case_inputs(case)
+    scale = 1 / math.sqrt(case[4])
+    ref_out, ref_grads = values_and_grads(dense_grape_ap, [x.double() for x in inputs], slopes.double(), scale,
+                                          triton_grad_out(case))
+    out, grads = triton_results[index]
+    tol = dict(atol=2e-5, rtol=1e-4) if case[6] == "float32" else dict(atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(out.double(), ref_out, **tol, msg=lambda m: f"output: {m}")
+    for name, g, ref in zip("qkvpr", grads, ref_grads):
+        assert g.dtype == inputs["qkvpr".index(name)].dtype
+        torch.testing.assert_close(g.double(), ref, **tol, msg=lambda m, name=name: f"d{name}: {m}")
+
+
+if __name__ == "__main__":
+    run_triton_cases(sys.argv[1])
