@@ -23,7 +23,10 @@ def load_model(ckpt, device="cpu"):
     if not os.path.isfile(path):
         raise UserError(f"no checkpoint at {path}: pass --ckpt a run directory that holds ckpt.pt "
                         f"(written by train.py) or the path of a .pt file")
-    model, ckpt_dict = GPT.from_checkpoint(path, map_location="cpu")
+    try:
+        model, ckpt_dict = GPT.from_checkpoint(path, map_location="cpu")
+    except (OSError, ValueError) as error:  # corrupt file, missing keys, unknown config key
+        raise UserError(str(error)) from None
     if "tokenizer" not in ckpt_dict:
         raise UserError(f"{path} has no 'tokenizer' entry; re-save it with the tokenizer name "
                         f"(e.g. 'gpt2' or 'byte') as the checkpoint contract requires")

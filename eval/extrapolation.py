@@ -1,0 +1,358 @@
+"""Length extrapolation: validation loss by position at L, 2L, 4L, 8L and passkey retrieval.
+
+    python eval/extrapolation.py --ckpt runs/medium_rope runs/medium_grape_ap --out out/extrapolation
+
+For a checkpoint trained at context L (its model_config.block_size):
+- per-position validation loss at contexts C = L, 2L, 4L, 8L over the same validation tokens, both
+  with non-overlapping windows of C tokens (position p has exactly p tokens of context) and with
+  sliding windows of C tokens advancing by C/4 (every scored token has at least 3C/4 + 1 tokens of
+  context, the usual sliding-window perplexity);
+- loss_vs_position.png: loss against position at the longest context, one line per checkpoint;
+- passkey retrieval: a random 5-digit key hidden at several depths inside repeated filler text of
+  L/2 .. 8L tokens, followed by "What is the pass key? The pass key is"; a trial counts when the
+  greedy continuation (KV cache) starts with the key. passkey_<run>.png is the accuracy heat map.
+Writes OUT/extrapolation.json and OUT/extrapolation.md and prints the tables.
+"""
+import argparse
+import json
+import os
+import random
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: import from the repo root, not from eval/
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from data.shards import DataError  # noqa: E402
+from eval.checkpoint import UserError, autocast_context, describe_encoding, load_model, pick_device  # noqa: E402
+from eval.lm_adapter import plan_windows  # noqa: E402
+
+PASSKEY_INTRO = "A pass key is hidden in the text below. Remember it.\n"
+PASSKEY_FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.\n"
+PASSKEY_NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key.\n"
+PASSKEY_QUESTION = "What is the pass key? The pass key is"
+
+
+# ---------------------------------------------------------------------------------------------- loss by position
+
+@torch.no_grad()
+def _token_losses(model, inputs, targets, device):
+    """Cross-entropy (fp32) of each target: inputs/targets are (B, T) int64 tensors."""
+    with autocast_context(device):
+        logits, _ = model(inputs.to(device))
+    losses = F.cross_entropy(logits.float().flatten(0, 1), targets.to(device).flatten(), reduction="none")
+    return losses.view(targets.shape).cpu()
+
+
+def nonoverlapping_loss(model, tokens, context, device="cpu", batch_tokens=65536):
+    """Mean loss at each position 0..context-1 over consecutive windows of context+1 tokens.
+    Returns (per-position mean losses as a float64 array, number of windows)."""
+    n_windows = (len(tokens) - 1) // context
+    if n_windows == 0:
+        raise UserError(f"the validation split has {len(tokens)} tokens, too few for one window of {context}")
+    batch = max(1, batch_tokens // context)
+    total = torch.zeros(context, dtype=torch.float64)
+    for w0 in range(0, n_windows, batch):
+        starts = range(w0 * context, min(n_windows, w0 + batch) * context, context)
+        windows = torch.stack([torch.from_numpy(np.asarray(tokens[s:s + context + 1], dtype=np.int64))
+                               for s in starts])
+        total += _token_losses(model, windows[:, :-1], windows[:, 1:], device).double().sum(0)
+    return (total / n_windows).numpy(), n_windows
+
+
+def sliding_window_loss(model, tokens, context, stride, device="cpu", batch_tokens=65536):
+    """Mean loss over tokens[1:], each predicted inside a window of at most `context` tokens that
+    advances by `stride` (the first window scores all its tokens). Returns (mean, tokens scored)."""
+    windows = plan_windows(len(tokens), 1, context, stride)
+    batch = max(1, batch_tokens // context)
+    total, count = 0.0, 0
+    for b0 in range(0, len(windows), batch):
+        group = windows[b0:b0 + batch]
+        for length in sorted({end - start for start, end, _ in group}):  # equal lengths share a batch
+            same = [w for w in group if w[1] - w[0] == length]
+            inputs = torch.stack([torch.from_numpy(np.asarray(tokens[s:e], dtype=np.int64)) for s, e, _ in same])
+            targets = torch.stack([torch.from_numpy(np.asarray(tokens[s + 1:e + 1], dtype=np.int64))
+                                   for s, e, _ in same])
+            losses = _token_losses(model, inputs, targets, device).double()
+            for row, (_, _, k) in enumerate(same):
+                total += losses[row, -k:].sum().item()
+                count += k
+    return total / count, count
+
+
+def bin_positions(per_position, n_bins=64):
+    """(bin centre positions, mean loss per bin) for plotting a long per-position curve."""
+    edges = np.unique(np.linspace(0, len(per_position), n_bins + 1).astype(int))
+    centres = [(a + b - 1) / 2 for a, b in zip(edges[:-1], edges[1:])]
+    means = [float(np.mean(per_position[a:b])) for a, b in zip(edges[:-1], edges[1:])]
+    return centres, means
+
+
+# ---------------------------------------------------------------------------------------------- passkey
+
+def build_passkey_prompt(tokenizer, n_tokens, depth, key):
+    """Token ids of a passkey prompt about n_tokens long with the needle at `depth` (0 = right after
+    the intro, 1 = right before the question), and the answer text the model should continue with."""
+    intro, filler = tokenizer.encode(PASSKEY_INTRO), tokenizer.encode(PASSKEY_FILLER)
+    needle, question = tokenizer.encode(PASSKEY_NEEDLE.format(key=key)), tokenizer.encode(PASSKEY_QUESTION)
+    n_fillers = max(0, round((n_tokens - len(intro) - len(needle) - len(question)) / len(filler)))
+    before = round(depth * n_fillers)
+    ids = intro + filler * before + needle + filler * (n_fillers - before) + question
+    return ids, f" {key}"
+
+
+def passkey_accuracy(generate, tokenizer, lengths, depths, trials, seed=0):
+    """Accuracy[length][depth] over `trials` random keys. generate(list of token-id prompts,
+    max_new_tokens) -> list of generated strings. Also returns the prompts' actual token lengths."""
+    rng = random.Random(seed)
+    accuracy = np.zeros((len(lengths), len(depths)))
+    actual_lengths = {}
+    for i, length in enumerate(lengths):
+        for j, depth in enumerate(depths):
+            prompts, answers = [], []
+            for _ in range(trials):
+                ids, answer = build_passkey_prompt(tokenizer, length, depth, rng.randint(10000, 99999))
+                prompts.append(ids)
+                answers.append(answer)
+            actual_lengths[length] = len(prompts[0])
+            max_new = max(len(tokenizer.encode(a)) for a in answers) + 1
+            outputs = generate(prompts, max_new)
+            accuracy[i, j] = np.mean([out.strip().startswith(a.strip()) for out, a in zip(outputs, answers)])
+    return accuracy, actual_lengths
+
+
+def cached_greedy_generate(model, tokenizer, device, batch_size=8):
+    """A `generate` for passkey_accuracy: greedy decoding through the KV cache, equal-length batches."""
+    from eval.lm_adapter import GrapeLM
+
+    lm = GrapeLM(model=model, tokenizer=tokenizer, device=device, batch_size=batch_size, max_length=1 << 30)
+
+    def generate(prompts, max_new_tokens):
+        outputs = [None] * len(prompts)
+        by_length = {}
+        for n, p in enumerate(prompts):
+            by_length.setdefault(len(p), []).append(n)
+        for indices in by_length.values():
+            for b0 in range(0, len(indices), batch_size):
+                batch = indices[b0:b0 + batch_size]
+                texts = lm.generate_batch([prompts[n] for n in batch], until=["\n"], max_gen_toks=max_new_tokens)
+                for n, text in zip(batch, texts):
+                    outputs[n] = text
+        return outputs
+
+    return generate
+
+
+# ---------------------------------------------------------------------------------------------- reports
+
+def resolve_data_dir(run_dir, ckpt, data_dir):
+    """--data-dir, else the run's resolved data directory, else the embedded corpus for its tokenizer."""
+    if data_dir:
+        return data_dir
+    config_path = os.path.join(run_dir, "config.json") if os.path.isdir(run_dir) else None
+    if config_path and os.path.isfile(config_path):
+        resolved = json.loads(Path(config_path).read_text()).get("data_dir_resolved")
+        if resolved and os.path.isdir(resolved):
+            return resolved
+    saved = (ckpt.get("train_config") or {}).get("data_dir")
+    if saved and saved != "default" and os.path.isdir(saved):
+        return saved
+    from data.prepare import ensure_default_corpus
+
+    return ensure_default_corpus(tokenizer=ckpt["tokenizer"], progress_bar=False)
+
+
+def evaluate_checkpoint(run, args, device):
+    model, tokenizer, ckpt = load_model(run, device)
+    train_context = args.context or model.config.block_size
+    data_dir = resolve_data_dir(run, ckpt, args.data_dir)
+    from data.loader import load_split_tokens, read_manifest
+
+    data_tokenizer = read_manifest(data_dir).get("tokenizer")
+    if data_tokenizer != ckpt["tokenizer"]:
+        raise UserError(f"{data_dir} is tokenized with {data_tokenizer!r} but {run} uses {ckpt['tokenizer']!r}; "
+                        f"pass --data-dir a directory prepared with the model's tokenizer")
+    tokens = load_split_tokens(data_dir, "val")
+    contexts = [train_context * f for f in args.factors]
+    n_tokens = min(len(tokens), args.windows * max(contexts) + 1)
+    tokens = tokens[:n_tokens]
+    result = {"run": run, "name": args_name(run), "encoding": describe_encoding(ckpt["model_config"]),
+              "train_context": train_context, "step": ckpt.get("step"), "val_tokens": n_tokens,
+              "data_dir": os.path.abspath(data_dir), "contexts": {}}
+    for context in contexts:
+        per_position, n_windows = nonoverlapping_loss(model, tokens, context, device, args.batch_tokens)
+        stride = max(1, int(context * args.stride_fraction))
+        sliding, n_scored = sliding_window_loss(model, tokens, context, stride, device, args.batch_tokens)
+        centres, binned = bin_positions(per_position)
+        result["contexts"][str(context)] = {
+            "nonoverlapping": {"mean": float(per_position.mean()), "windows": n_windows,
+                               "mean_beyond_train_context": float(per_position[train_context:].mean())
+                               if context > train_context else None,
+                               "binned_positions": centres, "binned_loss": binned},
+            "sliding": {"mean": sliding, "stride": stride, "min_context": context - stride + 1,
+                        "tokens_scored": n_scored},
+        }
+        print(f"{result['name']}: context {context}: non-overlapping {per_position.mean():.4f} "
+              f"({n_windows} windows), sliding {sliding:.4f} (stride {stride})", flush=True)
+    if args.passkey_trials > 0:
+        lengths = [max(16, int(train_context * f)) for f in args.passkey_factors]
+        generate = cached_greedy_generate(model, tokenizer, device)
+        accuracy, actual = passkey_accuracy(generate, tokenizer, lengths, args.depths, args.passkey_trials, args.seed)
+        result["passkey"] = {"lengths": lengths, "actual_lengths": [actual[n] for n in lengths],
+                             "depths": list(args.depths), "trials": args.passkey_trials,
+                             "accuracy": accuracy.tolist()}
+    return result
+
+
+def args_name(run):
+    return os.path.basename(os.path.normpath(run if os.path.isdir(run) else os.path.dirname(run)))
+
+
+def markdown_report(results):
+    lines = ["## Validation loss by context length", "",
+             "Non-overlapping: windows of C tokens, mean over all positions (and over positions beyond the "
+             "training context L). Sliding: windows of C tokens advancing by the stride; every token has at "
+             "least C - stride + 1 tokens of context.", "",
+             "| run | encoding | L | C | C/L | non-overlapping | beyond L | sliding (stride) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        for context, c in r["contexts"].items():
+            beyond = c["nonoverlapping"]["mean_beyond_train_context"]
+            lines.append(f"| {r['name']} | {r['encoding']} | {r['train_context']} | {context} | "
+                         f"{int(context) // r['train_context']} | {c['nonoverlapping']['mean']:.4f} | "
+                         f"{'–' if beyond is None else f'{beyond:.4f}'} | "
+                         f"{c['sliding']['mean']:.4f} ({c['sliding']['stride']}) |")
+    for r in results:
+        if "passkey" not in r:
+            continue
+        p = r["passkey"]
+        lines += ["", f"## Passkey retrieval accuracy: {r['name']} ({r['encoding']}, L = {r['train_context']}, "
+                  f"{p['trials']} keys per cell)", "",
+                  "| prompt tokens | " + " | ".join(f"depth {d:g}" for d in p["depths"]) + " |",
+                  "|---:|" + "---:|" * len(p["depths"])]
+        for n, row in zip(p["actual_lengths"], p["accuracy"]):
+            lines.append(f"| {n} | " + " | ".join(f"{a:.2f}" for a in row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_loss_vs_position(results, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for r in results:
+        longest = max(r["contexts"], key=int)
+        c = r["contexts"][longest]["nonoverlapping"]
+        ax.plot(c["binned_positions"], c["binned_loss"], label=f"{r['name']} ({r['encoding']})")
+    for L in sorted({r["train_context"] for r in results}):
+        ax.axvline(L, color="gray", linestyle="--", linewidth=1)
+    ax.set_xlabel("position in window (dashed: training context L)")
+    ax.set_ylabel("validation loss")
+    ax.set_title("Loss vs position (non-overlapping windows of the longest context)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path + ".tmp.png", dpi=120)
+    plt.close(fig)
+    os.replace(path + ".tmp.png", path)
+
+
+def plot_passkey(result, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    p = result["passkey"]
+    accuracy = np.array(p["accuracy"])
+    fig, ax = plt.subplots(figsize=(1.2 * len(p["lengths"]) + 2, 0.6 * len(p["depths"]) + 1.5))
+    image = ax.imshow(accuracy.T, vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower")
+    ax.set_xticks(range(len(p["lengths"])), [str(n) for n in p["actual_lengths"]])
+    ax.set_yticks(range(len(p["depths"])), [f"{d:g}" for d in p["depths"]])
+    for i in range(accuracy.shape[0]):
+        for j in range(accuracy.shape[1]):
+            ax.text(i, j, f"{accuracy[i, j]:.2f}", ha="center", va="center",
+                    color="black" if accuracy[i, j] > 0.5 else "white", fontsize=8)
+    ax.set_xlabel(f"prompt tokens (trained at {result['train_context']})")
+    ax.set_ylabel("needle depth")
+    ax.set_title(f"Passkey accuracy: {result['name']} ({result['encoding']})")
+    fig.colorbar(image, ax=ax)
+    fig.tight_layout()
+    fig.savefig(path + ".tmp.png", dpi=120)
+    plt.close(fig)
+    os.replace(path + ".tmp.png", path)
+
+
+def write_atomic(path, text):
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
+
+
+def parse_floats(text):
+    return [float(x) for x in text.split(",") if x.strip()]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ckpt", nargs="+", required=True, help="run directories (or checkpoint files) to compare")
+    p.add_argument("--data-dir", help="prepared data directory (default: the run's own, else the embedded corpus)")
+    p.add_argument("--out", help="output directory (default: RUN_DIR/eval for one run, else required)")
+    p.add_argument("--context", type=int, help="training context L (default: the checkpoint's block_size)")
+    p.add_argument("--factors", default="1,2,4,8", help="contexts to evaluate, as multiples of L")
+    p.add_argument("--windows", type=int, default=16,
+                   help="validation tokens used = windows x the longest context (same tokens for every context)")
+    p.add_argument("--stride-fraction", type=float, default=0.25, help="sliding-window stride as a fraction of C")
+    p.add_argument("--batch-tokens", type=int, default=65536, help="tokens per forward pass (memory knob)")
+    p.add_argument("--passkey-factors", default="0.5,1,2,4,8", help="passkey prompt lengths, as multiples of L")
+    p.add_argument("--depths", default="0,0.25,0.5,0.75,1", help="needle depths (0 = start, 1 = end)")
+    p.add_argument("--passkey-trials", type=int, default=10, help="random keys per (length, depth); 0 skips passkey")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default=None)
+    args = p.parse_args(argv)
+    try:
+        args.factors = [int(f) for f in args.factors.split(",")]
+        args.passkey_factors = parse_floats(args.passkey_factors)
+        args.depths = parse_floats(args.depths)
+    except ValueError:
+        p.error("--factors takes integers and --passkey-factors/--depths numbers, comma-separated (e.g. 1,2,4,8)")
+    if not all(0 <= d <= 1 for d in args.depths):
+        p.error("--depths must lie in [0, 1]")
+    if not 0 < args.stride_fraction <= 1:
+        p.error("--stride-fraction must be in (0, 1]")
+    if args.out is None:
+        if len(args.ckpt) > 1:
+            p.error("--out DIR is required when comparing several checkpoints")
+        run = args.ckpt[0]
+        args.out = os.path.join(run if os.path.isdir(run) else os.path.dirname(run), "eval")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    device = pick_device(args.device)
+    try:
+        results = [evaluate_checkpoint(run, args, device) for run in args.ckpt]
+    except (UserError, DataError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+    os.makedirs(args.out, exist_ok=True)
+    write_atomic(os.path.join(args.out, "extrapolation.json"), json.dumps(results, indent=2) + "\n")
+    report = markdown_report(results)
+    write_atomic(os.path.join(args.out, "extrapolation.md"), report)
+    plot_loss_vs_position(results, os.path.join(args.out, "loss_vs_position.png"))
+    for r in results:
+        if "passkey" in r:
+            plot_passkey(r, os.path.join(args.out, f"passkey_{r['name']}.png"))
+    print(report)
+    print(f"wrote {args.out}/extrapolation.json, extrapolation.md, loss_vs_position.png and passkey heat maps")
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""eval/extrapolation.py: losses by position against direct computations, passkey bookkeeping, the CLI."""
+import json
+import re
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from data.tokenizer import get_tokenizer
+from eval import extrapolation as ex
+from eval.tiny import save_run, tiny_model
+
+L = 16
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model(pos="alibi", block_size=L, seed=5)
+
+
+@pytest.fixture(scope="module")
+def tokens():
+    rng = np.random.default_rng(0)
+    return rng.integers(0, 256, size=4 * 2 * L + 1).astype(np.uint16)
+
+
+def last_token_loss(model, inputs, target):
+    """CE of one target from a separate forward pass over exactly `inputs` (a causal prefix)."""
+    with torch.no_grad():
+        logits, _ = model(torch.tensor([list(map(int, inputs))]))
+    return -F.log_softmax(logits[0, -1].double(), -1)[int(target)].item()
+
+
+def test_nonoverlapping_per_position_loss_matches_prefix_passes_and_model_loss(model, tokens):
+    context = 2 * L
+    per_position, n_windows = ex.nonoverlapping_loss(model, tokens, context, batch_tokens=3 * context)
+    assert n_windows == (len(tokens) - 1) // context and per_position.shape == (context,)
+    for p in (0, L - 1, L, context - 1):  # position p of every window, from its own prefix
+        direct = np.mean([last_token_loss(model, tokens[w * context:w * context + p + 1], tokens[w * context + p + 1])
+                          for w in range(n_windows)])
+        assert per_position[p] == pytest.approx(direct, abs=1e-4)
+    # the model's own mean cross-entropy (its targets= path) over the same windows
+    windows = torch.tensor(tokens[:n_windows * context + 1][:-1].astype(np.int64)).view(n_windows, context)
+    targets = torch.tensor(tokens[1:n_windows * context + 1].astype(np.int64)).view(n_windows, context)
+    with torch.no_grad():
+        _, loss = model(windows, targets=targets)
+    assert per_position.mean() == pytest.approx(loss.item(), abs=1e-4)
+
+
+def test_sliding_window_loss_stride_one_is_full_window_for_every_token(model, tokens):
+    short = tokens[:3 * L]
+    got, scored = ex.sliding_window_loss(model, short, L, stride=1, batch_tokens=4 * L)
+    direct = [last_token_loss(model, short[max(0, t - L):t], short[t]) for t in range(1, len(short))]
+    assert scored == len(short) - 1
+    assert got == pytest.approx(np.mean(direct), abs=1e-4)
+
+
+def test_sliding_window_with_stride_equal_to_window_is_nonoverlapping(model, tokens):
+    per_position, _ = ex.nonoverlapping_loss(model, tokens, L)
+    got, scored = ex.sliding_window_loss(model, tokens, L, stride=L)
+    assert scored == len(tokens) - 1
+    assert got == pytest.approx(per_position.mean(), abs=1e-5)
+
+
+def test_passkey_prompt_length_and_depth():
+    tok = get_tokenizer("byte")
+    for n in (300, 700):
+        ids, answer = ex.build_passkey_prompt(tok, n, 0.0, 12345)
+        text = tok.decode(ids)
+        filler = len(ex.PASSKEY_FILLER.encode())
+        assert abs(len(ids) - n) <= filler / 2 + 1 and answer == " 12345"
+        assert text.startswith(ex.PASSKEY_INTRO + "The pass key is 12345.")
+        assert text.endswith(ex.PASSKEY_QUESTION)
+        end = tok.decode(ex.build_passkey_prompt(tok, n, 1.0, 12345)[0])
+        assert end.endswith(ex.PASSKEY_NEEDLE.format(key=12345) + ex.PASSKEY_QUESTION)
+
+
+def oracle(visible_fraction, tok):
+    """A fake generator that answers with the key only if the needle lies in the last
+    `visible_fraction` of the prompt's bytes (a stand-in for a model with limited reach)."""
+    def generate(prompts, max_new_tokens):
+        outputs = []
+        for ids in prompts:
+            text = tok.decode(ids)
+            match = re.search(r"The pass key is (\d+)", text)
+            seen = match.start() >= (1 - visible_fraction) * len(text)
+            outputs.append(f" {match.group(1)}.\n" if seen else " 00000")
+        return outputs
+    return generate
+
+
+def test_passkey_accuracy_grid_orientation_and_averaging():
+    tok = get_tokenizer("byte")
+    lengths, depths = [800, 1600, 3200], [0.0, 0.25, 0.5, 0.75, 1.0]
+    everything, _ = ex.passkey_accuracy(oracle(1.0, tok), tok, lengths, depths, trials=3)
+    assert everything.shape == (3, 5) and (everything == 1).all()
+    half, actual = ex.passkey_accuracy(oracle(0.45, tok), tok, lengths, depths, trials=3)
+    assert (half[:, :3] == 0).all() and (half[:, 3:] == 1).all()  # only the deep needles are "seen"
+    assert [abs(actual[n] - n) < 100 for n in lengths] == [True] * 3
+
+
+def test_cli_on_tiny_model_writes_sane_outputs(tmp_path):
+    from data.prepare import files_source, prepare
+
+    rng = np.random.default_rng(1)
+    words = "alpha beta gamma delta river stone cloud seven quiet numbers".split()
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": " ".join(rng.choice(words, 80))}) + "\n" for _ in range(60)))
+    data_dir = tmp_path / "data"
+    prepare(files_source(str(corpus)), str(data_dir), tokenizer="byte", val_tokens=3000, workers=1,
+            progress_bar=False)
+    run = tmp_path / "run"
+    save_run(tiny_model(pos="rope", block_size=64, seed=2), run, step=3)
+    out = tmp_path / "out"
+    results = ex.main(["--ckpt", str(run), "--data-dir", str(data_dir), "--out", str(out), "--factors", "1,2",
+                       "--windows", "4", "--passkey-factors", "3,6", "--depths", "0,1", "--passkey-trials", "2"])
+    (r,) = results
+    assert set(r["contexts"]) == {"64", "128"} and r["train_context"] == 64 and r["val_tokens"] == 4 * 128 + 1
+    for c in r["contexts"].values():
+        for mean in (c["nonoverlapping"]["mean"], c["sliding"]["mean"]):
+            assert 0 < mean < 2 * np.log(320)  # a random model: near log(vocab), finite
+    acc = np.array(r["passkey"]["accuracy"])
+    assert acc.shape == (2, 2) and ((acc >= 0) & (acc <= 1)).all()
+    assert json.loads((out / "extrapolation.json").read_text()) == results
+    assert "| run | rope | 64 | 128 | 2 |" in (out / "extrapolation.md").read_text().replace(r["name"], "run")
+    for png in ("loss_vs_position.png", f"passkey_{r['name']}.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_rejects_data_of_another_tokenizer(tmp_path, capsys):
+    run = tmp_path / "run"
+    save_run(tiny_model(block_size=16), run)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "manifest.json").write_text(json.dumps({"tokenizer": "gpt2", "shards": []}))
+    with pytest.raises(SystemExit):
+        ex.main(["--ckpt", str(run), "--data-dir", str(tmp_path / "data"), "--passkey-trials", "0"])
+    assert "tokenized with 'gpt2'" in capsys.readouterr().err
