@@ -1,0 +1,126 @@
+"""Generate text from a checkpoint with the KV cache and report the decoding speed.
+
+    python sample.py --ckpt runs/quickstart --prompt "The meaning of life is" --max-new-tokens 100
+    python sample.py --ckpt runs/quickstart --temperature 0          # greedy
+
+One prefill pass over the prompt, then one token per step through the cache (any encoding:
+the model's cache carries each encoding's running state). Prints each sample, then the prefill
+time and the decoding speed in tokens/s.
+"""
+import argparse
+import sys
+import time
+
+import torch
+
+from eval.checkpoint import UserError, autocast_context, load_model, pick_device
+from eval.lm_adapter import sample_next
+
+
+@torch.no_grad()
+def generate(model, tokenizer, prompt_ids, max_new_tokens, temperature=0.8, top_k=None, generator=None,
+             device="cpu", on_token=None):
+    """Returns (generated ids, prefill seconds, decode seconds). Stops at the end-of-text token.
+    Ids past the tokenizer's vocabulary (embedding padding) are never sampled."""
+    idx = torch.tensor([prompt_ids], dtype=torch.long, device=device)
+    cache = model.new_cache(1, len(prompt_ids) + max_new_tokens)
+    synchronize(device)
+    t0 = time.perf_counter()
+    with autocast_context(device):
+        logits, _ = model(idx, cache=cache)
+        synchronize(device)
+        t1 = time.perf_counter()
+        out = []
+        for step in range(max_new_tokens):
+            token = sample_next(logits[:, -1, :tokenizer.n_vocab].float(), temperature, top_k, generator)
+            if int(token) == tokenizer.eot_token:
+                break
+            out.append(int(token))
+            if on_token:
+                on_token(out)
+            if step + 1 < max_new_tokens:
+                logits, _ = model(token[:, None], cache=cache)
+    synchronize(device)
+    return out, t1 - t0, time.perf_counter() - t1
+
+
+def synchronize(device):
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+class StreamPrinter:
+    """Prints the decoded text as it grows (holding back an incomplete multi-byte character)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.printed = tokenizer, ""
+
+    def __call__(self, ids):
+        text = self.tokenizer.decode(ids)
+        if text.endswith("\ufffd"):
+            return
+        print(text[len(self.printed):], end="", flush=True)
+        self.printed = text
+
+    def finish(self, ids):
+        text = self.tokenizer.decode(ids)
+        print(text[len(self.printed):], flush=True)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ckpt", required=True, help="run directory holding ckpt.pt (or a checkpoint file)")
+    p.add_argument("--prompt", default="", help="prompt text (default: start from the end-of-text token)")
+    p.add_argument("--prompt-file", help="read the prompt from this file instead")
+    p.add_argument("--max-new-tokens", type=int, default=200)
+    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=200, help="sample among the k most likely tokens (0 = all)")
+    p.add_argument("--num-samples", type=int, default=1)
+    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    args = p.parse_args(argv)
+    if args.max_new_tokens < 1 or args.num_samples < 1 or args.temperature < 0 or args.top_k < 0:
+        p.error("--max-new-tokens and --num-samples must be positive, --temperature and --top-k non-negative")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    device = pick_device(args.device)
+    try:
+        model, tokenizer, ckpt = load_model(args.ckpt, device)
+        prompt = args.prompt
+        if args.prompt_file:
+            try:
+                with open(args.prompt_file, encoding="utf-8") as f:
+                    prompt = f.read()
+            except OSError as error:
+                raise UserError(f"cannot read --prompt-file {args.prompt_file}: {error.strerror}") from None
+    except UserError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+    prompt_ids = tokenizer.encode(prompt) if prompt else [tokenizer.eot_token]
+    generator = torch.Generator(device=device).manual_seed(args.seed)
+    print(f"{ckpt['model_config'].get('pos')} model, step {ckpt.get('step')}, {model.num_params() / 1e6:.2f}M "
+          f"parameters, {device}; prompt {len(prompt_ids)} tokens", file=sys.stderr)
+    samples, total_tokens, total_decode, total_prefill = [], 0, 0.0, 0.0
+    for n in range(args.num_samples):
+        if args.num_samples > 1:
+            print(f"--- sample {n + 1}")
+        print(prompt, end="", flush=True)
+        printer = StreamPrinter(tokenizer)
+        ids, prefill_s, decode_s = generate(model, tokenizer, prompt_ids, args.max_new_tokens, args.temperature,
+                                            args.top_k or None, generator, device, on_token=printer)
+        printer.finish(ids)
+        samples.append(tokenizer.decode(ids))
+        total_tokens += len(ids)
+        total_decode += decode_s
+        total_prefill += prefill_s
+    speed = total_tokens / total_decode if total_decode > 0 else float("nan")
+    print(f"prefill {1000 * total_prefill / args.num_samples:.1f} ms per sample; decoded {total_tokens} tokens "
+          f"in {total_decode:.2f} s: {speed:.1f} tokens/s", file=sys.stderr)
+    return samples
+
+
+if __name__ == "__main__":
+    main()
