@@ -56,27 +56,26 @@ def _windows(shards, block_size):
 
 
 def _gather(shards, offsets, windows, block_size):
-    rows = np.empty((len(windows), block_size + 1), dtype=np.int64)
+    # Fill x and y straight from the memory maps with numpy: no intermediate (B, T+1) array and no torch
+    # strided copy (which is slow on a busy CPU).
+    x = np.empty((len(windows), block_size), dtype=np.int64)
+    y = np.empty((len(windows), block_size), dtype=np.int64)
     shard_of = np.searchsorted(offsets, windows, side="right") - 1
     for row, (w, s) in enumerate(zip(windows.tolist(), shard_of.tolist())):
         start = (w - int(offsets[s])) * block_size
-        rows[row] = shards[s][start:start + block_size + 1]
-    rows = torch.from_numpy(rows)
-    return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
-
-
-_MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+        x[row] = shards[s][start:start + block_size]
+        y[row] = shards[s][start + 1:start + block_size + 1]
+    return torch.from_numpy(x), torch.from_numpy(y)
 
 
 def _round_function(half, key):
-    # splitmix64-style mixing of a uint64 array; wraps modulo 2**64 on purpose.
-    with np.errstate(over="ignore"):
-        x = (half ^ key) * np.uint64(0x9E3779B97F4A7C15)
-        x ^= x >> np.uint64(30)
-        x *= np.uint64(0xBF58476D1CE4E5B9)
-        x ^= x >> np.uint64(27)
-        x *= np.uint64(0x94D049BB133111EB)
-        x ^= x >> np.uint64(31)
+    # splitmix64-style mixing of a uint64 array; it wraps modulo 2**64 on purpose (callers silence the warning).
+    x = (half ^ key) * np.uint64(0x9E3779B97F4A7C15)
+    x ^= x >> np.uint64(30)
+    x *= np.uint64(0xBF58476D1CE4E5B9)
+    x ^= x >> np.uint64(27)
+    x *= np.uint64(0x94D049BB133111EB)
+    x ^= x >> np.uint64(31)
     return x
 
 
@@ -95,11 +94,12 @@ def permute(positions, size, seed, epoch):
             left, right = right, left ^ (_round_function(right, key) & mask)
         return (left << np.uint64(half_bits)) | right
 
-    out = feistel(np.asarray(positions, dtype=np.uint64))
-    outside = out >= np.uint64(size)
-    while outside.any():
-        out[outside] = feistel(out[outside])
-        outside = out >= np.uint64(size)
+    with np.errstate(over="ignore"):
+        out = feistel(np.asarray(positions, dtype=np.uint64))
+        outside = np.flatnonzero(out >= np.uint64(size))
+        while outside.size:
+            out[outside] = feistel(out[outside])
+            outside = outside[out[outside] >= np.uint64(size)]
     return out.astype(np.int64)
 
 

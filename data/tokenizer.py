@@ -121,10 +121,12 @@ def init_worker(name):
 
 def encode_documents(texts):
     """Encode a batch of documents as one uint16 array, <|endoftext|> before each; also return each one's length."""
+    import itertools
+
     import numpy as np
 
     tok = _worker_tokenizer
     pieces = [[tok.eot_token] + tok.encode(text) for text in texts]
     lengths = np.array([len(p) for p in pieces], dtype=np.int64)
-    flat = np.fromiter((t for p in pieces for t in p), dtype=np.uint16, count=int(lengths.sum()))
+    flat = np.fromiter(itertools.chain.from_iterable(pieces), dtype=np.uint16, count=int(lengths.sum()))
     return flat, lengths
