@@ -3,7 +3,8 @@
 * ``sdpa``: fused causal ``scaled_dot_product_attention`` (no additive bias);
 * ``lifted``: separable additive biases as extra q/k columns (the homogeneous lift), then the same
   fused SDPA: O(T) memory, FlashAttention on GPU;
-* ``path_integral``: GRAPE-AP, whose bias is not separable;
+* ``path_integral``: GRAPE-AP, whose bias is not separable: ``kernels.grape_ap_attention`` (a Triton
+  FlashAttention-style kernel on CUDA, a chunked PyTorch version with O(T·block) memory elsewhere);
 * ``dense``: the readable reference that materialises the (B, H, Tq, Tk) logits exactly as the
   formulas read. Tests compare every fast path against it.
 """
@@ -12,7 +13,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from positional import AdditiveBias
+from kernels import grape_ap_attention
+from kernels.lift import PARTS, split_lifted_columns
+from positional import AdditiveBias, GatedSlope
 
 BACKENDS = ("auto", "dense")
 
@@ -31,18 +34,36 @@ def describe_backend(backend: str) -> str:
     return {
         "sdpa": "fused causal SDPA",
         "lifted": "fused causal SDPA on lifted q/k columns (homogeneous lift)",
-        "path_integral": "GRAPE-AP path-integral attention (dense bias)",
+        "path_integral": "GRAPE-AP path-integral attention (Triton kernel on CUDA, chunked elsewhere; O(T) memory)",
         "dense": "dense reference (materialised logits and bias)",
     }[backend]
 
 
+def lifted_query_parts(bias: AdditiveBias) -> list[int]:
+    """bf16 parts each query-side lifted column needs (kernels/lift.py): 1 where the query value is exact
+    in bf16 (the constant 1 of ALiBi, FoX and GRAPE-A-K), PARTS where it is not (GRAPE-A's gate λ_q and
+    the query position t of GRAPE-A-K). Follows the column order of GatedSlope.lift."""
+    if isinstance(bias, GatedSlope):
+        return ([PARTS] if "q" in bias.gates else []) + ([PARTS, 1] if "k" in bias.gates else [])
+    return [1]
+
+
 def lift_qk(q, k, qf, kf, bias: AdditiveBias, scale: float):
     """Append the lifted columns: scale·(q̃·k̃) = scale·(q·k) + b(t, j) + c(t). The key side is divided
-    by the softmax scale so that SDPA's own scaling leaves the bias intact."""
+    by the softmax scale so that SDPA's own scaling leaves the bias intact. In bf16/fp16 each column
+    becomes several whose products the attention's fp32 accumulator sums back to the fp32 bias (one
+    bf16 column would be off by whole logits at T = 4096). On CUDA the width is padded to a multiple of
+    8, which the fused (Flash / memory-efficient) SDPA kernels require."""
     q_cols, k_cols = bias.lift(qf, kf)
+    k_cols = k_cols / scale
+    if q.dtype in (torch.bfloat16, torch.float16):
+        q_cols, k_cols = split_lifted_columns(q_cols, k_cols, q.dtype, lifted_query_parts(bias))
     B, H = q.shape[:2]
     q_cols = q_cols.expand(B, H, *q_cols.shape[2:]).to(q.dtype)
-    k_cols = (k_cols / scale).expand(B, H, *k_cols.shape[2:]).to(k.dtype)
+    k_cols = k_cols.expand(B, H, *k_cols.shape[2:]).to(k.dtype)
+    pad = (-(q.shape[-1] + q_cols.shape[-1]) % 8) if q.is_cuda else 0
+    if pad:
+        q_cols, k_cols = F.pad(q_cols, (0, pad)), F.pad(k_cols, (0, pad))
     return torch.cat((q, q_cols), dim=-1), torch.cat((k, k_cols), dim=-1)
 
 
@@ -53,12 +74,19 @@ def causal_mask(q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
 def attend(q, k, v, *, backend: str, scale: float, q_pos, k_pos, bias=None, qf=None, kf=None):
     """q (B,H,Tq,·), k (B,H,Tk,·), v (B,H,Tk,Dv) -> (B,H,Tq,Dv). q_pos/k_pos are absolute positions:
     query q_pos[i] may attend to keys with k_pos <= q_pos[i]."""
+    if backend == "path_integral":  # queries are the last Tq of the Tk cached keys (training: Tq == Tk)
+        return grape_ap_attention(q, k, v, qf["p"], kf["r"], bias.slopes, scale).to(v.dtype)
     if backend in ("sdpa", "lifted"):
+        value_dim = v.shape[-1]
+        if q.is_cuda and q.shape[-1] != value_dim:  # FlashAttention wants one head dim for q, k and v
+            v = F.pad(v, (0, q.shape[-1] - value_dim))
         if q.shape[2] == k.shape[2]:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
-        if q.shape[2] == 1:  # one new token sees the whole cache
-            return F.scaled_dot_product_attention(q, k, v, scale=scale)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(q_pos, k_pos), scale=scale)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+        elif q.shape[2] == 1:  # one new token sees the whole cache
+            out = F.scaled_dot_product_attention(q, k, v, scale=scale)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(q_pos, k_pos), scale=scale)
+        return out[..., :value_dim]
     logits = scale * (q.float() @ k.float().transpose(-1, -2))
     if bias is not None:
         logits = logits + bias.dense(qf, kf)
