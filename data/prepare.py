@@ -17,6 +17,7 @@ import glob
 import json
 import multiprocessing
 import os
+import shutil
 import socket
 import sys
 import time
@@ -345,7 +346,7 @@ def default_corpus_source(work_dir):
     with open(DEFAULT_CORPUS_FILE, "rb") as f:
         packed = f.read()
     digest = hashlib.sha256(packed).hexdigest()
-    unpacked = os.path.join(work_dir, "default_corpus.jsonl")
+    unpacked = os.path.join(work_dir, f"default_corpus-{digest[:12]}.jsonl")
 
     def open_dataset():
         if not os.path.exists(unpacked):
@@ -360,13 +361,24 @@ def default_corpus_source(work_dir):
 
 
 def ensure_default_corpus(out_dir=None, tokenizer="gpt2", progress_bar=True):
-    """Prepare the embedded English corpus once (offline) and return its directory."""
+    """Prepare the embedded English corpus once (offline) and return its directory (a cache: a directory
+    prepared from another version of the corpus is rebuilt)."""
     if out_dir is None:
         suffix = "" if tokenizer == "gpt2" else f"-{tokenizer}"
         out_dir = os.path.join(REPO_ROOT, "data_cache", f"default{suffix}")
+    source = default_corpus_source(out_dir)
+    manifest_path = os.path.join(out_dir, "manifest.json")
+    expected = {"source": source.description, "tokenizer": tokenizer, "val_tokens": DEFAULT_CORPUS_VAL_TOKENS,
+                "shard_tokens": DEFAULT_CORPUS_SHARD_TOKENS, "max_tokens": None}
+    if os.path.exists(manifest_path):
+        with open(manifest_path) as f:
+            config = json.load(f).get("config", {})
+        if config != expected and config.get("source", {}).get("kind") == "default":
+            # A cache of another version of the embedded corpus (e.g. after a git pull): rebuild it.
+            shutil.rmtree(out_dir)
     os.makedirs(out_dir, exist_ok=True)
-    prepare(default_corpus_source(out_dir), out_dir, tokenizer=tokenizer, val_tokens=DEFAULT_CORPUS_VAL_TOKENS,
-            shard_tokens=DEFAULT_CORPUS_SHARD_TOKENS, progress_bar=progress_bar)
+    prepare(source, out_dir, tokenizer=tokenizer, val_tokens=expected["val_tokens"],
+            shard_tokens=expected["shard_tokens"], progress_bar=progress_bar)
     return out_dir
 
 

@@ -268,3 +268,10 @@ def test_default_corpus_is_the_embedded_text(tmp_path):
     stamp = os.path.getmtime(os.path.join(out, manifest["shards"][-1]["file"]))
     assert prep.ensure_default_corpus(out, tokenizer="byte", progress_bar=False) == out
     assert os.path.getmtime(os.path.join(out, manifest["shards"][-1]["file"])) == stamp
+    # A cache made from another version of the corpus is rebuilt, not refused.
+    manifest["config"]["source"]["sha256"] = manifest["source"]["sha256"] = "0" * 64
+    with open(os.path.join(out, "manifest.json"), "w") as f:
+        json.dump(manifest, f)
+    prep.ensure_default_corpus(out, tokenizer="byte", progress_bar=False)
+    assert read_manifest(out)["source"]["sha256"] != "0" * 64
+    assert np.array_equal(all_tokens(out), expected_stream(docs))
