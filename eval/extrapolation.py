@@ -48,7 +48,7 @@ def _token_losses(model, inputs, targets, device):
     return losses.view(targets.shape).cpu()
 
 
-def nonoverlapping_loss(model, tokens, context, device="cpu", batch_tokens=65536):
+def nonoverlapping_loss(model, tokens, context, device="cpu", batch_tokens=16384):
     """Mean loss at each position 0..context-1 over consecutive windows of context+1 tokens.
     Returns (per-position mean losses as a float64 array, number of windows)."""
     n_windows = (len(tokens) - 1) // context
@@ -64,7 +64,7 @@ def nonoverlapping_loss(model, tokens, context, device="cpu", batch_tokens=65536
     return (total / n_windows).numpy(), n_windows
 
 
-def sliding_window_loss(model, tokens, context, stride, device="cpu", batch_tokens=65536):
+def sliding_window_loss(model, tokens, context, stride, device="cpu", batch_tokens=16384):
     """Mean loss over tokens[1:], each predicted inside a window of at most `context` tokens that
     advances by `stride` (the first window scores all its tokens). Returns (mean, tokens scored)."""
     windows = plan_windows(len(tokens), 1, context, stride)
@@ -125,18 +125,20 @@ def passkey_accuracy(generate, tokenizer, lengths, depths, trials, seed=0):
     return accuracy, actual_lengths
 
 
-def cached_greedy_generate(model, tokenizer, device, batch_size=8):
-    """A `generate` for passkey_accuracy: greedy decoding through the KV cache, equal-length batches."""
+def cached_greedy_generate(model, tokenizer, device, batch_tokens=16384):
+    """A `generate` for passkey_accuracy: greedy decoding through the KV cache, in batches of equal-length
+    prompts holding about batch_tokens tokens (the prefill returns logits for every prompt token)."""
     from eval.lm_adapter import GrapeLM
 
-    lm = GrapeLM(model=model, tokenizer=tokenizer, device=device, batch_size=batch_size, max_length=1 << 30)
+    lm = GrapeLM(model=model, tokenizer=tokenizer, device=device, max_length=1 << 30)
 
     def generate(prompts, max_new_tokens):
         outputs = [None] * len(prompts)
         by_length = {}
         for n, p in enumerate(prompts):
             by_length.setdefault(len(p), []).append(n)
-        for indices in by_length.values():
+        for length, indices in by_length.items():
+            batch_size = max(1, batch_tokens // length)
             for b0 in range(0, len(indices), batch_size):
                 batch = indices[b0:b0 + batch_size]
                 texts = lm.generate_batch([prompts[n] for n in batch], until=["\n"], max_gen_toks=max_new_tokens)
@@ -200,7 +202,7 @@ def evaluate_checkpoint(run, args, device):
               f"({n_windows} windows), sliding {sliding:.4f} (stride {stride})", flush=True)
     if args.passkey_trials > 0:
         lengths = [max(16, int(train_context * f)) for f in args.passkey_factors]
-        generate = cached_greedy_generate(model, tokenizer, device)
+        generate = cached_greedy_generate(model, tokenizer, device, args.batch_tokens)
         accuracy, actual = passkey_accuracy(generate, tokenizer, lengths, args.depths, args.passkey_trials, args.seed)
         result["passkey"] = {"lengths": lengths, "actual_lengths": [actual[n] for n in lengths],
                              "depths": list(args.depths), "trials": args.passkey_trials,
@@ -308,7 +310,7 @@ def parse_args(argv=None):
     p.add_argument("--windows", type=int, default=16,
                    help="validation tokens used = windows x the longest context (same tokens for every context)")
     p.add_argument("--stride-fraction", type=float, default=0.25, help="sliding-window stride as a fraction of C")
-    p.add_argument("--batch-tokens", type=int, default=65536, help="tokens per forward pass (memory knob)")
+    p.add_argument("--batch-tokens", type=int, default=16384, help="tokens per forward pass (memory knob)")
     p.add_argument("--passkey-factors", default="0.5,1,2,4,8", help="passkey prompt lengths, as multiples of L")
     p.add_argument("--depths", default="0,0.25,0.5,0.75,1", help="needle depths (0 = start, 1 = end)")
     p.add_argument("--passkey-trials", type=int, default=10, help="random keys per (length, depth); 0 skips passkey")
