@@ -34,9 +34,11 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from config import ConfigError, TrainConfig, resolve
+from data.shards import DataError
 
-# Settings that shape the loss sequence: a resumed run must use the checkpoint's values.
-TRAJECTORY_KEYS = ("data_dir", "seed", "batch_size", "global_batch_size", "max_iters", "lr", "min_lr",
+# Settings that shape the loss sequence: a resumed run must use the checkpoint's values. (batch_size and
+# the number of processes may change: a step reads the same windows however the global batch is split.)
+TRAJECTORY_KEYS = ("data_dir", "seed", "global_batch_size", "max_iters", "lr", "min_lr",
                    "warmup_iters", "weight_decay", "beta1", "beta2", "grad_clip", "dtype")
 CHECKPOINT_KEYS = ("model", "model_config", "tokenizer", "train_config", "step", "optimizer", "rng")
 # bf16 dense peak FLOP/s per GPU, for MFU (matched against torch.cuda.get_device_name).
@@ -483,7 +485,7 @@ def main() -> None:
         return
     try:
         run(sys.argv[1:])
-    except (ConfigError, TrainError) as e:
+    except (ConfigError, TrainError, DataError) as e:
         if rank == 0:
             print(f"error: {e}", file=sys.stderr, flush=True)
         code = 2 if isinstance(e, ConfigError) else 1

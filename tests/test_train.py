@@ -1,0 +1,300 @@
+"""train.py and config.py: learning, exact resume, DDP equivalence, SIGTERM, divergence, bad checkpoints, configs.
+
+Everything runs a 2-layer model on byte-tokenised synthetic text prepared in a temp dir through the data
+package, for a few dozen steps, so the whole file stays fast on 2 CPU cores.
+"""
+import glob
+import json
+import math
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import train
+from config import ConfigError, TrainConfig, resolve
+from model import GPT, GPTConfig
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY_CONFIG = """
+[model]
+n_layer = 2
+n_head = 2
+n_embd = 32
+head_dim = 16
+vocab_size = 320
+block_size = 32
+pos = "rope"
+
+[train]
+data_dir = "{data_dir}"
+batch_size = 4
+global_batch_size = 4
+max_iters = 40
+lr = 1e-2
+min_lr = 1e-3
+warmup_iters = 4
+log_interval = 1
+eval_interval = 0
+eval_batches = 2
+ckpt_interval = 0
+device = "cpu"
+"""
+
+
+def synthetic_text(seed: int, n_words: int) -> str:
+    """English-like text from a small vocabulary: a byte model can learn its words quickly."""
+    rng = random.Random(seed)
+    words = ("the model reads every token and learns which word comes next in a sentence about "
+             "positions rotations gates and biases of attention heads").split()
+    sentences = []
+    while n_words > 0:
+        length = rng.randint(4, 12)
+        sentences.append(" ".join(rng.choice(words) for _ in range(length)).capitalize() + ".")
+        n_words -= length
+    return " ".join(sentences)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    from data.prepare import files_source, prepare
+    root = tmp_path_factory.mktemp("train_data")
+    with open(root / "corpus.jsonl", "w") as f:
+        for doc in range(40):
+            f.write(json.dumps({"text": synthetic_text(doc, 800)}) + "\n")
+    out = root / "prepared"
+    prepare(files_source(str(root / "corpus.jsonl")), str(out), tokenizer="byte", val_tokens=4096,
+            shard_tokens=50_000, workers=1, progress_bar=False)
+    return str(out)
+
+
+@pytest.fixture
+def config_file(tmp_path, data_dir):
+    path = tmp_path / "tiny.toml"
+    path.write_text(TINY_CONFIG.format(data_dir=data_dir))
+    return str(path)
+
+
+def read_metrics(run_dir, kind="train"):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        records = [json.loads(line) for line in f]
+    return [r for r in records if r["type"] == kind]
+
+
+def unigram_entropy(data_dir) -> float:
+    """Entropy (nats/token) of the training tokens' unigram distribution: the loss of a model without context."""
+    from data.shards import open_shard
+    counts = torch.zeros(2**16, dtype=torch.float64)
+    for path in sorted(glob.glob(os.path.join(data_dir, "train_*.bin"))):
+        tokens = torch.from_numpy(open_shard(path).astype("int64"))
+        counts += torch.bincount(tokens, minlength=2**16).double()
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * p.log()).sum())
+
+
+# ----------------------------------------------------------------------------- learning
+
+@pytest.mark.parametrize("pos,kv_shift", [("rope", False), ("alibi", True), ("fox", False),
+                                          ("grape_ap", False), ("grape_m_ctx", False)])
+def test_loss_falls_to_the_unigram_entropy(config_file, data_dir, tmp_path, pos, kv_shift):
+    out = train.run([config_file, f"--pos={pos}", f"--kv_shift={kv_shift}", f"--out_dir={tmp_path / 'run'}"])
+    losses = out["losses"]
+    assert len(losses) == 40
+    # At init the logits are tiny, so the first loss is that of a uniform guess over the vocabulary.
+    assert abs(losses[0] - math.log(320)) < 0.3
+    # After 40 steps (5k tokens) it has learned at least the token frequencies: the loss is down ~3 nats to
+    # that of the best context-free model (it starts using context after ~100 steps, too slow for a test).
+    assert sum(losses[-5:]) / 5 < unigram_entropy(data_dir) + 0.1
+
+
+# ----------------------------------------------------------------------------- resume and checkpoints
+
+def test_resume_gives_identical_losses(config_file, tmp_path):
+    common = [config_file, "--pos=grape_m_ctx", "--kv_shift=true", "--max_iters=12", "--eval_interval=4"]
+    straight = train.run(common + [f"--out_dir={tmp_path / 'a'}"])
+    first = train.run(common + [f"--out_dir={tmp_path / 'b'}", "--stop_iter=5"])
+    assert first["step"] == 5 and first["stopped"] == "stop_iter"
+    second = train.run(common + [f"--out_dir={tmp_path / 'b'}", "--resume"])
+    assert first["losses"] + second["losses"] == straight["losses"]  # bit for bit
+    assert first["val_losses"] + second["val_losses"] == straight["val_losses"]
+    # metrics.jsonl of the resumed run has each iteration once, as the uninterrupted run's has
+    assert [r["iter"] for r in read_metrics(tmp_path / "b")] == list(range(1, 13))
+    assert [r["loss"] for r in read_metrics(tmp_path / "b")] == [r["loss"] for r in read_metrics(tmp_path / "a")]
+    saved = torch.load(tmp_path / "b" / "ckpt.pt", weights_only=True)
+    assert saved["step"] == 12 and saved["tokenizer"] == "byte"
+    model, _ = GPT.from_checkpoint(str(tmp_path / "b"))  # the evaluation side reads it too
+    reference, _ = GPT.from_checkpoint(str(tmp_path / "a"))
+    for (name, p), (_, q) in zip(model.state_dict().items(), reference.state_dict().items()):
+        assert torch.equal(p, q), name
+    # a setting that changes the loss sequence is refused on resume
+    with pytest.raises(train.TrainError, match="train.lr"):
+        train.run(common + [f"--out_dir={tmp_path / 'b'}", "--lr=0.02", "--resume"])
+    # and a new run never overwrites an existing checkpoint
+    with pytest.raises(ConfigError, match="--resume"):
+        train.run(common + [f"--out_dir={tmp_path / 'b'}"])
+
+
+def test_corrupt_or_partial_checkpoint_is_rejected(config_file, tmp_path):
+    run_dir = tmp_path / "run"
+    args = [config_file, "--max_iters=2", "--warmup_iters=1", f"--out_dir={run_dir}"]
+    train.run(args)
+    ckpt = run_dir / "ckpt.pt"
+    good = ckpt.read_bytes()
+    for damaged in (good[: len(good) // 2], b"not a checkpoint at all", b""):
+        ckpt.write_bytes(damaged)
+        with pytest.raises(train.TrainError, match="corrupt or truncated"):
+            train.run(args + ["--resume"])
+        assert ckpt.read_bytes() == damaged  # nothing is deleted or overwritten
+    torch.save({"model": {}, "step": 3}, ckpt)  # loadable, but not a training checkpoint
+    with pytest.raises(train.TrainError, match="incomplete"):
+        train.run(args + ["--resume"])
+    with pytest.raises(train.TrainError, match="no checkpoint"):
+        train.run([config_file, f"--out_dir={tmp_path / 'empty'}", "--resume"])
+
+
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(config_file, tmp_path, monkeypatch):
+    calls = {"n": 0}
+    forward = GPT.forward
+
+    def forward_that_breaks_on_call_7(self, idx, targets=None, **kwargs):
+        logits, loss = forward(self, idx, targets, **kwargs)
+        calls["n"] += 1
+        if calls["n"] == 7:
+            loss = loss * float("nan")
+        return logits, loss
+
+    monkeypatch.setattr(GPT, "forward", forward_that_breaks_on_call_7)
+    run_dir = tmp_path / "run"
+    with pytest.raises(train.TrainError, match="nan.*iteration 6"):
+        train.run([config_file, f"--out_dir={run_dir}", "--ckpt_interval=4"])
+    saved = torch.load(run_dir / "ckpt.pt", weights_only=True)
+    assert saved["step"] == 4
+    assert all(torch.isfinite(t).all() for t in saved["model"].values())
+
+
+# ----------------------------------------------------------------------------- processes
+
+def torchrun(args, env_extra=None, timeout=120):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env_extra or {})}
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           os.path.join(REPO, "train.py"), *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_two_processes_equal_one_with_double_accumulation_and_resume_across_world_sizes(config_file, tmp_path):
+    common = [config_file, "--batch_size=2", "--global_batch_size=4", "--max_iters=8", "--pos=fox"]
+    reference = train.run(common + [f"--out_dir={tmp_path / 'one'}"])
+    assert reference["grad_accum"] == 2
+    # 2 processes x 1 micro-batch, stopped half way ...
+    result = torchrun(common + [f"--out_dir={tmp_path / 'two'}", "--stop_iter=4"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    two = [r["loss"] for r in read_metrics(tmp_path / "two")]
+    assert two == pytest.approx(reference["losses"][:4], rel=1e-5)
+    assert torch.load(tmp_path / "two" / "ckpt.pt", weights_only=True)["world_size"] == 2
+    # ... then resumed by 1 process with 2 accumulation steps: the same windows, the same losses.
+    resumed = train.run(common + [f"--out_dir={tmp_path / 'two'}", "--resume"])
+    assert resumed["losses"] == pytest.approx(reference["losses"][4:], rel=1e-5)
+
+
+def test_sigterm_saves_a_checkpoint_and_resume_continues(config_file, tmp_path):
+    run_dir = tmp_path / "run"
+    args = [config_file, "--max_iters=100000", "--warmup_iters=4"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, os.path.join(REPO, "train.py"), *args, f"--out_dir={run_dir}"],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.time() + 60
+    while time.time() < deadline and not (metrics.exists() and '"train"' in metrics.read_text()):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, output[-3000:]
+    assert "SIGTERM" in output
+    stopped_at = torch.load(run_dir / "ckpt.pt", weights_only=True)["step"]
+    assert 1 <= stopped_at < 100000
+    resumed = train.run(args + [f"--out_dir={run_dir}", "--resume", f"--stop_iter={stopped_at + 3}"])
+    reference = train.run(args + [f"--out_dir={tmp_path / 'ref'}", f"--stop_iter={stopped_at + 3}"])
+    before = [r["loss"] for r in read_metrics(run_dir)][:stopped_at]
+    assert before == pytest.approx(reference["losses"][:stopped_at], rel=1e-6)
+    assert resumed["losses"] == pytest.approx(reference["losses"][stopped_at:], rel=1e-6)
+
+
+# ----------------------------------------------------------------------------- configs and pieces
+
+def test_misspelled_keys_name_the_closest_valid_key(config_file, tmp_path):
+    cases = [("[model]\nn_layr = 2\n", "'n_layer'"), ("[train]\nwarmup_iter = 2\n", "'warmup_iters'"),
+             ("[trian]\nlr = 1.0\n", "'train'")]
+    for body, expected in cases:
+        path = tmp_path / "bad.toml"
+        path.write_text(f'include = "{config_file}"\n{body}')
+        with pytest.raises(ConfigError, match=expected):
+            resolve(str(path), [], GPTConfig)
+    with pytest.raises(ConfigError, match="'lr'"):
+        train.run([config_file, "--lrr=0.1"])
+    with pytest.raises(ConfigError, match="'kv_shift'"):
+        train.run([config_file, "--kvshift=true"])
+    with pytest.raises(ConfigError, match="integer"):
+        resolve(config_file, ["--max_iters=2.5"], GPTConfig)
+    cycle = tmp_path / "cycle.toml"
+    cycle.write_text('include = "cycle.toml"\n')
+    with pytest.raises(ConfigError, match="cycle"):
+        resolve(str(cycle), [], GPTConfig)
+
+
+def test_overrides_are_typed_and_layered(config_file, tmp_path):
+    child = tmp_path / "child.toml"
+    child.write_text(f'include = "{config_file}"\n[model]\npos = "fox"\n[train]\nlr = 0.5\n')
+    model_cfg, cfg = resolve(str(child), ["--lr=2e-3", "--max_iters=1e3", "--kv_shift", "--model.n_layer=3"],
+                             GPTConfig)
+    assert (model_cfg.pos, model_cfg.kv_shift, model_cfg.n_layer, model_cfg.n_embd) == ("fox", True, 3, 32)
+    assert (cfg.lr, cfg.max_iters, cfg.batch_size) == (2e-3, 1000, 4)
+    assert isinstance(cfg.max_iters, int)
+
+
+def test_paper_configs_have_the_paper_sizes():
+    """Every row of the paper's Tables 1-2 is a config; sizes are the paper's 353M and 770M."""
+    rows = {"medium": ["rope", "grape_m_ctx", "grape_m", "alibi", "fox", "grape_a_q", "grape_a_k", "grape_a_qk",
+                       "grape_ap", "rope+kv_shift", "alibi+kv_shift", "fox+kv_shift", "grape_ap+kv_shift"],
+            "large": ["rope", "grape_m_ctx", "grape_m", "alibi", "fox", "grape_ap", "rope+kv_shift",
+                      "alibi+kv_shift", "fox+kv_shift", "grape_ap+kv_shift"]}
+    for size, names in rows.items():
+        for name in names:
+            model_cfg, cfg = resolve(os.path.join(REPO, "configs", size, f"{name}.toml"), [], GPTConfig)
+            encoding, _, shift = name.partition("+")
+            assert (model_cfg.pos, model_cfg.kv_shift) == (encoding, bool(shift))
+            assert (model_cfg.block_size, model_cfg.head_dim, model_cfg.vocab_size) == (4096, 128, 50304)
+            assert (cfg.global_batch_size, cfg.lr, cfg.min_lr, cfg.warmup_iters, cfg.max_iters) == \
+                (480, 1e-3, 3e-5, 2000, 25000)
+            assert cfg.out_dir == os.path.join("runs", size, name)
+        with torch.device("meta"):
+            n = GPT(resolve(os.path.join(REPO, "configs", size, "rope.toml"), [], GPTConfig)[0]).num_params()
+        assert n == pytest.approx({"medium": 353e6, "large": 770e6}[size], rel=0.01)
+
+
+def test_lr_schedule_matches_warmup_and_cosine_formula():
+    cfg = TrainConfig(lr=1.0, min_lr=0.1, warmup_iters=10, max_iters=110)
+    assert train.lr_at(0, cfg) == pytest.approx(0.1)            # linear warm-up: (step+1)/warmup
+    assert train.lr_at(4, cfg) == pytest.approx(0.5)
+    assert train.lr_at(10, cfg) == pytest.approx(1.0)           # peak right after warm-up
+    assert train.lr_at(60, cfg) == pytest.approx(0.55)          # half way down the cosine: (lr+min_lr)/2
+    assert train.lr_at(35, cfg) == pytest.approx(0.1 + 0.9 * (1 + math.cos(math.pi / 4)) / 2)
+    assert train.lr_at(110, cfg) == pytest.approx(0.1)
+
+
+def test_weight_decay_skips_norm_gains_and_positional_scalars():
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, head_dim=16, vocab_size=64, block_size=16,
+                          pos="grape_m_ctx+grape_a_qk", kv_shift=True))
+    decay, no_decay = train.param_groups(model, 0.01)
+    assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0
+    by_id = {id(p): name for name, p in model.named_parameters()}
+    no_decay_names = {by_id[id(p)] for p in no_decay["params"]}
+    decay_names = {by_id[id(p)] for p in decay["params"]}
+    assert decay_names | no_decay_names == set(by_id.values()) and not decay_names & no_decay_names
+    assert {n for n in by_id.values() if "norm" in n} <= no_decay_names
+    assert all(dict(model.named_parameters())[n].ndim >= 2 for n in decay_names)
+    assert "wte.weight" in decay_names
