@@ -54,6 +54,7 @@ def check_inputs(q, k, v, p, r, slopes) -> None:
         raise ValueError("grape_ap_attention: " + "; ".join(problems) + ".")
 
 
+@torch.compiler.disable  # a graph break: dynamo would unroll the block loop / trace into Triton launches
 def grape_ap_attention(q, k, v, p, r, slopes, scale: float, *, backend: str = "auto", block_size: int | None = None):
     """GRAPE-AP attention. q (B,H,Tq,D), k (B,H,Tk,D), v (B,H,Tk,Dv); p (B,H,Tq,dp) the query path
     vectors already divided by d_p; r (B,H,Tk,dp) the rotated, RMS-normalised key path vectors;
@@ -101,8 +102,22 @@ def _block_logits(q_blk, k_pre, p_blk, r_pre, neg_slopes, scale, diag_mask):
     return logits, z
 
 
+def _no_autocast(method):
+    """Run a Function's forward/backward with autocast off: it chooses its own precision (fp32), and
+    autocast would otherwise turn the in-place baddbmm_ on fp32 buffers into a dtype clash."""
+    def wrapper(ctx, *args):
+        with torch.autocast(device_type=ctx_device(args), enabled=False):
+            return method(ctx, *args)
+    return wrapper
+
+
+def ctx_device(args) -> str:
+    return next(a.device.type for a in args if isinstance(a, torch.Tensor))
+
+
 class _ChunkedGrapeAP(torch.autograd.Function):
     @staticmethod
+    @_no_autocast
     def forward(ctx, q, k, v, p, r, slopes, scale, block):
         B, H, Tq, _ = q.shape
         Tk = k.shape[2]
@@ -125,6 +140,7 @@ class _ChunkedGrapeAP(torch.autograd.Function):
         return out.view(B, H, Tq, -1).to(v.dtype)
 
     @staticmethod
+    @_no_autocast
     def backward(ctx, grad_out):
         q3, k3, v3, p3, r3, neg_slopes, out = ctx.saved_tensors
         scale, block = ctx.scale, ctx.block

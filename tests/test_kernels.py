@@ -101,6 +101,22 @@ def test_chunked_fp32_and_default_block_size():
     assert_matches_reference(grape_ap_attention, inputs, slopes, 0.25, atol=2e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunked_under_bf16_autocast_computes_in_fp32(dtype):
+    # The model runs attention under autocast with bf16 (GPU) or fp32 (CPU) q, k, v and fp32 path vectors.
+    inputs, slopes = random_inputs(1, 2, 30, 30, 8, 4, dtype=torch.float32)
+    inputs = [x.to(dtype) for x in inputs[:3]] + inputs[3:]
+    plain, plain_grads = values_and_grads(lambda *a: grape_ap_chunked(*a, block_size=8), inputs, slopes, 0.3,
+                                          torch.ones(1, 2, 30, 8))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, grads = values_and_grads(lambda *a: grape_ap_chunked(*a, block_size=8), inputs, slopes, 0.3,
+                                      torch.ones(1, 2, 30, 8))
+    assert out.dtype == dtype and all(g.dtype == x.dtype for g, x in zip(grads, inputs))
+    torch.testing.assert_close(out, plain, atol=0, rtol=0)
+    for g, ref in zip(grads, plain_grads):
+        torch.testing.assert_close(g, ref, atol=0, rtol=0)
+
+
 def test_large_path_logits_do_not_overflow():
     # |p·r| far beyond where sigmoid underflows in fp32: logsigmoid and its derivative must stay finite.
     inputs, slopes = random_inputs(1, 2, 20, 20, 8, 4, dtype=torch.float32, path_scale=100.0)

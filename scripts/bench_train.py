@@ -1,0 +1,190 @@
+"""Whole-model training throughput per positional encoding (tokens/s, and MFU on a GPU).
+
+    python scripts/bench_train.py                                    # CPU: configs/quickstart.toml at T=512
+    python scripts/bench_train.py --config configs/base/medium.toml --out docs/benchmarks_train_gpu.md   # GPU
+    python scripts/bench_train.py --config configs/quickstart.toml --block_size=256 --batch_size=4  # overrides
+
+A training step is what train.py does per micro-batch: forward, loss, backward, AdamW step (bf16
+autocast on a GPU, fp32 on the CPU), on random tokens (data loading is not measured). Every encoding is
+timed in rounds alternating with a RoPE model of the same config, and its speed is reported as the
+median ratio to RoPE within a round (robust to the load of a shared machine) beside the median tokens/s.
+MFU = model.flops_per_token(T) · tokens/s / the GPU's bf16 dense peak.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import torch  # noqa: E402
+
+from config import ConfigError, resolve  # noqa: E402
+from model import GPT, GPTConfig  # noqa: E402
+from positional import ENCODINGS  # noqa: E402
+
+# bf16 dense peak FLOP/s (the same table as train.py's, matched against the device name)
+GPU_PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
+DEFAULT_ENCODINGS = list(ENCODINGS) + ["rope+kv_shift", "rope+grape_ap"]
+
+
+def make_model(model_cfg: GPTConfig, pos: str, device, compile_model: bool):
+    kv_shift = pos.endswith("+kv_shift")
+    cfg = dataclasses.replace(model_cfg, pos=pos.removesuffix("+kv_shift"), kv_shift=kv_shift or model_cfg.kv_shift)
+    torch.manual_seed(0)
+    model = GPT(cfg).to(device)
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
+                                  lr=1e-4, betas=(0.9, 0.95), fused=device.type == "cuda")
+    runner = torch.compile(model) if compile_model else model
+    return model, runner, optimizer
+
+
+def make_step(runner, optimizer, batch, T, vocab, device, dtype):
+    g = torch.Generator().manual_seed(0)
+    idx = torch.randint(0, vocab, (batch, T + 1), generator=g).to(device)
+    x, y = idx[:, :-1], idx[:, 1:]
+    autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
+
+    def step():
+        with autocast:
+            _, loss = runner(x, y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return step
+
+
+def timed(fn, n, device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(n):
+        fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 epilog="Unknown --key=value arguments override the config file's model/train keys.")
+    ap.add_argument("--config", default=os.path.join(ROOT, "configs", "quickstart.toml"))
+    ap.add_argument("--encodings", default=",".join(DEFAULT_ENCODINGS))
+    ap.add_argument("--steps", type=int, default=3, help="training steps per timed round")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    ap.add_argument("--compile", action="store_true", help="torch.compile each model (as train.py's compile=true)")
+    ap.add_argument("--threads", type=int, default=1, help="CPU threads (default 1: stable on a shared machine; 0 = torch's default)")
+    ap.add_argument("--peak_tflops", type=float, default=None, help="bf16 peak of the GPU if not in the built-in table")
+    ap.add_argument("--out", default=os.path.join(ROOT, "docs", "benchmarks_train.md"))
+    args, overrides = ap.parse_known_args(argv)
+    bad = [o for o in overrides if not o.startswith("--")]
+    if bad:
+        ap.error(f"unexpected arguments {bad}; overrides are --key=value")
+    args.encodings = [e.strip() for e in args.encodings.split(",") if e.strip()]
+    return args, overrides
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    args, overrides = parse_args(argv)
+    on_cpu_default = args.config == os.path.join(ROOT, "configs", "quickstart.toml")
+    if on_cpu_default and not any(o.startswith(("--block_size", "--model.block_size")) for o in overrides):
+        overrides = ["--block_size=512", *overrides]  # long enough for attention to matter
+    try:
+        model_cfg, train_cfg = resolve(args.config, overrides, GPTConfig)
+    except (ConfigError, FileNotFoundError, ValueError) as error:
+        sys.exit(f"bench_train: {error}")
+    for pos in args.encodings:
+        try:
+            dataclasses.replace(model_cfg, pos=pos.removesuffix("+kv_shift"))
+        except ValueError as error:
+            sys.exit(f"bench_train: {error}")
+    device = torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        sys.exit("bench_train: --device=cuda but CUDA is not available; use --device=cpu.")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    if device.type == "cpu":
+        if args.threads > 0:
+            torch.set_num_threads(args.threads)
+        torch.set_flush_denormal(True)
+    peak = None
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        peak = args.peak_tflops * 1e12 if args.peak_tflops else next((v for k, v in GPU_PEAK_FLOPS.items() if k in name), None)
+    T, batch = model_cfg.block_size, train_cfg.batch_size
+    tokens = batch * T * args.steps
+
+    rope, rope_runner, rope_opt = make_model(model_cfg, "rope", device, args.compile)
+    rope_step = make_step(rope_runner, rope_opt, batch, T, model_cfg.vocab_size, device, dtype)
+    for _ in range(args.warmup):
+        rope_step()
+    rows = []
+    for pos in args.encodings:
+        model, runner, opt = (rope, rope_runner, rope_opt) if pos == "rope" else make_model(model_cfg, pos, device, args.compile)
+        step = rope_step if pos == "rope" else make_step(runner, opt, batch, T, model_cfg.vocab_size, device, dtype)
+        for _ in range(args.warmup):
+            step()
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        speeds, ratios = [], []
+        for _ in range(args.rounds):
+            base = timed(rope_step, args.steps, device)
+            seconds = base if pos == "rope" else timed(step, args.steps, device)
+            speeds.append(tokens / seconds)
+            ratios.append(base / seconds)
+        tok_s = statistics.median(speeds)
+        mfu = model.flops_per_token(T) * tok_s / peak if peak else None
+        mem = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
+        rows.append((pos, tok_s, statistics.median(ratios), mfu, mem, model.attention_backend))
+        print(f"{pos:>16}: {tok_s:10.0f} tokens/s, {statistics.median(ratios):.2f}x RoPE"
+              + (f", MFU {mfu:.1%}" if mfu is not None else "") + (f", peak {mem:.1f} GiB" if mem else ""), flush=True)
+        if pos != "rope":
+            del model, runner, opt, step
+    write_report(args, argv, rows, model_cfg, train_cfg, device, dtype, peak)
+
+
+def write_report(args, argv, rows, model_cfg, train_cfg, device, dtype, peak):
+    try:
+        commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        commit = "unknown"
+    where = (f"GPU {torch.cuda.get_device_name(device)}" if device.type == "cuda"
+             else f"CPU, {torch.get_num_threads()} thread(s) (shared machine)")
+    lines = ["# Training throughput per encoding", "",
+             f"Generated by `python scripts/bench_train.py {' '.join(argv)}` (commit {commit or 'unknown'}); {where}; "
+             f"torch {torch.__version__}; {str(dtype).removeprefix('torch.')}"
+             + (" autocast" if dtype != torch.float32 else "") + (", torch.compile" if args.compile else "") + ".",
+             f"Model: {model_cfg.n_layer} layers, n_embd {model_cfg.n_embd}, {model_cfg.n_head} heads of {model_cfg.head_dim}, "
+             f"T = {model_cfg.block_size}, batch {train_cfg.batch_size} sequences per step (random tokens; forward, backward, AdamW).",
+             f"Median over {args.rounds} rounds of {args.steps} steps; each round also times the RoPE model, and "
+             "`vs RoPE` is the median within-round speed ratio."
+             + (f" MFU against a bf16 dense peak of {peak / 1e12:.0f} TFLOP/s, FLOPs = model.flops_per_token(T)." if peak else ""),
+             "",
+             "| encoding | attention backend | tokens/s | speed vs RoPE |" + (" MFU | peak GiB |" if device.type == "cuda" else ""),
+             "|---|---|---|---|" + ("---|---|" if device.type == "cuda" else "")]
+    for pos, tok_s, ratio, mfu, mem, backend in rows:
+        line = f"| `{pos}` | {backend} | {tok_s:,.0f} | {ratio:.2f}× |"
+        if device.type == "cuda":
+            line += f" {'—' if mfu is None else f'{mfu:.1%}'} | {mem:.1f} |"
+        lines.append(line)
+    lines.append("")
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    tmp = args.out + ".tmp"
+    with open(tmp, "w") as f:
+        f.write("\n".join(lines))
+    os.replace(tmp, args.out)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,183 @@
+"""GPU correctness checks that the CPU test suite cannot run (bf16 Triton dot, FlashAttention).
+
+    python scripts/gpu_check.py [--out docs/gpu_check.md]
+
+1. The GRAPE-AP Triton kernel in bf16 (and fp32) against an fp64 dense reference on the same rounded
+   inputs: output and the five gradients, T not multiples of the tiles, Tq < Tk, head dims 64 and 128.
+   bf16 is judged against bf16 causal SDPA's own error on the same q, k, v (the floor of bf16 attention).
+2. The bf16 lifted columns through FlashAttention (forced with sdpa_kernel) against fp32 at T = 4096.
+3. Whole models in bf16 autocast: attn_backend="auto" against "dense" (logits), and KV-cache decoding
+   against the full forward, for grape_ap and the lifted encodings.
+Prints one line per check and writes a markdown table; exits 1 if any check fails.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+# --smoke: tiny shapes on the CPU (Triton interpreted, fp16 instead of bf16) to check this script itself
+SMOKE = "--smoke" in sys.argv
+if SMOKE:
+    os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from attention import causal_mask, lift_qk  # noqa: E402
+from kernels.grape_ap_triton import grape_ap_triton  # noqa: E402
+from model import GPT, CausalSelfAttention, GPTConfig  # noqa: E402
+
+RESULTS = []
+
+
+def record(name, error, limit, detail=""):
+    ok = error <= limit
+    RESULTS.append((name, error, limit, ok, detail))
+    print(f"{'ok  ' if ok else 'FAIL'} {name}: {error:.3e} (limit {limit:.3e}) {detail}", flush=True)
+
+
+def dense_grape_ap(q, k, v, p, r, slopes, scale):
+    """fp64 reference from the definition: the bias as a suffix sum of ψ over j < ℓ <= t_i."""
+    Tq, Tk = q.shape[2], k.shape[2]
+    t = torch.arange(Tq, device=q.device) + (Tk - Tq)
+    j = torch.arange(Tk, device=q.device)
+    psi = slopes[:, None, None] * F.logsigmoid(p @ r.transpose(-1, -2))
+    psi = psi.masked_fill(j[None, :] > t[:, None], 0.0)
+    suffix = psi.flip(-1).cumsum(-1).flip(-1)  # Σ_{ℓ>=j} ψ
+    bias = suffix - psi  # Σ_{ℓ>j} ψ
+    logits = scale * (q @ k.transpose(-1, -2)) + bias
+    logits = logits.masked_fill(j[None, :] > t[:, None], float("-inf"))
+    return torch.softmax(logits, -1) @ v
+
+
+def grads_of(fn, inputs, grad_out):
+    leaves = [x.detach().clone().requires_grad_(True) for x in inputs]
+    out = fn(*leaves)
+    grads = torch.autograd.grad(out, leaves, grad_out.to(out.dtype))
+    return [out.detach()] + [g.detach() for g in grads]
+
+
+def check_triton_kernel(device):
+    g = torch.Generator().manual_seed(0)
+    shapes = [(2, 4, 1000, 1000, 64), (1, 8, 777, 2100, 128), (1, 4, 1, 3000, 128), (2, 2, 4096, 4096, 64)]
+    low_dtype = torch.bfloat16
+    if SMOKE:
+        shapes, low_dtype = [(1, 2, 21, 37, 16)], torch.float16
+    for B, H, Tq, Tk, D in shapes:
+        q, k, v = (torch.randn(B, H, T, D, generator=g) for T in (Tq, Tk, Tk))
+        q, k = F.normalize(q, dim=-1) * math.sqrt(D), F.normalize(k, dim=-1) * math.sqrt(D)  # QK-normed like the model
+        p = 3 * torch.randn(B, H, Tq, 8, generator=g) / 8
+        r = torch.randn(B, H, Tk, 8, generator=g)
+        r = r * torch.rsqrt(r.pow(2).mean(-1, keepdim=True))
+        slopes = torch.tensor([2.0 ** (-8.0 * (h + 1) / H) for h in range(H)], device=device)
+        scale = 1 / math.sqrt(D)
+        grad_out = torch.randn(B, H, Tq, D, generator=g).to(device)
+        mask = causal_mask(torch.arange(Tk - Tq, Tk, device=device), torch.arange(Tk, device=device))
+        for dtype in (torch.float32, low_dtype):
+            low = [x.to(device=device, dtype=dtype) for x in (q, k, v)]
+            path = [x.to(device) for x in (p, r)]
+            ref = grads_of(lambda *a: dense_grape_ap(*a, slopes.double(), scale),
+                           [x.double() for x in low + path], grad_out.double())
+            got = grads_of(lambda *a: grape_ap_triton(*a, slopes, scale), low + path, grad_out)
+            if dtype != torch.float32:  # bf16 attention's own error on the same inputs sets the scale
+                sdpa = grads_of(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, attn_mask=mask, scale=scale),
+                                low, grad_out)
+                sdpa_ref = grads_of(lambda a, b, c: torch.softmax(
+                    (scale * a @ b.transpose(-1, -2)).masked_fill(~mask, float("-inf")), -1) @ c,
+                    [x.double() for x in low], grad_out.double())
+            for i, name in enumerate(["out", "dq", "dk", "dv", "dp", "dr"]):
+                err = (got[i].double() - ref[i]).abs().max().item()
+                size = ref[i].abs().max().item()
+                if dtype == torch.float32:
+                    limit = 2e-3 * max(1.0, size)
+                elif i < 4:
+                    floor = (sdpa[i].double() - sdpa_ref[i]).abs().max().item()
+                    limit = 3 * floor + 1e-3 * size
+                else:
+                    limit = 2e-2 * max(1.0, size)
+                record(f"triton grape_ap {str(dtype)[6:]} B{B} H{H} Tq{Tq} Tk{Tk} D{D} {name}", err, limit,
+                       f"(max |ref| {size:.2e})")
+
+
+def check_lift_flash(device):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    T, H, D, C = (256, 2, 16, 32) if SMOKE else (4096, 4, 128, 256)
+    for pos in ["alibi", "grape_a_q", "grape_a_k", "grape_a_qk", "fox"]:
+        torch.manual_seed(0)
+        attn = CausalSelfAttention(GPTConfig(n_layer=1, n_head=H, n_embd=C, head_dim=D, vocab_size=8, block_size=T, pos=pos)).to(device)
+        with torch.no_grad():
+            for prm in attn.bias.parameters():
+                prm.add_(0.3 * torch.randn_like(prm))
+            q = (F.normalize(torch.randn(1, H, T, D, device=device), dim=-1) * math.sqrt(D)).bfloat16()
+            k = (F.normalize(torch.randn(1, H, T, D, device=device), dim=-1) * math.sqrt(D)).bfloat16()
+            v = torch.randn(1, H, T, D, device=device).bfloat16()
+            positions = torch.arange(T, device=device)
+            qf, kf = attn.bias.features(torch.randn(1, T, C, device=device), q.float(), k.float(), positions, {})
+            scale = 1 / math.sqrt(D)
+            mask = causal_mask(positions, positions)
+            ref = torch.softmax((scale * q.double() @ k.double().transpose(-1, -2) + attn.bias.dense(qf, kf).double())
+                                .masked_fill(~mask, float("-inf")), -1) @ v.double()
+            q_l, k_l = lift_qk(q, k, qf, kf, attn.bias, scale)
+            v_l = F.pad(v, (0, q_l.shape[-1] - D))
+            with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+                out = F.scaled_dot_product_attention(q_l, k_l, v_l, is_causal=True, scale=scale)[..., :D]
+                floor_out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+            floor_ref = torch.softmax((scale * q.double() @ k.double().transpose(-1, -2)).masked_fill(~mask, float("-inf")), -1) @ v.double()
+            floor = (floor_out.double() - floor_ref).abs().max().item()
+            err = (out.double() - ref).abs().max().item()
+        record(f"flash bf16 lifted {pos} T{T} width {q_l.shape[-1]}", err, 3 * floor + 1e-3, f"(bf16 floor {floor:.2e})")
+
+
+def check_models(device):
+    for pos in ["grape_ap", "rope+grape_ap", "alibi", "grape_a_qk", "fox"]:
+        torch.manual_seed(0)
+        cfg = GPTConfig(n_layer=2, n_head=4, n_embd=128, head_dim=64, vocab_size=97, block_size=600, pos=pos, kv_shift=True)
+        fast = GPT(cfg).to(device)
+        dense = GPT(dataclasses.replace(cfg, attn_backend="dense")).to(device)
+        dense.load_state_dict(fast.state_dict())
+        idx = torch.randint(0, 97, (2, 600), device=device)
+        with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16):
+            a, b = fast(idx)[0], dense(idx)[0]
+            cache = fast.new_cache(2, 600)
+            steps = [fast(idx[:, :550], cache=cache)[0]] + [fast(idx[:, t:t + 1], cache=cache)[0] for t in range(550, 600)]
+        spread = b.float().std().item()
+        record(f"model bf16 {pos}: auto vs dense logits", (a.float() - b.float()).abs().max().item(), 0.05 * spread + 0.02)
+        record(f"model bf16 {pos}: KV-cache decode vs full forward", (torch.cat(steps, 1).float() - a.float()).abs().max().item(),
+               0.05 * spread + 0.02)
+
+
+def main():
+    ap = argparse.ArgumentParser(description="GPU correctness checks (bf16 Triton kernel, FlashAttention lift, models).")
+    ap.add_argument("--out", default=os.path.join(ROOT, "docs", "gpu_check.md"))
+    ap.add_argument("--smoke", action="store_true", help="tiny CPU run that only checks this script")
+    args = ap.parse_args()
+    if not torch.cuda.is_available() and not SMOKE:
+        sys.exit("gpu_check: needs a CUDA GPU (the CPU checks are the test suite: python -m pytest tests).")
+    device = torch.device("cpu" if SMOKE else "cuda")
+    for check in (check_triton_kernel, check_lift_flash, check_models):
+        try:
+            check(device)
+        except Exception as error:  # keep going: one broken check must not hide the others' results
+            RESULTS.append((f"{check.__name__} raised", float("nan"), 0.0, False, repr(error)[:300]))
+            print(f"FAIL {check.__name__} raised {error!r}", flush=True)
+    lines = ["# GPU correctness checks", "", f"`python scripts/gpu_check.py` on {'CPU (smoke run)' if SMOKE else torch.cuda.get_device_name(device)}, "
+             f"torch {torch.__version__}. Errors are max absolute differences against fp64 references.", "",
+             "| check | error | limit | ok | note |", "|---|---|---|---|---|"]
+    lines += [f"| {n} | {e:.3e} | {lim:.3e} | {'yes' if ok else '**NO**'} | {d} |" for n, e, lim, ok, d in RESULTS]
+    failed = sum(not ok for *_, ok, _ in RESULTS)
+    lines += ["", f"{len(RESULTS) - failed} of {len(RESULTS)} checks pass.", ""]
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out + ".tmp", "w") as f:
+        f.write("\n".join(lines))
+    os.replace(args.out + ".tmp", args.out)
+    print(f"wrote {args.out}: {len(RESULTS) - failed}/{len(RESULTS)} pass")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
