@@ -185,3 +185,16 @@ def test_generate_until_cuts_at_stop_string(lm):
         pytest.skip("the random model's output has no usable stop string")
     cut = lm.generate_until([request("Once upon", {"max_gen_toks": 8, "until": [stops[0]]})])[0]
     assert cut == full[:full.index(stops[0])]
+
+
+@pytest.mark.parametrize("pos,kv_shift", [("fox", False), ("grape_ap", True), ("grape_m_ctx", True)])
+def test_right_padding_is_exact_for_stateful_encodings(pos, kv_shift):
+    # Encodings with running state along the sequence (forget gates, path integrals, contextual
+    # phases, KV-shift) must still ignore padding that comes after the scored tokens.
+    model = tiny_model(pos=pos, block_size=WINDOW, seed=2, kv_shift=kv_shift)
+    tok = get_tokenizer("byte")
+    cases = [request("a" * n, " b" * (1 + n % 3)) for n in range(1, 8)]
+    batched = GrapeLM(model=model, tokenizer=tok, batch_size=7).loglikelihood(cases, disable_tqdm=True)
+    for (context, continuation), (logprob, _) in zip((c.args for c in cases), batched):
+        expected = single_window_reference(model, tok.encode(context), tok.encode(continuation), WINDOW)
+        assert logprob == pytest.approx(expected, abs=1e-4)
