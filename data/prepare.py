@@ -18,6 +18,7 @@ import json
 import multiprocessing
 import os
 import shutil
+import signal
 import socket
 import sys
 import time
@@ -406,8 +407,20 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
+def _stop_now(signum, frame):
+    # Ctrl-C or kill: stop the workers and leave at once. Unwinding through Pool.terminate() can hang while its
+    # task thread is blocked on a full pipe, and nothing needs cleaning up: shards and progress.json are only
+    # ever replaced whole, and the next run deletes a half-written .tmp file.
+    for child in multiprocessing.active_children():
+        child.kill()
+    print("interrupted: completed shards are kept; run the same command again to resume", file=sys.stderr)
+    os._exit(128 + signum)
+
+
 def main(argv=None):
     args = parse_args(argv)
+    signal.signal(signal.SIGINT, _stop_now)
+    signal.signal(signal.SIGTERM, _stop_now)
     try:
         if args.default:
             out = ensure_default_corpus(args.out, tokenizer=args.tokenizer, progress_bar=not args.quiet)
@@ -430,9 +443,6 @@ def main(argv=None):
     except DataError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted: completed shards are kept; run the same command again to resume", file=sys.stderr)
-        return 130
 
 
 if __name__ == "__main__":

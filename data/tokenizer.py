@@ -116,6 +116,14 @@ _worker_tokenizer = None
 
 def init_worker(name):
     global _worker_tokenizer
+    import multiprocessing
+    import signal
+
+    if multiprocessing.parent_process() is not None:
+        # Ctrl-C reaches every process of the terminal; only the parent handles it (and stops the workers).
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        # A forked worker inherits the command line's SIGTERM handler; the default lets Pool.terminate() end it.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _worker_tokenizer = get_tokenizer(name)
 
 
