@@ -44,7 +44,7 @@ def _logsigmoid_and_slope(z):
 @triton.jit
 def _fwd(Q, K, V, P, R, SLOPES, OUT, LSE, scale, Tq, Tk, H, D, DV, DP,
          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-         BLOCK_DP: tl.constexpr, Z_PRECISION: tl.constexpr):
+         BLOCK_DP: tl.constexpr, Z_PRECISION: tl.constexpr, QK_PRECISION: tl.constexpr):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     slope = tl.load(SLOPES + bh % H)
@@ -76,13 +76,13 @@ def _fwd(Q, K, V, P, R, SLOPES, OUT, LSE, scale, Tq, Tk, H, D, DV, DP,
         psi = tl.where(visible, slope * log_sig, 0.0)
         tile_total = tl.sum(psi, axis=1)
         bias = carry[:, None] + tile_total[:, None] - tl.cumsum(psi, axis=1)
-        s = tl.dot(q, tl.trans(k)) * scale + bias
+        s = tl.dot(q, tl.trans(k), input_precision=QK_PRECISION) * scale + bias
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp(m_i - m_new)
         probs = tl.exp(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(probs, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(probs.to(v.dtype), v)
+        acc = acc * alpha[:, None] + tl.dot(probs.to(v.dtype), v, input_precision=QK_PRECISION)
         m_i = m_new
         carry += tile_total
     out = acc / l_i[:, None]
@@ -95,7 +95,7 @@ def _fwd(Q, K, V, P, R, SLOPES, OUT, LSE, scale, Tq, Tk, H, D, DV, DP,
 def _bwd_query(Q, K, V, P, R, SLOPES, DO, LSE, DELTA, DQ, DPATH, CARRY_PSI, CARRY_DS,
                scale, Tq, Tk, H, D, DV, DP, N_KTILES,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-               BLOCK_DP: tl.constexpr, Z_PRECISION: tl.constexpr):
+               BLOCK_DP: tl.constexpr, Z_PRECISION: tl.constexpr, QK_PRECISION: tl.constexpr):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     slope = tl.load(SLOPES + bh % H)
@@ -135,10 +135,10 @@ def _bwd_query(Q, K, V, P, R, SLOPES, DO, LSE, DELTA, DQ, DPATH, CARRY_PSI, CARR
         psi = tl.where(visible, slope * log_sig, 0.0)
         tile_total = tl.sum(psi, axis=1)
         bias = carry[:, None] + tile_total[:, None] - tl.cumsum(psi, axis=1)
-        s = tl.dot(q, tl.trans(k)) * scale + bias
+        s = tl.dot(q, tl.trans(k), input_precision=QK_PRECISION) * scale + bias
         probs = tl.where(visible, tl.exp(s - lse[:, None]), 0.0)
-        ds = probs * (tl.dot(do, tl.trans(v)) - delta[:, None])
-        dq += tl.dot(ds.to(k.dtype), k)
+        ds = probs * (tl.dot(do, tl.trans(v), input_precision=QK_PRECISION) - delta[:, None])
+        dq += tl.dot(ds.to(k.dtype), k, input_precision=QK_PRECISION)
         ds_total = tl.sum(ds, axis=1)
         ds_suffix = carry_ds[:, None] + ds_total[:, None] - tl.cumsum(ds, axis=1) + ds  # Σ_{j>=ℓ} dS(i, j)
         dz = tl.where(visible & (cols[None, :] >= 1), -slope * ds_suffix * sig_neg, 0.0)
@@ -153,7 +153,7 @@ def _bwd_query(Q, K, V, P, R, SLOPES, DO, LSE, DELTA, DQ, DPATH, CARRY_PSI, CARR
 def _bwd_key(Q, K, V, P, R, SLOPES, DO, LSE, DELTA, DK, DV_OUT, DR, CARRY_PSI, CARRY_DS,
              scale, Tq, Tk, H, D, DV, DP, N_KTILES,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-             BLOCK_DP: tl.constexpr, Z_PRECISION: tl.constexpr):
+             BLOCK_DP: tl.constexpr, Z_PRECISION: tl.constexpr, QK_PRECISION: tl.constexpr):
     kb = tl.program_id(0)
     bh = tl.program_id(1)
     slope = tl.load(SLOPES + bh % H)
@@ -188,11 +188,11 @@ def _bwd_key(Q, K, V, P, R, SLOPES, DO, LSE, DELTA, DK, DV_OUT, DR, CARRY_PSI, C
         log_sig, sig_neg = _logsigmoid_and_slope(tl.dot(p, tl.trans(r), input_precision=Z_PRECISION))
         psi = tl.where(visible, slope * log_sig, 0.0)
         bias = carry[:, None] + tl.sum(psi, axis=1)[:, None] - tl.cumsum(psi, axis=1)
-        s = tl.dot(q, tl.trans(k)) * scale + bias
+        s = tl.dot(q, tl.trans(k), input_precision=QK_PRECISION) * scale + bias
         probs = tl.where(visible, tl.exp(s - lse[:, None]), 0.0)
-        dv_acc += tl.dot(tl.trans(probs.to(do.dtype)), do)
-        ds = probs * (tl.dot(do, tl.trans(v)) - delta[:, None])
-        dk += tl.dot(tl.trans(ds.to(q.dtype)), q)
+        dv_acc += tl.dot(tl.trans(probs.to(do.dtype)), do, input_precision=QK_PRECISION)
+        ds = probs * (tl.dot(do, tl.trans(v), input_precision=QK_PRECISION) - delta[:, None])
+        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=QK_PRECISION)
         ds_suffix = carry_ds[:, None] + tl.sum(ds, axis=1)[:, None] - tl.cumsum(ds, axis=1) + ds
         dz = tl.where(visible & (cols[None, :] >= 1), -slope * ds_suffix * sig_neg, 0.0)
         dr += tl.dot(tl.trans(dz), p, input_precision=Z_PRECISION)
@@ -218,13 +218,15 @@ class _TritonGrapeAP(torch.autograd.Function):
         out = torch.empty(B, H, Tq, DV, device=q.device, dtype=v.dtype)
         lse = torch.empty(B, H, Tq, device=q.device, dtype=torch.float32)
         precision = "ieee" if INTERPRET else "tf32x3"
+        # fp32 q, k, v get true fp32 dots (Triton's fp32 default is TF32); bf16/fp16 ignore the setting
+        qk_precision = "ieee" if (INTERPRET or q.dtype == torch.float32) else "tf32"
         _fwd[(triton.cdiv(Tq, block_m), B * H)](
             q, k, v, p, r, slopes, out, lse, scale, Tq, Tk, H, D, DV, DP,
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=_pow2(D), BLOCK_DV=_pow2(DV), BLOCK_DP=_pow2(DP),
-            Z_PRECISION=precision, num_warps=num_warps, num_stages=num_stages)
+            Z_PRECISION=precision, QK_PRECISION=qk_precision, num_warps=num_warps, num_stages=num_stages)
         ctx.save_for_backward(q, k, v, p, r, slopes, out, lse)
         ctx.path_dtypes = (p_dtype, r_dtype)
-        ctx.scale, ctx.config, ctx.precision = scale, config, precision
+        ctx.scale, ctx.config, ctx.precision, ctx.qk_precision = scale, config, precision, qk_precision
         return out
 
     @staticmethod
@@ -244,7 +246,7 @@ class _TritonGrapeAP(torch.autograd.Function):
         dv = torch.empty(v.shape, device=q.device, dtype=torch.float32)
         dr = torch.empty(r.shape, device=q.device, dtype=torch.float32)
         sizes = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=_pow2(D), BLOCK_DV=_pow2(DV), BLOCK_DP=_pow2(DP),
-                     Z_PRECISION=ctx.precision, num_warps=num_warps, num_stages=num_stages)
+                     Z_PRECISION=ctx.precision, QK_PRECISION=ctx.qk_precision, num_warps=num_warps, num_stages=num_stages)
         _bwd_query[(triton.cdiv(Tq, block_m), B * H)](
             q, k, v, p, r, slopes, grad_out, lse, delta, dq, dp, carry_psi, carry_ds,
             ctx.scale, Tq, Tk, H, D, DV, DP, n_ktiles, **sizes)

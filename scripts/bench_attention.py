@@ -13,7 +13,7 @@ Two tables, every number measured in the same run as its baseline:
 Times are medians over --repeats rounds; each round runs the baseline and every case back to back and
 the ratio is taken within the round, which cancels most of the noise of a shared machine. Peak memory
 is the high-water mark above the memory held before the step (CPU: the process's resident set, reset
-through /proc/self/clear_refs; GPU: torch.cuda.max_memory_allocated).
+through /proc/self/clear_refs, median of 3 steps; GPU: torch.cuda.max_memory_allocated).
 """
 from __future__ import annotations
 
@@ -29,10 +29,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-# glibc adapts its mmap threshold upwards after large frees, after which freed blocks stay resident and
-# the resident-set peak stops measuring tensors. A fixed threshold keeps every large tensor mmap'd, so
-# freeing it returns the memory at once. Must be set before the process starts: re-executed below.
-MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}
+import ctypes  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -49,6 +46,25 @@ LAYER_CASES = list(ENCODINGS) + ["rope+kv_shift", "rope+grape_ap"]
 # measurement
 
 
+LIBC = ctypes.CDLL("libc.so.6")  # Linux/glibc: the CPU peak-memory measurement relies on /proc and mallopt
+
+
+def malloc_mode(measure_memory: bool) -> None:
+    """CPU tensors come from glibc malloc. For the resident-set peak to count tensors, every large block
+    must be mmap'd and returned at free (threshold 64 KiB); for timing, freed blocks must stay in the
+    heap for reuse (as glibc's adaptive default does), or each new block page-faults fresh memory, which
+    made the chunked GRAPE-AP path (many 4 MiB buffers) 50% slower. mallopt switches between the two."""
+    libc = LIBC
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+    if measure_memory:
+        libc.mallopt(M_MMAP_THRESHOLD, 64 << 10)
+        libc.mallopt(M_TRIM_THRESHOLD, 128 << 10)
+        libc.malloc_trim(0)
+    else:
+        libc.mallopt(M_MMAP_THRESHOLD, 32 << 20)  # glibc's largest adaptive value
+        libc.mallopt(M_TRIM_THRESHOLD, 1 << 30)
+
+
 class PeakMemory:
     """Peak bytes allocated above the starting level while the block runs."""
 
@@ -61,6 +77,9 @@ class PeakMemory:
             torch.cuda.reset_peak_memory_stats()
             self.start = torch.cuda.memory_allocated()
         else:
+            # Free heap chunks stay resident and get reused without raising the resident set: give
+            # their pages back first, so that every byte the step touches is counted.
+            LIBC.malloc_trim(0)
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")  # resets VmHWM to the current resident set
             self.start = self._status("VmRSS")
@@ -111,10 +130,18 @@ def measure(cases: dict, baseline: str, repeats: int, device) -> dict:
                 seconds[name].append(s)
                 ratios[name].append(s / base)
     peaks = {}
+    if device.type == "cpu":
+        malloc_mode(measure_memory=True)
     for name, fn in cases.items():
-        with PeakMemory(device) as mem:
-            fn()
-        peaks[name] = mem.peak
+        fn()  # once more first, so one-time buffers (thread pools, workspaces) are not counted
+        samples = []
+        for _ in range(3):  # the CPU's resident-set measure varies by ~10% from step to step
+            with PeakMemory(device) as mem:
+                fn()
+            samples.append(mem.peak)
+        peaks[name] = statistics.median(samples)
+    if device.type == "cpu":
+        malloc_mode(measure_memory=False)
     return {name: (statistics.median(seconds[name]), statistics.median(ratios[name]) if ratios[name] else 1.0,
                    peaks[name]) for name in cases}
 
@@ -170,6 +197,33 @@ def kernel_steps(T: int, args, device, dtype, with_dense: bool):
     return steps
 
 
+TILE_CONFIGS = [(64, 64, 4, 2), (64, 32, 4, 2), (64, 64, 4, 3), (128, 64, 8, 2), (128, 32, 4, 2), (32, 64, 4, 2),
+                (64, 128, 8, 2), (128, 128, 8, 2)]
+
+
+def sweep_tiles(T: int, args, device, dtype) -> list[tuple]:
+    """GPU only: the Triton kernel's forward+backward time per (BLOCK_M, BLOCK_N, warps, stages)."""
+    from kernels.grape_ap_triton import default_config, grape_ap_triton
+    g = torch.Generator(device="cpu").manual_seed(0)
+    B, H, D, dp = args.batch, args.heads, args.head_dim, args.p_head_dim
+    q, k, v = ((torch.randn(B, H, T, D, generator=g)).to(device, dtype).requires_grad_(True) for _ in range(3))
+    p = (torch.randn(B, H, T, dp, generator=g) / dp).to(device).requires_grad_(True)
+    r = torch.randn(B, H, T, dp, generator=g).to(device).requires_grad_(True)
+    slopes = torch.rand(H, device=device)
+    grad = torch.randn(B, H, T, D, generator=g).to(device, dtype)
+    rows = []
+    for config in TILE_CONFIGS:
+        def step():
+            grape_ap_triton(q, k, v, p, r, slopes, 1 / math.sqrt(D), config=config).backward(grad)
+        try:
+            step()
+            times = sorted(timed(step, device) for _ in range(max(3, args.repeats)))
+            rows.append((config, times[len(times) // 2], config == default_config(D)))
+        except Exception as error:  # e.g. out of shared memory for large tiles
+            rows.append((config, None, f"{type(error).__name__}: {str(error)[:80]}"))
+    return rows
+
+
 # --------------------------------------------------------------------------------------------------
 # report
 
@@ -211,6 +265,8 @@ def targets_section(layer, kernel, Ts, device) -> list[str]:
         lines.append(f"Time at T = {T_check} ({where}, forward+backward, ratio to RoPE):")
         lines.append("")
         for pos, limit in limits.items():
+            if (pos, "auto") not in layer[T_check]:
+                continue
             ratio = layer[T_check][(pos, "auto")][1]
             verdict = "holds" if ratio <= limit else "MISSED"
             lines.append(f"- `{pos}` layer: {ratio:.2f}× (target ≤ {limit}×): {verdict}, "
@@ -233,7 +289,7 @@ def targets_section(layer, kernel, Ts, device) -> list[str]:
     return lines
 
 
-def write_report(path, png, layer, kernel, Ts, args, device, dtype, argv):
+def write_report(path, png, layer, kernel, Ts, args, device, dtype, argv, sweep=None):
     dense_Ts = [T for T in Ts if any(b == "dense" for _, b in layer[T])]
     lines = [
         "# Attention benchmarks", "",
@@ -294,6 +350,13 @@ def write_report(path, png, layer, kernel, Ts, args, device, dtype, argv):
             lines.append(f"| {T} | {s[0] * 1e3:.1f} | {g[0] * 1e3:.1f} | {g[1]:.2f}× | {fmt_ratio(d and d[1])} | "
                          f"{g[2] / max(1, s[2]):.2f}× | {fmt_ratio(d and d[2] / max(1, s[2]))} |")
         lines.append("")
+    if sweep:
+        lines += [f"## Triton tile sweep (GRAPE-AP kernel, T = {sweep[0]}, forward+backward)", "",
+                  "| BLOCK_M, BLOCK_N, warps, stages | ms | note |", "|---|---|---|"]
+        for config, seconds, note in sweep[1]:
+            note = "default" if note is True else ("" if note is False else note)
+            lines.append(f"| {config} | {'—' if seconds is None else f'{seconds * 1e3:.2f}'} | {note} |")
+        lines.append("")
     if png:
         lines += [f"![time and memory ratios]({os.path.basename(png)})", ""]
     tmp = path + ".tmp"
@@ -343,6 +406,7 @@ def parse_args(argv):
     ap.add_argument("--dense_max_T", type=int, default=None,
                     help="largest T for the dense-bias comparisons (default 2048 on CPU, 4096 on GPU: O(T²) memory)")
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    ap.add_argument("--sweep", action="store_true", help="GPU: also time the Triton kernel's tile configurations at the largest T")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "benchmarks.md"))
     ap.add_argument("--png", default=None, help="plot path (default: --out with .png)")
     args = ap.parse_args(argv)
@@ -357,8 +421,6 @@ def parse_args(argv):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    if sys.platform.startswith("linux") and any(os.environ.get(k) != v for k, v in MALLOC_ENV.items()):
-        os.execve(sys.executable, [sys.executable, os.path.abspath(__file__), *argv], {**os.environ, **MALLOC_ENV})
     args = parse_args(argv)
     device = torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu")
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -368,6 +430,7 @@ def main(argv=None):
         if args.threads > 0:
             torch.set_num_threads(args.threads)
         torch.set_flush_denormal(True)  # decaying attention makes denormals, which are several times slower
+        malloc_mode(measure_memory=False)
     Ts = [int(t) for t in args.T.split(",")] if args.T else [512, 1024, 2048, 4096] + ([8192] if device.type == "cuda" else [])
     dense_max_T = args.dense_max_T or (4096 if device.type == "cuda" else 2048)
     png = args.png or os.path.splitext(args.out)[0] + ".png"
@@ -394,8 +457,16 @@ def main(argv=None):
         if T in kernel:
             print(f"       kernel: " + ", ".join(f"{n} {v[0] * 1e3:.1f} ms ({v[1]:.2f}×)" for n, v in kernel[T].items()),
                   flush=True)
+    sweep = None
+    if args.sweep:
+        if device.type != "cuda":
+            print("--sweep needs a GPU (Triton tiles); skipped")
+        else:
+            sweep = (max(Ts), sweep_tiles(max(Ts), args, device, dtype))
+            for config, seconds, note in sweep[1]:
+                print(f"tiles {config}: {'failed ' + note if seconds is None else f'{seconds * 1e3:.2f} ms'}", flush=True)
     plot(png, layer, Ts)
-    write_report(args.out, png, layer, kernel, Ts, args, device, dtype, argv)
+    write_report(args.out, png, layer, kernel, Ts, args, device, dtype, argv, sweep)
     print(f"wrote {args.out} and {png}")
 
 
