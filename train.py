@@ -267,6 +267,15 @@ def run(argv: list[str]) -> dict:
     model_cfg_dict = dataclasses.asdict(model_cfg)
     T = model_cfg.block_size
 
+    ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
+    metrics_path = os.path.join(cfg.out_dir, "metrics.jsonl")
+    if not resume and os.path.exists(ckpt_path):
+        raise ConfigError(f"{cfg.out_dir} already holds a checkpoint; add --resume to continue it, "
+                          "or choose another --out_dir.")
+    ckpt = load_checkpoint(ckpt_path) if resume else None  # fail fast on a missing or damaged checkpoint
+    if ckpt is not None:
+        check_resume_compatible(ckpt, model_cfg_dict, cfg, ckpt_path)
+
     ddp = Distributed(cfg.device)
     is_main = ddp.is_main
     say = print if is_main else (lambda *a, **k: None)
@@ -294,11 +303,7 @@ def run(argv: list[str]) -> dict:
             data_dir = holder[0]
     else:
         data_dir = cfg.data_dir
-    try:
-        manifest = read_manifest(data_dir)
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"data_dir {data_dir!r} is not a prepared data directory ({e}); prepare it with the "
-                          "data package (see README) or use --data_dir=default.") from None
+    manifest = read_manifest(data_dir)  # a DataError that says how to prepare the directory
     tokenizer_name = manifest["tokenizer"]
     n_vocab = manifest.get("n_vocab") or manifest.get("vocab_size")
     if n_vocab is not None and n_vocab > model_cfg.vocab_size:
@@ -306,22 +311,13 @@ def run(argv: list[str]) -> dict:
                           f"{model_cfg.vocab_size}; set --vocab_size={n_vocab} or more.")
     train_batches = TrainBatches(data_dir, batch_size=cfg.batch_size, block_size=T, seed=cfg.seed)
 
-    # run directory
-    ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
-    metrics_path = os.path.join(cfg.out_dir, "metrics.jsonl")
-    if not resume and os.path.exists(ckpt_path):
-        raise ConfigError(f"{cfg.out_dir} already holds a checkpoint; add --resume to continue it, "
-                          "or choose another --out_dir.")
-
     # model and optimizer (same seed on every process, so every replica starts equal)
     torch.manual_seed(cfg.seed)
     raw_model = GPT(model_cfg).to(ddp.device)
     optimizer = torch.optim.AdamW(param_groups(raw_model, cfg.weight_decay), lr=cfg.lr,
                                   betas=(cfg.beta1, cfg.beta2), fused=ddp.device.type == "cuda")
     step, wandb_id = 0, None
-    if resume:
-        ckpt = load_checkpoint(ckpt_path)
-        check_resume_compatible(ckpt, model_cfg_dict, cfg, ckpt_path)
+    if ckpt is not None:
         raw_model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         step = ckpt["step"]
@@ -470,6 +466,8 @@ def run(argv: list[str]) -> dict:
         return {"losses": losses, "val_losses": val_losses, "step": step, "stopped": stopped, "out_dir": cfg.out_dir,
                 "grad_accum": grad_accum, "peak_memory_gb": peak_mem_gb}
     finally:
+        if ddp.device.type == "cpu":
+            torch.set_flush_denormal(False)  # back to the default for whatever runs next in this process
         if previous_handler is not None:
             signal.signal(signal.SIGTERM, previous_handler)
         if wandb_run is not None:

@@ -68,17 +68,20 @@ def main(argv: list[str] | None = None) -> int:
     matplotlib.use("Agg")  # no display needed
     import matplotlib.pyplot as plt
 
+    largest = max((t for c in curves for points in c.values() for t, _ in points), default=1)
+    scale, unit = next((s, u) for s, u in ((1e9, "billions"), (1e6, "millions"), (1e3, "thousands"), (1, ""))
+                       if largest >= s)
     labels = args.labels or [os.path.basename(os.path.normpath(run)) for run in args.runs]
     fig, (ax_train, ax_val) = plt.subplots(1, 2, figsize=(12, 4.5))
     for label, curve in zip(labels, curves):
         if curve["train"]:
             tokens, losses = zip(*curve["train"])
-            ax_train.plot([t / 1e9 for t in tokens], smooth(list(losses), args.smooth), label=label, linewidth=1.2)
+            ax_train.plot([t / scale for t in tokens], smooth(list(losses), args.smooth), label=label, linewidth=1.2)
         if curve["val"]:
             tokens, losses = zip(*curve["val"])
-            ax_val.plot([t / 1e9 for t in tokens], losses, marker="o", markersize=3, label=label, linewidth=1.2)
+            ax_val.plot([t / scale for t in tokens], losses, marker="o", markersize=3, label=label, linewidth=1.2)
     for ax, name in ((ax_train, "training loss"), (ax_val, "validation loss")):
-        ax.set_xlabel("tokens (billions)")
+        ax.set_xlabel(f"tokens ({unit})" if unit else "tokens")
         ax.set_ylabel(name)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
