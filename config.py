@@ -50,7 +50,8 @@ class TrainConfig:
     # evaluation, logging, checkpoints
     log_interval: int = 10
     eval_interval: int = 1000        # validation every this many iterations (and at the first and last); 0 = never
-    eval_batches: int = 50           # validation micro-batches (batch_size sequences each) per evaluation
+    eval_windows: int = 200          # validation sequences per evaluation: the first ones of the fixed list, so
+                                     # every run (any batch_size, any encoding) is scored on the same windows
     ckpt_interval: int = 1000        # checkpoint every this many iterations (and at the end); 0 = only at the end
     stop_iter: int = 0               # stop with a checkpoint after this many iterations (time-limited jobs); 0 = max_iters
     # system
@@ -74,7 +75,9 @@ class TrainConfig:
             (self.log_interval >= 1, "log_interval must be at least 1"),
             (self.eval_interval >= 0 and self.ckpt_interval >= 0 and self.stop_iter >= 0,
              "eval_interval, ckpt_interval and stop_iter must be 0 or positive"),
-            (self.eval_batches >= 1, "eval_batches must be at least 1"),
+            (self.eval_windows >= self.batch_size and self.eval_windows % self.batch_size == 0,
+             f"eval_windows ({self.eval_windows}) must be a positive multiple of batch_size ({self.batch_size}), "
+             "so that every batch size scores the same validation windows"),
             (self.device in ("auto", "cpu", "cuda"), f"device must be auto, cpu or cuda, not {self.device!r}"),
             (self.dtype in ("auto", "bf16", "fp32"), f"dtype must be auto, bf16 or fp32, not {self.dtype!r}"),
             (self.wandb_mode in ("offline", "online"), f"wandb_mode must be offline or online, not {self.wandb_mode!r}"),

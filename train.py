@@ -242,7 +242,7 @@ def evaluate(model, data_dir: str, cfg: TrainConfig, block_size: int, ddp: Distr
     model.eval()
     total = torch.zeros(2, dtype=torch.float64, device=ddp.device)
     for i, (x, y) in enumerate(validation_batches(data_dir, batch_size=cfg.batch_size, block_size=block_size,
-                                                  max_batches=cfg.eval_batches)):
+                                                  max_batches=cfg.eval_windows // cfg.batch_size)):
         if i % ddp.world_size != ddp.rank:
             continue
         with autocast():

@@ -41,7 +41,7 @@ min_lr = 1e-3
 warmup_iters = 4
 log_interval = 1
 eval_interval = 0
-eval_batches = 2
+eval_windows = 8
 ckpt_interval = 0
 device = "cpu"
 """
@@ -58,6 +58,15 @@ def synthetic_text(seed: int, n_words: int) -> str:
         sentences.append(" ".join(rng.choice(words) for _ in range(length)).capitalize() + ".")
         n_words -= length
     return " ".join(sentences)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """The tiny model gains nothing from a second thread, and on a shared machine spinning threads slow it down."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -187,7 +196,8 @@ def torchrun(args, env_extra=None, timeout=120):
 
 
 def test_two_processes_equal_one_with_double_accumulation_and_resume_across_world_sizes(config_file, tmp_path):
-    common = [config_file, "--batch_size=2", "--global_batch_size=4", "--max_iters=8", "--pos=fox"]
+    common = [config_file, "--batch_size=2", "--global_batch_size=4", "--max_iters=8", "--pos=fox",
+              "--eval_interval=4"]
     reference = train.run(common + [f"--out_dir={tmp_path / 'one'}"])
     assert reference["grad_accum"] == 2
     # 2 processes x 1 micro-batch, stopped half way ...
@@ -196,6 +206,10 @@ def test_two_processes_equal_one_with_double_accumulation_and_resume_across_worl
     two = [r["loss"] for r in read_metrics(tmp_path / "two")]
     assert two == pytest.approx(reference["losses"][:4], rel=1e-5)
     assert torch.load(tmp_path / "two" / "ckpt.pt", weights_only=True)["world_size"] == 2
+    # validation, its batches shared out over the 2 ranks, gives the 1-process values
+    two_val = [(r["iter"], r["val_loss"]) for r in read_metrics(tmp_path / "two", "val")]
+    assert [i for i, _ in two_val] == [0, 4]
+    assert [v for _, v in two_val] == pytest.approx([v for _, v in reference["val_losses"][:2]], rel=1e-5)
     # ... then resumed by 1 process with 2 accumulation steps: the same windows, the same losses.
     resumed = train.run(common + [f"--out_dir={tmp_path / 'two'}", "--resume"])
     assert resumed["losses"] == pytest.approx(reference["losses"][4:], rel=1e-5)
