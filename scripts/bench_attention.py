@@ -13,7 +13,7 @@ Two tables, every number measured in the same run as its baseline:
 Times are medians over --repeats rounds; each round runs the baseline and every case back to back and
 the ratio is taken within the round, which cancels most of the noise of a shared machine. Peak memory
 is the high-water mark above the memory held before the step (CPU: the process's resident set, reset
-through /proc/self/clear_refs, median of 3 steps; GPU: torch.cuda.max_memory_allocated).
+through /proc/self/clear_refs, least of 3 steps; GPU: torch.cuda.max_memory_allocated).
 """
 from __future__ import annotations
 
@@ -135,11 +135,11 @@ def measure(cases: dict, baseline: str, repeats: int, device) -> dict:
     for name, fn in cases.items():
         fn()  # once more first, so one-time buffers (thread pools, workspaces) are not counted
         samples = []
-        for _ in range(3):  # the CPU's resident-set measure varies by ~10% from step to step
+        for _ in range(3):  # the CPU's resident-set peak only over-counts (allocator slack): keep the least
             with PeakMemory(device) as mem:
                 fn()
             samples.append(mem.peak)
-        peaks[name] = statistics.median(samples)
+        peaks[name] = min(samples)
     if device.type == "cpu":
         malloc_mode(measure_memory=False)
     return {name: (statistics.median(seconds[name]), statistics.median(ratios[name]) if ratios[name] else 1.0,
@@ -190,11 +190,31 @@ def kernel_steps(T: int, args, device, dtype, with_dense: bool):
         return step
     steps = {"sdpa": run(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)),
              "grape_ap": run(lambda: grape_ap_attention(q, k, v, p, r, slopes, scale))}
+    if args.ablation:
+        steps["grape_ap checkpointed blocks"] = run(lambda: checkpointed_grape_ap(q, k, v, p, r, slopes, scale))
     if with_dense:
         steps["grape_ap dense"] = run(lambda: attend(q, k, v, backend="dense", scale=scale, q_pos=positions,
                                                      k_pos=positions, bias=bias, qf={"p": p, "pos": pos_feature},
                                                      kf={"r": r, "pos": pos_feature}))
     return steps
+
+
+def checkpointed_grape_ap(q, k, v, p, r, slopes, scale, block=64):
+    """Ablation: the same query-block algorithm with plain autograd inside torch.utils.checkpoint per
+    block (recomputed in backward) instead of kernels.grape_ap's hand-written backward."""
+    from torch.utils.checkpoint import checkpoint
+
+    def block_attention(q_blk, k_pre, v_pre, p_blk, r_pre, start):
+        path = torch.cumsum(F.logsigmoid(p_blk @ r_pre.transpose(-1, -2)), dim=-1) * -slopes[:, None, None]
+        logits = scale * (q_blk @ k_pre.transpose(-1, -2)) + path
+        n, n_keys = q_blk.shape[2], k_pre.shape[2]
+        future = torch.ones(n, n_keys, dtype=torch.bool, device=q.device).triu(1 + n_keys - n)
+        return torch.softmax(logits.masked_fill(future, float("-inf")), dim=-1) @ v_pre
+
+    T = q.shape[2]
+    outs = [checkpoint(block_attention, q[:, :, s:s + block], k[:, :, :s + block], v[:, :, :s + block],
+                       p[:, :, s:s + block], r[:, :, :s + block], s, use_reentrant=False) for s in range(0, T, block)]
+    return torch.cat(outs, dim=2)
 
 
 TILE_CONFIGS = [(64, 64, 4, 2), (64, 32, 4, 2), (64, 64, 4, 3), (128, 64, 8, 2), (128, 32, 4, 2), (32, 64, 4, 2),
@@ -232,7 +252,12 @@ def fmt_ratio(x):
     return "—" if x is None else f"{x:.2f}×"
 
 
+MACHINE = {}  # the measuring run's machine line, kept when a report is re-rendered
+
+
 def machine_line(device) -> str:
+    if MACHINE.get("line"):
+        return MACHINE["line"]
     if device.type == "cuda":
         return f"GPU: {torch.cuda.get_device_name(device)}, torch {torch.__version__}"
     cpu = platform.processor() or "CPU"
@@ -277,6 +302,13 @@ def targets_section(layer, kernel, Ts, device) -> list[str]:
             lines.append(f"- `grape_ap` kernel alone vs causal SDPA: {ratio:.2f}× (target ≤ {limit}×): "
                          f"{'holds' if ratio <= limit else 'MISSED'}")
         lines.append("")
+    if not on_gpu:
+        gpu_doc = os.path.join(ROOT, "docs", "benchmarks_gpu.md")
+        lines.append("GPU targets (`grape_ap` ≤ 1.6×, the other additive encodings ≤ 1.2× RoPE FlashAttention at T = 4096, "
+                     "bf16): not measurable in this CPU run; `bash scripts/gpu_check.sh` measures them into "
+                     + ("`docs/benchmarks_gpu.md`." if os.path.exists(gpu_doc) else
+                        "`docs/benchmarks_gpu.md` (not yet run: no GPU was available)."))
+        lines.append("")
     if 2048 in Ts and 4096 in Ts:
         growth = {pos: layer[4096][(pos, "auto")][2] / max(1, layer[2048][(pos, "auto")][2])
                   for pos, _ in layer[4096] if _ == "auto"}
@@ -301,13 +333,14 @@ def write_report(path, png, layer, kernel, Ts, args, device, dtype, argv, sweep=
         + (" (the 2 CPU cores are shared with other jobs, so single rounds can be off by 2× or more)."
            if device.type == "cpu" else "."),
         "Forward + backward of one step; memory is the peak above what was held before the step "
-        + ("(resident set, so it includes allocator slack)." if device.type == "cpu" else "(torch.cuda.max_memory_allocated)."),
+        + ("(resident set: the least of 3 steps, since allocator slack only adds to it)." if device.type == "cpu"
+           else "(torch.cuda.max_memory_allocated)."),
         "",
     ]
     lines += targets_section(layer, kernel, Ts, device)
     lines += ["## One attention layer per encoding (attn_backend=\"auto\")", "",
-              "Time and peak memory as ratios to the RoPE layer at the same T; `vs dense` is the time ratio to the "
-              "same encoding's `attn_backend=\"dense\"` layer (materialised bias, as in the official code).", ""]
+              "Time and peak memory as ratios to the RoPE layer at the same T (`rope`: fused causal SDPA). The last "
+              "column is the encoding's own peak memory at T = 4096 over T = 2048 (2.0 = linear in T).", ""]
     header = "| encoding | " + " | ".join(f"T={T} time | mem" for T in Ts) + " | mem 4096/2048 |"
     lines += [header, "|" + "---|" * (2 * len(Ts) + 2)]
     for pos in LAYER_CASES:
@@ -325,6 +358,8 @@ def write_report(path, png, layer, kernel, Ts, args, device, dtype, argv, sweep=
         f"T={T}: {layer[T][('rope', 'auto')][0] * 1e3:.1f} ms, {layer[T][('rope', 'auto')][2] / 2**20:.0f} MiB" for T in Ts) + ".", ""]
     if dense_Ts:
         lines += ["### Additive encodings: fused (auto) against the dense bias", "",
+                  "Ratios of the `attn_backend=\"auto\"` layer to the same encoding's `attn_backend=\"dense\"` layer "
+                  "(the bias materialised as a (B, H, T, T) tensor, as in the official code); below 1 = faster / smaller.", "",
                   "| encoding | " + " | ".join(f"T={T} auto/dense time | auto/dense mem" for T in dense_Ts) + " |",
                   "|" + "---|" * (2 * len(dense_Ts) + 1)]
         for pos in LAYER_CASES:
@@ -350,6 +385,15 @@ def write_report(path, png, layer, kernel, Ts, args, device, dtype, argv, sweep=
             lines.append(f"| {T} | {s[0] * 1e3:.1f} | {g[0] * 1e3:.1f} | {g[1]:.2f}× | {fmt_ratio(d and d[1])} | "
                          f"{g[2] / max(1, s[2]):.2f}× | {fmt_ratio(d and d[2] / max(1, s[2]))} |")
         lines.append("")
+        ablation = [T for T in kTs if "grape_ap checkpointed blocks" in kernel[T]]
+        if ablation:
+            lines += ["Ablation: the same query blocks with plain autograd under `torch.utils.checkpoint` per block "
+                      "instead of the hand-written backward:", "",
+                      "| T | checkpointed / SDPA | hand-written / SDPA | checkpointed mem / SDPA mem |", "|---|---|---|---|"]
+            for T in ablation:
+                c, g, s = kernel[T]["grape_ap checkpointed blocks"], kernel[T]["grape_ap"], kernel[T]["sdpa"]
+                lines.append(f"| {T} | {c[1]:.2f}× | {g[1]:.2f}× | {c[2] / max(1, s[2]):.2f}× |")
+            lines.append("")
     if sweep:
         lines += [f"## Triton tile sweep (GRAPE-AP kernel, T = {sweep[0]}, forward+backward)", "",
                   "| BLOCK_M, BLOCK_N, warps, stages | ms | note |", "|---|---|---|"]
@@ -365,23 +409,48 @@ def write_report(path, png, layer, kernel, Ts, args, device, dtype, argv, sweep=
     os.replace(tmp, path)
 
 
+def save_raw(path, layer, kernel, Ts, argv):
+    """Every measured number, so the report can be re-rendered (--render) without re-measuring."""
+    import json
+    raw = {"argv": argv, "Ts": Ts, "machine": MACHINE.get("line"),
+           "layer": {str(T): [[pos, backend, *values] for (pos, backend), values in layer[T].items()] for T in Ts},
+           "kernel": {str(T): {name: list(values) for name, values in kernel[T].items()} for T in kernel}}
+    with open(path + ".tmp", "w") as f:
+        json.dump(raw, f, indent=1)
+    os.replace(path + ".tmp", path)
+
+
+def load_raw(path):
+    import json
+    with open(path) as f:
+        raw = json.load(f)
+    Ts = raw["Ts"]
+    layer = {T: {(pos, backend): tuple(values) for pos, backend, *values in raw["layer"][str(T)]} for T in Ts}
+    kernel = {int(T): {name: tuple(values) for name, values in d.items()} for T, d in raw["kernel"].items()}
+    MACHINE["line"] = raw.get("machine")
+    return layer, kernel, Ts, raw["argv"]
+
+
 def plot(png, layer, Ts):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for pos in LAYER_CASES:
+    colors = plt.get_cmap("tab20").colors
+    for i, pos in enumerate(LAYER_CASES):
         if (pos, "auto") not in layer[Ts[0]]:
             continue
-        style = "-" if pos.split("+")[0] not in BIASES and "grape_ap" not in pos else "--"
-        ax_t.plot(Ts, [layer[T][(pos, "auto")][1] for T in Ts], style, marker="o", label=pos)
-        ax_m.plot(Ts, [layer[T][(pos, "auto")][2] / 2**20 for T in Ts], style, marker="o", label=pos)
+        additive = any(part in BIASES for part in pos.split("+"))
+        style = dict(linestyle="--" if additive else "-", marker="os^vD"[i % 5], color=colors[i % len(colors)], label=pos)
+        ax_t.plot(Ts, [layer[T][(pos, "auto")][1] for T in Ts], **style)
+        ax_m.plot(Ts, [layer[T][(pos, "auto")][2] / 2**20 for T in Ts], **style)
     ax_t.set(xscale="log", xlabel="T", ylabel="time / RoPE layer", title="forward+backward time")
-    ax_m.set(xscale="log", yscale="log", xlabel="T", ylabel="peak MiB", title="peak memory of one layer")
+    ax_m.set(xscale="log", xlabel="T", ylabel="peak MiB above the start", title="peak memory of one layer (linear in T)")
     for ax in (ax_t, ax_m):
         ax.set_xticks(Ts, [str(T) for T in Ts])
+        ax.minorticks_off()
         ax.grid(alpha=0.3)
-    ax_m.legend(fontsize=7, ncol=2)
+    ax_t.legend(fontsize=7, ncol=2, title="dashed: additive", title_fontsize=7)
     fig.tight_layout()
     tmp = png + ".tmp.png"
     fig.savefig(tmp, dpi=110)
@@ -406,7 +475,10 @@ def parse_args(argv):
     ap.add_argument("--dense_max_T", type=int, default=None,
                     help="largest T for the dense-bias comparisons (default 2048 on CPU, 4096 on GPU: O(T²) memory)")
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    ap.add_argument("--ablation", action="store_true",
+                    help="also time GRAPE-AP with torch.utils.checkpoint per block instead of the hand-written backward")
     ap.add_argument("--sweep", action="store_true", help="GPU: also time the Triton kernel's tile configurations at the largest T")
+    ap.add_argument("--render", default=None, metavar="JSON", help="only re-render the report from a previous run's .json")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "benchmarks.md"))
     ap.add_argument("--png", default=None, help="plot path (default: --out with .png)")
     args = ap.parse_args(argv)
@@ -422,6 +494,16 @@ def parse_args(argv):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
+    if args.render:  # re-render the report from a previous run's raw numbers
+        layer, kernel, Ts, run_argv = load_raw(args.render)
+        saved = parse_args([a for a in run_argv if a != "--render"])
+        device = torch.device("cuda" if torch.cuda.is_available() and "gpu" in args.out else "cpu")
+        png = args.png or os.path.splitext(args.out)[0] + ".png"
+        plot(png, layer, Ts)
+        write_report(args.out, png, layer, kernel, Ts, saved, device,
+                     torch.bfloat16 if device.type == "cuda" else torch.float32, run_argv)
+        print(f"wrote {args.out} and {png} from {args.render}")
+        return
     device = torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu")
     if device.type == "cuda" and not torch.cuda.is_available():
         sys.exit("bench_attention: --device=cuda but CUDA is not available; use --device=cpu.")
@@ -457,6 +539,8 @@ def main(argv=None):
         if T in kernel:
             print(f"       kernel: " + ", ".join(f"{n} {v[0] * 1e3:.1f} ms ({v[1]:.2f}×)" for n, v in kernel[T].items()),
                   flush=True)
+    MACHINE["line"] = machine_line(device)
+    save_raw(os.path.splitext(args.out)[0] + ".json", layer, kernel, Ts, argv)
     sweep = None
     if args.sweep:
         if device.type != "cuda":
