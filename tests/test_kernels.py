@@ -164,14 +164,39 @@ def triton_case_inputs(case):
 
 
 def run_triton_cases(path):
-    """Child process (TRITON_INTERPRET=1): every case's kernel output and gradients, saved to path."""
+    """Child process (TRITON_INTERPRET=1): every case's kernel output and gradients, and whole models
+    whose GRAPE-AP attention is forced onto the Triton kernel, saved to path."""
+    import attention
+    from kernels.grape_ap import grape_ap_attention
     from kernels.grape_ap_triton import grape_ap_triton
     results = []
     for case in TRITON_CASES:
         inputs, slopes = triton_case_inputs(case)
         fn = lambda *a, tiles=case[5]: grape_ap_triton(*a, config=(*tiles, 1, 1))  # noqa: E731
         results.append(values_and_grads(fn, inputs, slopes, 1 / math.sqrt(case[4]), triton_grad_out(case)))
+    # the model calls attention.grape_ap_attention; on CPU tensors "auto" would pick the chunked path
+    attention.grape_ap_attention = lambda *a, **kw: grape_ap_attention(*a, **kw, backend="triton")
+    for pos, kv_shift in MODEL_CASES:
+        results.append(model_logits_and_grads(pos, kv_shift, "auto"))
     torch.save(results, path)
+
+
+MODEL_CASES = [("grape_ap", False), ("rope+grape_ap", True)]
+
+
+def model_logits_and_grads(pos, kv_shift, backend):
+    from model import GPT, GPTConfig
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, head_dim=16, vocab_size=29, block_size=24, pos=pos,
+                          kv_shift=kv_shift, attn_backend=backend))
+    with torch.no_grad():  # positional parameters away from their init
+        for name, p in model.named_parameters():
+            if "bias." in name or "kv_shift" in name:
+                p.add_(0.3 * torch.randn(p.shape, generator=torch.Generator().manual_seed(5)))
+    idx = torch.randint(0, 29, (2, 21), generator=torch.Generator().manual_seed(1))
+    logits, loss = model(idx, idx, start_pos=3)
+    loss.backward()
+    return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
 def triton_grad_out(case):
@@ -206,6 +231,17 @@ def test_triton_interpreter_matches_dense_reference(triton_results, index):
     for name, g, ref in zip("qkvpr", grads, ref_grads):
         assert g.dtype == inputs["qkvpr".index(name)].dtype
         torch.testing.assert_close(g.double(), ref, **tol, msg=lambda m, name=name: f"d{name}: {m}")
+
+
+@pytest.mark.parametrize("index", range(len(MODEL_CASES)), ids=[f"{p}{'+kv_shift' if kv else ''}" for p, kv in MODEL_CASES])
+def test_triton_interpreter_in_the_model_matches_dense_backend(triton_results, index):
+    pos, kv_shift = MODEL_CASES[index]
+    logits, grads = triton_results[len(TRITON_CASES) + index]
+    ref_logits, ref_grads = model_logits_and_grads(pos, kv_shift, "dense")
+    torch.testing.assert_close(logits, ref_logits, atol=1e-5, rtol=1e-5)
+    for name, ref in ref_grads.items():
+        torch.testing.assert_close(grads[name], ref, atol=1e-5, rtol=1e-4, msg=lambda m, name=name: f"{name}: {m}")
+    assert grads["blocks.0.attn.bias.path.weight"].abs().sum() > 0
 
 
 if __name__ == "__main__":
