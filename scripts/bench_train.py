@@ -150,10 +150,12 @@ def main(argv=None):
               + (f", MFU {mfu:.1%}" if mfu is not None else "") + (f", peak {mem:.1f} GiB" if mem else ""), flush=True)
         if pos != "rope":
             del model, runner, opt, step
-    write_report(args, argv, rows, model_cfg, train_cfg, device, dtype, peak)
+    attention_flops = 12 * model_cfg.n_layer * model_cfg.n_head * model_cfg.head_dim * T
+    attention_share = attention_flops / rope.flops_per_token(T)
+    write_report(args, argv, rows, model_cfg, train_cfg, device, dtype, peak, attention_share)
 
 
-def write_report(args, argv, rows, model_cfg, train_cfg, device, dtype, peak):
+def write_report(args, argv, rows, model_cfg, train_cfg, device, dtype, peak, attention_share):
     try:
         commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     except OSError:
@@ -165,9 +167,11 @@ def write_report(args, argv, rows, model_cfg, train_cfg, device, dtype, peak):
              f"torch {torch.__version__}; {str(dtype).removeprefix('torch.')}"
              + (" autocast" if dtype != torch.float32 else "") + (", torch.compile" if args.compile else "") + ".",
              f"Model: {model_cfg.n_layer} layers, n_embd {model_cfg.n_embd}, {model_cfg.n_head} heads of {model_cfg.head_dim}, "
-             f"T = {model_cfg.block_size}, batch {train_cfg.batch_size} sequences per step (random tokens; forward, backward, AdamW).",
+             f"T = {model_cfg.block_size}, vocabulary {model_cfg.vocab_size}, batch {train_cfg.batch_size} sequences per step "
+             f"(random tokens; forward, backward, AdamW). Attention scores and values are {attention_share:.0%} of RoPE's "
+             "training FLOPs at this size, which bounds how much any encoding can change the speed.",
              f"Median over {args.rounds} rounds of {args.steps} steps; each round also times the RoPE model, and "
-             "`vs RoPE` is the median within-round speed ratio."
+             "`speed vs RoPE` is the median within-round speed ratio (above 1 = faster than RoPE)."
              + (f" MFU against a bf16 dense peak of {peak / 1e12:.0f} TFLOP/s, FLOPs = model.flops_per_token(T)." if peak else ""),
              "",
              "| encoding | attention backend | tokens/s | speed vs RoPE |" + (" MFU | peak GiB |" if device.type == "cuda" else ""),
