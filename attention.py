@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from kernels import grape_ap_attention
 from kernels.lift import PARTS, split_lifted_columns
-from positional import AdditiveBias, GatedSlope
+from positional import AdditiveBias
 
 BACKENDS = ("auto", "dense")
 
@@ -39,15 +39,6 @@ def describe_backend(backend: str) -> str:
     }[backend]
 
 
-def lifted_query_parts(bias: AdditiveBias) -> list[int]:
-    """bf16 parts each query-side lifted column needs (kernels/lift.py): 1 where the query value is exact
-    in bf16 (the constant 1 of ALiBi, FoX and GRAPE-A-K), PARTS where it is not (GRAPE-A's gate λ_q and
-    the query position t of GRAPE-A-K). Follows the column order of GatedSlope.lift."""
-    if isinstance(bias, GatedSlope):
-        return ([PARTS] if "q" in bias.gates else []) + ([PARTS, 1] if "k" in bias.gates else [])
-    return [1]
-
-
 def lift_qk(q, k, qf, kf, bias: AdditiveBias, scale: float):
     """Append the lifted columns: scale·(q̃·k̃) = scale·(q·k) + b(t, j) + c(t). The key side is divided
     by the softmax scale so that SDPA's own scaling leaves the bias intact. In bf16/fp16 each column
@@ -57,7 +48,8 @@ def lift_qk(q, k, qf, kf, bias: AdditiveBias, scale: float):
     q_cols, k_cols = bias.lift(qf, kf)
     k_cols = k_cols / scale
     if q.dtype in (torch.bfloat16, torch.float16):
-        q_cols, k_cols = split_lifted_columns(q_cols, k_cols, q.dtype, lifted_query_parts(bias))
+        q_cols, k_cols = split_lifted_columns(
+            q_cols, k_cols, q.dtype, [1 if exact else PARTS for exact in bias.exact_query_columns()])
     B, H = q.shape[:2]
     q_cols = q_cols.expand(B, H, *q_cols.shape[2:]).to(q.dtype)
     k_cols = k_cols.expand(B, H, *k_cols.shape[2:]).to(k.dtype)

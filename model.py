@@ -137,8 +137,10 @@ class CausalSelfAttention(nn.Module):
         if self.kv_shift is not None:
             k, v = self.kv_shift(x, k, v, state)
         q, k = self.q_norm(q), self.k_norm(k)
-        qf, kf = self.bias.features(x, q, k, positions, state) if self.bias is not None else ({}, {})
-        q, k = self.rotation(q, k, x, positions, state)
+        # Positional features, gates, phases and cumulative sums in fp32 even under bf16 autocast.
+        with torch.autocast(x.device.type, enabled=False):
+            qf, kf = self.bias.features(x, q, k, positions, state) if self.bias is not None else ({}, {})
+            q, k = self.rotation(q, k, x, positions, state)
         if self.backend == "lifted":
             q, k = lift_qk(q, k, qf, kf, self.bias, self.scale)
         if cache is not None:

@@ -193,6 +193,11 @@ class AdditiveBias(nn.Module):
     def lift(self, qf: dict, kf: dict) -> tuple[torch.Tensor, torch.Tensor] | None:
         return None
 
+    def exact_query_columns(self) -> tuple[bool, ...]:
+        """For each lifted query column: is it exact in bf16 whatever the input (a constant 1)? The
+        bf16 lift (kernels/lift.py) splits only the inexact ones into several parts."""
+        return (True,)
+
 
 def _positions_feature(positions: torch.Tensor) -> torch.Tensor:
     return fp32(positions)[None, None, :]  # (1, 1, T)
@@ -268,6 +273,9 @@ class GatedSlope(AdditiveBias):
         if "k" in self.gates:
             rate = rate + kf["lam"][..., None, :]
         return -_distance(qf, kf) * self.omega()[:, None, None] * rate
+
+    def exact_query_columns(self):
+        return ((False,) if "q" in self.gates else ()) + ((False, True) if "k" in self.gates else ())
 
     def lift(self, qf, kf):
         omega = self.omega()[:, None]  # (H, 1) against (.., H, T)

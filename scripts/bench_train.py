@@ -28,9 +28,8 @@ import torch  # noqa: E402
 from config import ConfigError, resolve  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from positional import ENCODINGS  # noqa: E402
+from train import gpu_peak_flops, param_groups  # noqa: E402
 
-# bf16 dense peak FLOP/s (the same table as train.py's, matched against the device name)
-GPU_PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
 DEFAULT_ENCODINGS = list(ENCODINGS) + ["rope+kv_shift", "rope+grape_ap"]
 
 
@@ -39,10 +38,7 @@ def make_model(model_cfg: GPTConfig, pos: str, device, compile_model: bool):
     cfg = dataclasses.replace(model_cfg, pos=pos.removesuffix("+kv_shift"), kv_shift=kv_shift or model_cfg.kv_shift)
     torch.manual_seed(0)
     model = GPT(cfg).to(device)
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
-                                  lr=1e-4, betas=(0.9, 0.95), fused=device.type == "cuda")
+    optimizer = torch.optim.AdamW(param_groups(model, 0.01), lr=1e-4, betas=(0.9, 0.95), fused=device.type == "cuda")
     runner = torch.compile(model) if compile_model else model
     return model, runner, optimizer
 
@@ -117,10 +113,7 @@ def main(argv=None):
         if args.threads > 0:
             torch.set_num_threads(args.threads)
         torch.set_flush_denormal(True)
-    peak = None
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        peak = args.peak_tflops * 1e12 if args.peak_tflops else next((v for k, v in GPU_PEAK_FLOPS.items() if k in name), None)
+    peak = args.peak_tflops * 1e12 if args.peak_tflops and device.type == "cuda" else gpu_peak_flops(device)
     T, batch = model_cfg.block_size, train_cfg.batch_size
     tokens = batch * T * args.steps
 
