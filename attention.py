@@ -44,7 +44,9 @@ def lift_qk(q, k, qf, kf, bias: AdditiveBias, scale: float):
     by the softmax scale so that SDPA's own scaling leaves the bias intact. In bf16/fp16 each column
     becomes several whose products the attention's fp32 accumulator sums back to the fp32 bias (one
     bf16 column would be off by whole logits at T = 4096). On CUDA the width is padded to a multiple of
-    8, which the fused (Flash / memory-efficient) SDPA kernels require."""
+    8, which the fused (Flash / memory-efficient) SDPA kernels require. The caller zero-pads v to the
+    lifted width: the fused kernels want one head dim for q, k and v (on the CPU a narrower v falls back
+    to the O(T²) math path, measured 4x slower at T = 2048)."""
     q_cols, k_cols = bias.lift(qf, kf)
     k_cols = k_cols / scale
     if q.dtype in (torch.bfloat16, torch.float16):
@@ -69,18 +71,11 @@ def attend(q, k, v, *, backend: str, scale: float, q_pos, k_pos, bias=None, qf=N
     if backend == "path_integral":  # queries are the last Tq of the Tk cached keys (training: Tq == Tk)
         return grape_ap_attention(q, k, v, qf["p"], kf["r"], bias.slopes, scale).to(v.dtype)
     if backend in ("sdpa", "lifted"):
-        value_dim = v.shape[-1]
-        if q.shape[-1] != value_dim:
-            # The fused kernels want one head dim for q, k and v (FlashAttention on GPU; on the CPU a
-            # wider q/k than v falls back to the O(T²) math path, measured 4x slower at T=2048).
-            v = F.pad(v, (0, q.shape[-1] - value_dim))
         if q.shape[2] == k.shape[2]:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
-        elif q.shape[2] == 1:  # one new token sees the whole cache
-            out = F.scaled_dot_product_attention(q, k, v, scale=scale)
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(q_pos, k_pos), scale=scale)
-        return out[..., :value_dim]
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+        if q.shape[2] == 1:  # one new token sees the whole cache
+            return F.scaled_dot_product_attention(q, k, v, scale=scale)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(q_pos, k_pos), scale=scale)
     logits = scale * (q.float() @ k.float().transpose(-1, -2))
     if bias is not None:
         logits = logits + bias.dense(qf, kf)

@@ -141,14 +141,18 @@ class CausalSelfAttention(nn.Module):
         with torch.autocast(x.device.type, enabled=False):
             qf, kf = self.bias.features(x, q, k, positions, state) if self.bias is not None else ({}, {})
             q, k = self.rotation(q, k, x, positions, state)
-        if self.backend == "lifted":
+        if self.backend == "lifted":  # the lifted keys carry the bias: no key features to cache
             q, k = lift_qk(q, k, qf, kf, self.bias, self.scale)
+            # v zero-padded to the lifted width (see lift_qk), before the cache: each value once,
+            # not the whole cache at every decoding step
+            v, kf = F.pad(v, (0, q.shape[-1] - v.shape[-1])), {}
         if cache is not None:
             stored = cache.append({"k": k, "v": v, **{f"feature_{n}": f for n, f in kf.items()}})
             k, v = stored["k"], stored["v"]
             kf = {n: stored[f"feature_{n}"] for n in kf}
         y = attend(q, k, v, backend=self.backend, scale=self.scale, q_pos=positions,
                    k_pos=positions if k_positions is None else k_positions, bias=self.bias, qf=qf, kf=kf)
+        y = y[..., :self.head_dim]  # drop the zero-padded lifted value columns
         return self.proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
