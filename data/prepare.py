@@ -264,12 +264,13 @@ def prepare(source, out_dir, tokenizer="gpt2", val_tokens=DEFAULT_FILES_VAL_TOKE
         bar = tqdm(total=max_tokens, initial=written, unit="tok", unit_scale=True, dynamic_ncols=True,
                    mininterval=1.0, desc=f"tokenizing ({workers} worker{'s' * (workers > 1)})")
 
-    def finish_shard(state, skip_docs, next_doc, next_skip):
+    def finish_shard(state, skip_docs, next_doc, next_skip, last=False):
         nonlocal index, split, capacity, buffer, fill
         name = f"{split}_{index:06d}.bin"
         sha = write_shard(os.path.join(out_dir, name), buffer[:fill])
         shards.append({"file": name, "split": split, "tokens": fill, "sha256": sha})
-        progress["resume"] = {"state": state, "skip_docs": skip_docs, "skip_tokens": next_skip, "doc": next_doc}
+        progress["resume"] = {"state": state, "skip_docs": skip_docs, "skip_tokens": next_skip, "doc": next_doc,
+                              "finished": last}
         _write_json(os.path.join(out_dir, "progress.json"), progress)
         index += 1
         split, capacity = _shard_plan(index, val_tokens, shard_tokens)
@@ -280,7 +281,10 @@ def prepare(source, out_dir, tokenizer="gpt2", val_tokens=DEFAULT_FILES_VAL_TOKE
             raise KeyboardInterrupt(f"stopped after {stop_after_shards} shards (test hook)")
 
     try:
-        batches = _text_batches(source, resume["state"], resume["skip_docs"]) if budget > 0 else iter(())
+        # A run killed after its last shard but before manifest.json has nothing left to read (its resume
+        # state is unset, which would otherwise mean "from the start" and append the corpus again).
+        more = budget > 0 and not resume.get("finished")
+        batches = _text_batches(source, resume["state"], resume["skip_docs"]) if more else iter(())
         for state, skip_docs, (flat, lengths) in _encoded_batches(batches, tokenizer, workers):
             ends = np.cumsum(lengths)
             for i, length in enumerate(lengths):
@@ -306,7 +310,7 @@ def prepare(source, out_dir, tokenizer="gpt2", val_tokens=DEFAULT_FILES_VAL_TOKE
             if budget <= 0:
                 break
         if fill:
-            finish_shard(None, 0, doc, 0)
+            finish_shard(None, 0, doc, 0, last=True)
     finally:
         if bar is not None:
             bar.close()

@@ -210,6 +210,20 @@ def test_interrupted_preparation_resumes_to_identical_shards(tmp_path, monkeypat
     assert np.array_equal(all_tokens(out), expected_stream(DOCS[:44]))
 
 
+def test_killed_after_the_last_shard_resumes_without_reading_again(tmp_path):
+    # Killed between the last shard's progress.json and manifest.json: the re-run only writes the manifest
+    # (it must not read the corpus again from the start and append it a second time).
+    write_jsonl(tmp_path / "a.jsonl", DOCS)
+    source = prep.files_source(str(tmp_path / "a.jsonl"))
+    reference = run_prepare(source, tmp_path / "full")
+    with pytest.raises(KeyboardInterrupt):
+        run_prepare(source, tmp_path / "out", stop_after_shards=len(reference["shards"]))
+    assert not (tmp_path / "out" / "manifest.json").exists()
+    manifest = run_prepare(source, tmp_path / "out")
+    assert manifest["tokens"] == reference["tokens"] and manifest["documents"] == len(DOCS)
+    assert np.array_equal(all_tokens(tmp_path / "out"), expected_stream(DOCS))
+
+
 def test_resume_refuses_other_arguments(tmp_path):
     write_jsonl(tmp_path / "a.jsonl", DOCS)
     source = prep.files_source(str(tmp_path / "a.jsonl"))
