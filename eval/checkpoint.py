@@ -16,6 +16,7 @@ def pick_device(device=None):
 
 def load_model(ckpt, device="cpu"):
     """Returns (model in eval mode on `device`, tokenizer, checkpoint dict) for a run dir or a ckpt file."""
+    from data.shards import DataError
     from data.tokenizer import get_tokenizer
     from model import GPT
 
@@ -26,11 +27,21 @@ def load_model(ckpt, device="cpu"):
     try:
         model, ckpt_dict = GPT.from_checkpoint(path, map_location="cpu")
     except (OSError, ValueError) as error:  # corrupt file, missing keys, unknown config key
+        if isinstance(error.__cause__, Exception):  # torch.load failed: its own message runs to a page
+            raise UserError(f"{path} is corrupt or not a checkpoint of this project "
+                            f"({type(error.__cause__).__name__})") from None
         raise UserError(str(error)) from None
+    except RuntimeError as error:  # load_state_dict: weights that do not fit the saved config
+        detail = " ".join(str(error).split())
+        detail = detail if len(detail) <= 160 else detail[:160] + "…"
+        raise UserError(f"{path}: the weights do not match its model_config ({detail})") from None
     if "tokenizer" not in ckpt_dict:
         raise UserError(f"{path} has no 'tokenizer' entry; re-save it with the tokenizer name "
                         f"(e.g. 'gpt2' or 'byte') as the checkpoint contract requires")
-    tokenizer = get_tokenizer(ckpt_dict["tokenizer"])
+    try:
+        tokenizer = get_tokenizer(ckpt_dict["tokenizer"])
+    except DataError as error:  # unknown name, or the GPT-2 ranks are not available offline
+        raise UserError(str(error)) from None
     model.to(device).eval()
     return model, tokenizer, ckpt_dict
 

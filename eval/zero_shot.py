@@ -152,6 +152,8 @@ def write_samples(results, out_dir):
 
 
 def run(args):
+    if args.data_dir and not os.path.isdir(args.data_dir):
+        raise UserError(f"--data-dir {args.data_dir} is not a directory.\n" + expected_files_message())
     if args.data_dir:
         problems = [check_data_file(t, os.path.join(args.data_dir, f"{t}.jsonl")) for t in args.tasks]
         problems = [p for p in problems if p]

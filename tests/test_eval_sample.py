@@ -54,3 +54,20 @@ def test_missing_checkpoint_is_one_clear_error(tmp_path, capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("error: no checkpoint at") and "Traceback" not in err
+
+
+def test_damaged_checkpoints_are_one_clear_error(run, tmp_path, capsys):
+    # a truncated file, weights that do not fit the saved config, an unknown tokenizer name
+    _, run_dir = run
+    good = torch.load(run_dir / "ckpt.pt", weights_only=True)
+    (tmp_path / "truncated.pt").write_bytes((run_dir / "ckpt.pt").read_bytes()[:5000])
+    torch.save({**good, "model_config": {**good["model_config"], "n_layer": 3}}, tmp_path / "mismatch.pt")
+    torch.save({**good, "tokenizer": "nonsense"}, tmp_path / "tokenizer.pt")
+    expected = {"truncated.pt": "is corrupt or not a checkpoint", "mismatch.pt": "weights do not match",
+                "tokenizer.pt": "unknown tokenizer 'nonsense'"}
+    for name, message in expected.items():
+        with pytest.raises(SystemExit) as exit_info:
+            sample.main(["--ckpt", str(tmp_path / name)])
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and message in err and "Traceback" not in err, (name, err)
+        assert len(err.strip().splitlines()) == 1, err
