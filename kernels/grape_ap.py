@@ -9,8 +9,8 @@ and S_i = F(i, t_i) constant per row (DESIGN.md §3). Hence:
 * ``chunked`` (portable, any device): loop over blocks of queries; per block build ψ for the block's
   keys, -F by ``cumsum``, and the block's softmax. A custom autograd Function recomputes each block in
   the backward pass, so training memory is O(T·block), not O(T²) (autograd through the loop would keep
-  every block's intermediates; ``torch.utils.checkpoint`` per block measured 1.4-2.3x slower than this
-  hand-written backward on the CPU at T = 2048).
+  every block's intermediates; ``torch.utils.checkpoint`` per block measured 1.9x slower than this
+  hand-written backward on the CPU at T = 2048, 1.2-1.9x at T = 512..4096: docs/benchmarks.md, ablation).
 * ``triton`` (CUDA): a FlashAttention-style kernel, see ``kernels/grape_ap_triton.py``.
 
 ``grape_ap_attention`` picks Triton for CUDA tensors when Triton imports, the chunked path otherwise.

@@ -42,6 +42,49 @@ def _logsigmoid_and_slope(z):
 
 
 @triton.jit
+def _load_tile(ptr, bh, n_rows, rows, row_ok, cols, width):
+    """The (rows, cols) tile of a contiguous (B·H, n_rows, width) tensor, zeros outside it."""
+    return tl.load(ptr + bh * n_rows * width + rows[:, None] * width + cols[None, :],
+                   mask=row_ok[:, None] & (cols[None, :] < width), other=0.0)
+
+
+@triton.jit
+def _store_tile(ptr, value, bh, n_rows, rows, row_ok, cols, width):
+    tl.store(ptr + bh * n_rows * width + rows[:, None] * width + cols[None, :], value,
+             mask=row_ok[:, None] & (cols[None, :] < width))
+
+
+@triton.jit
+def _path_bias(p, r, slope, carry, visible, Z_PRECISION: tl.constexpr):
+    """One tile's bias(i, j) = carry_i + Σ_{j<ℓ<tile end, ℓ<=t_i} ψ(i, ℓ), the tile's ψ row sums (the
+    next carry increment) and sigmoid(-z) for the backward pass."""
+    log_sig, sig_neg = _logsigmoid_and_slope(tl.dot(p, tl.trans(r), input_precision=Z_PRECISION))
+    psi = tl.where(visible, slope * log_sig, 0.0)
+    tile_total = tl.sum(psi, axis=1)
+    bias = carry[:, None] + tile_total[:, None] - tl.cumsum(psi, axis=1)
+    return bias, tile_total, sig_neg
+
+
+@triton.jit
+def _probs_and_ds(q, k, v, do, bias, lse, delta, visible, scale, QK_PRECISION: tl.constexpr):
+    """The backward pass's recomputed attention weights P and dS = P∘(dO·vᵀ - D) of one tile."""
+    s = tl.dot(q, tl.trans(k), input_precision=QK_PRECISION) * scale + bias
+    probs = tl.where(visible, tl.exp(s - lse[:, None]), 0.0)
+    ds = probs * (tl.dot(do, tl.trans(v), input_precision=QK_PRECISION) - delta[:, None])
+    return probs, ds
+
+
+@triton.jit
+def _path_grad(ds, carry_ds, visible, cols, slope, sig_neg):
+    """dz(i, ℓ) = dψ(i, ℓ)·dψ/dz = -Σ_{j>=ℓ} dS(i, j) · α·sigmoid(-z) (zero for ℓ = 0 and ℓ > t_i), and
+    the tile's dS row sums (the next carry_ds increment)."""
+    ds_total = tl.sum(ds, axis=1)
+    ds_suffix = carry_ds[:, None] + ds_total[:, None] - tl.cumsum(ds, axis=1) + ds  # Σ_{j>=ℓ} dS(i, j)
+    dz = tl.where(visible & (cols[None, :] >= 1), -slope * ds_suffix * sig_neg, 0.0)
+    return dz, ds_total
+
+
+@triton.jit
 def _fwd(Q, K, V, P, R, SLOPES, OUT, LSE, scale, Tq, Tk, H, D, DV, DP,
          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
          BLOCK_DP: tl.constexpr, Z_PRECISION: tl.constexpr, QK_PRECISION: tl.constexpr):
@@ -55,8 +98,8 @@ def _fwd(Q, K, V, P, R, SLOPES, OUT, LSE, scale, Tq, Tk, H, D, DV, DP,
     d = tl.arange(0, BLOCK_D)
     dv = tl.arange(0, BLOCK_DV)
     dp = tl.arange(0, BLOCK_DP)
-    q = tl.load(Q + bh * Tq * D + rows[:, None] * D + d[None, :], mask=row_ok[:, None] & (d[None, :] < D), other=0.0)
-    p = tl.load(P + bh * Tq * DP + rows[:, None] * DP + dp[None, :], mask=row_ok[:, None] & (dp[None, :] < DP), other=0.0)
+    q = _load_tile(Q, bh, Tq, rows, row_ok, d, D)
+    p = _load_tile(P, bh, Tq, rows, row_ok, dp, DP)
 
     m_i = tl.full([BLOCK_M], -1e30, tl.float32)  # finite: a row may see no key in its first tiles
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -68,14 +111,11 @@ def _fwd(Q, K, V, P, R, SLOPES, OUT, LSE, scale, Tq, Tk, H, D, DV, DP,
         kb = n_tiles - 1 - it  # right to left: the suffix sums are then running sums
         cols = kb * BLOCK_N + tl.arange(0, BLOCK_N)
         col_ok = cols < Tk
-        k = tl.load(K + bh * Tk * D + cols[:, None] * D + d[None, :], mask=col_ok[:, None] & (d[None, :] < D), other=0.0)
-        v = tl.load(V + bh * Tk * DV + cols[:, None] * DV + dv[None, :], mask=col_ok[:, None] & (dv[None, :] < DV), other=0.0)
-        r = tl.load(R + bh * Tk * DP + cols[:, None] * DP + dp[None, :], mask=col_ok[:, None] & (dp[None, :] < DP), other=0.0)
+        k = _load_tile(K, bh, Tk, cols, col_ok, d, D)
+        v = _load_tile(V, bh, Tk, cols, col_ok, dv, DV)
+        r = _load_tile(R, bh, Tk, cols, col_ok, dp, DP)
         visible = (cols[None, :] <= t[:, None]) & col_ok[None, :]
-        log_sig, _ = _logsigmoid_and_slope(tl.dot(p, tl.trans(r), input_precision=Z_PRECISION))
-        psi = tl.where(visible, slope * log_sig, 0.0)
-        tile_total = tl.sum(psi, axis=1)
-        bias = carry[:, None] + tile_total[:, None] - tl.cumsum(psi, axis=1)
+        bias, tile_total, _ = _path_bias(p, r, slope, carry, visible, Z_PRECISION)
         s = tl.dot(q, tl.trans(k), input_precision=QK_PRECISION) * scale + bias
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -86,8 +126,7 @@ def _fwd(Q, K, V, P, R, SLOPES, OUT, LSE, scale, Tq, Tk, H, D, DV, DP,
         m_i = m_new
         carry += tile_total
     out = acc / l_i[:, None]
-    tl.store(OUT + bh * Tq * DV + rows[:, None] * DV + dv[None, :], out.to(OUT.dtype.element_ty),
-             mask=row_ok[:, None] & (dv[None, :] < DV))
+    _store_tile(OUT, out.to(OUT.dtype.element_ty), bh, Tq, rows, row_ok, dv, DV)
     tl.store(LSE + bh * Tq + rows, m_i + tl.log(l_i), mask=row_ok)
 
 
@@ -106,9 +145,9 @@ def _bwd_query(Q, K, V, P, R, SLOPES, DO, LSE, DELTA, DQ, DPATH, CARRY_PSI, CARR
     d = tl.arange(0, BLOCK_D)
     dv = tl.arange(0, BLOCK_DV)
     dp = tl.arange(0, BLOCK_DP)
-    q = tl.load(Q + bh * Tq * D + rows[:, None] * D + d[None, :], mask=row_ok[:, None] & (d[None, :] < D), other=0.0)
-    p = tl.load(P + bh * Tq * DP + rows[:, None] * DP + dp[None, :], mask=row_ok[:, None] & (dp[None, :] < DP), other=0.0)
-    do = tl.load(DO + bh * Tq * DV + rows[:, None] * DV + dv[None, :], mask=row_ok[:, None] & (dv[None, :] < DV), other=0.0)
+    q = _load_tile(Q, bh, Tq, rows, row_ok, d, D)
+    p = _load_tile(P, bh, Tq, rows, row_ok, dp, DP)
+    do = _load_tile(DO, bh, Tq, rows, row_ok, dv, DV)
     lse = tl.load(LSE + bh * Tq + rows, mask=row_ok, other=0.0)
     delta = tl.load(DELTA + bh * Tq + rows, mask=row_ok, other=0.0)
 
@@ -122,31 +161,24 @@ def _bwd_query(Q, K, V, P, R, SLOPES, DO, LSE, DELTA, DQ, DPATH, CARRY_PSI, CARR
         kb = n_tiles - 1 - it
         cols = kb * BLOCK_N + tl.arange(0, BLOCK_N)
         col_ok = cols < Tk
-        k = tl.load(K + bh * Tk * D + cols[:, None] * D + d[None, :], mask=col_ok[:, None] & (d[None, :] < D), other=0.0)
-        v = tl.load(V + bh * Tk * DV + cols[:, None] * DV + dv[None, :], mask=col_ok[:, None] & (dv[None, :] < DV), other=0.0)
-        r = tl.load(R + bh * Tk * DP + cols[:, None] * DP + dp[None, :], mask=col_ok[:, None] & (dp[None, :] < DP), other=0.0)
+        k = _load_tile(K, bh, Tk, cols, col_ok, d, D)
+        v = _load_tile(V, bh, Tk, cols, col_ok, dv, DV)
+        r = _load_tile(R, bh, Tk, cols, col_ok, dp, DP)
         # the key-major kernel restarts from these boundary values
         boundary = (bh * N_KTILES + kb) * Tq + rows
         tl.store(CARRY_PSI + boundary, carry, mask=row_ok)
         tl.store(CARRY_DS + boundary, carry_ds, mask=row_ok)
 
         visible = (cols[None, :] <= t[:, None]) & col_ok[None, :]
-        log_sig, sig_neg = _logsigmoid_and_slope(tl.dot(p, tl.trans(r), input_precision=Z_PRECISION))
-        psi = tl.where(visible, slope * log_sig, 0.0)
-        tile_total = tl.sum(psi, axis=1)
-        bias = carry[:, None] + tile_total[:, None] - tl.cumsum(psi, axis=1)
-        s = tl.dot(q, tl.trans(k), input_precision=QK_PRECISION) * scale + bias
-        probs = tl.where(visible, tl.exp(s - lse[:, None]), 0.0)
-        ds = probs * (tl.dot(do, tl.trans(v), input_precision=QK_PRECISION) - delta[:, None])
+        bias, tile_total, sig_neg = _path_bias(p, r, slope, carry, visible, Z_PRECISION)
+        _, ds = _probs_and_ds(q, k, v, do, bias, lse, delta, visible, scale, QK_PRECISION)
         dq += tl.dot(ds.to(k.dtype), k, input_precision=QK_PRECISION)
-        ds_total = tl.sum(ds, axis=1)
-        ds_suffix = carry_ds[:, None] + ds_total[:, None] - tl.cumsum(ds, axis=1) + ds  # Σ_{j>=ℓ} dS(i, j)
-        dz = tl.where(visible & (cols[None, :] >= 1), -slope * ds_suffix * sig_neg, 0.0)
+        dz, ds_total = _path_grad(ds, carry_ds, visible, cols, slope, sig_neg)
         dpath += tl.dot(dz, r, input_precision=Z_PRECISION)
         carry += tile_total
         carry_ds += ds_total
-    tl.store(DQ + bh * Tq * D + rows[:, None] * D + d[None, :], dq * scale, mask=row_ok[:, None] & (d[None, :] < D))
-    tl.store(DPATH + bh * Tq * DP + rows[:, None] * DP + dp[None, :], dpath, mask=row_ok[:, None] & (dp[None, :] < DP))
+    _store_tile(DQ, dq * scale, bh, Tq, rows, row_ok, d, D)
+    _store_tile(DPATH, dpath, bh, Tq, rows, row_ok, dp, DP)
 
 
 @triton.jit
@@ -163,9 +195,9 @@ def _bwd_key(Q, K, V, P, R, SLOPES, DO, LSE, DELTA, DK, DV_OUT, DR, CARRY_PSI, C
     d = tl.arange(0, BLOCK_D)
     dv = tl.arange(0, BLOCK_DV)
     dp = tl.arange(0, BLOCK_DP)
-    k = tl.load(K + bh * Tk * D + cols[:, None] * D + d[None, :], mask=col_ok[:, None] & (d[None, :] < D), other=0.0)
-    v = tl.load(V + bh * Tk * DV + cols[:, None] * DV + dv[None, :], mask=col_ok[:, None] & (dv[None, :] < DV), other=0.0)
-    r = tl.load(R + bh * Tk * DP + cols[:, None] * DP + dp[None, :], mask=col_ok[:, None] & (dp[None, :] < DP), other=0.0)
+    k = _load_tile(K, bh, Tk, cols, col_ok, d, D)
+    v = _load_tile(V, bh, Tk, cols, col_ok, dv, DV)
+    r = _load_tile(R, bh, Tk, cols, col_ok, dp, DP)
 
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv_acc = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
@@ -175,9 +207,9 @@ def _bwd_key(Q, K, V, P, R, SLOPES, DO, LSE, DELTA, DK, DV_OUT, DR, CARRY_PSI, C
         rows = mb * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = rows < Tq
         t = rows + offset
-        q = tl.load(Q + bh * Tq * D + rows[:, None] * D + d[None, :], mask=row_ok[:, None] & (d[None, :] < D), other=0.0)
-        p = tl.load(P + bh * Tq * DP + rows[:, None] * DP + dp[None, :], mask=row_ok[:, None] & (dp[None, :] < DP), other=0.0)
-        do = tl.load(DO + bh * Tq * DV + rows[:, None] * DV + dv[None, :], mask=row_ok[:, None] & (dv[None, :] < DV), other=0.0)
+        q = _load_tile(Q, bh, Tq, rows, row_ok, d, D)
+        p = _load_tile(P, bh, Tq, rows, row_ok, dp, DP)
+        do = _load_tile(DO, bh, Tq, rows, row_ok, dv, DV)
         lse = tl.load(LSE + bh * Tq + rows, mask=row_ok, other=0.0)
         delta = tl.load(DELTA + bh * Tq + rows, mask=row_ok, other=0.0)
         boundary = (bh * N_KTILES + kb) * Tq + rows
@@ -185,20 +217,15 @@ def _bwd_key(Q, K, V, P, R, SLOPES, DO, LSE, DELTA, DK, DV_OUT, DR, CARRY_PSI, C
         carry_ds = tl.load(CARRY_DS + boundary, mask=row_ok, other=0.0)
 
         visible = (cols[None, :] <= t[:, None]) & col_ok[None, :] & row_ok[:, None]
-        log_sig, sig_neg = _logsigmoid_and_slope(tl.dot(p, tl.trans(r), input_precision=Z_PRECISION))
-        psi = tl.where(visible, slope * log_sig, 0.0)
-        bias = carry[:, None] + tl.sum(psi, axis=1)[:, None] - tl.cumsum(psi, axis=1)
-        s = tl.dot(q, tl.trans(k), input_precision=QK_PRECISION) * scale + bias
-        probs = tl.where(visible, tl.exp(s - lse[:, None]), 0.0)
+        bias, _, sig_neg = _path_bias(p, r, slope, carry, visible, Z_PRECISION)
+        probs, ds = _probs_and_ds(q, k, v, do, bias, lse, delta, visible, scale, QK_PRECISION)
         dv_acc += tl.dot(tl.trans(probs.to(do.dtype)), do, input_precision=QK_PRECISION)
-        ds = probs * (tl.dot(do, tl.trans(v), input_precision=QK_PRECISION) - delta[:, None])
         dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=QK_PRECISION)
-        ds_suffix = carry_ds[:, None] + tl.sum(ds, axis=1)[:, None] - tl.cumsum(ds, axis=1) + ds
-        dz = tl.where(visible & (cols[None, :] >= 1), -slope * ds_suffix * sig_neg, 0.0)
+        dz, _ = _path_grad(ds, carry_ds, visible, cols, slope, sig_neg)
         dr += tl.dot(tl.trans(dz), p, input_precision=Z_PRECISION)
-    tl.store(DK + bh * Tk * D + cols[:, None] * D + d[None, :], dk * scale, mask=col_ok[:, None] & (d[None, :] < D))
-    tl.store(DV_OUT + bh * Tk * DV + cols[:, None] * DV + dv[None, :], dv_acc, mask=col_ok[:, None] & (dv[None, :] < DV))
-    tl.store(DR + bh * Tk * DP + cols[:, None] * DP + dp[None, :], dr, mask=col_ok[:, None] & (dp[None, :] < DP))
+    _store_tile(DK, dk * scale, bh, Tk, cols, col_ok, d, D)
+    _store_tile(DV_OUT, dv_acc, bh, Tk, cols, col_ok, dv, DV)
+    _store_tile(DR, dr, bh, Tk, cols, col_ok, dp, DP)
 
 
 def _pow2(n: int) -> int:
