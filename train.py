@@ -41,8 +41,9 @@ from data.shards import DataError
 TRAJECTORY_KEYS = ("data_dir", "seed", "global_batch_size", "max_iters", "lr", "min_lr",
                    "warmup_iters", "weight_decay", "beta1", "beta2", "grad_clip", "dtype")
 CHECKPOINT_KEYS = ("model", "model_config", "tokenizer", "train_config", "step", "optimizer", "rng")
-# bf16 dense peak FLOP/s per GPU, for MFU (matched against torch.cuda.get_device_name).
-GPU_PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
+# bf16 dense peak FLOP/s per GPU, for MFU: the first key found in torch.cuda.get_device_name wins, so the
+# slower H100 variants come before the SXM one ("NVIDIA H100 80GB HBM3").
+GPU_PEAK_FLOPS = {"H100 PCIe": 756e12, "H100 NVL": 835e12, "H100": 989e12, "H200": 989e12, "A100": 312e12}
 
 
 class TrainError(Exception):
@@ -60,9 +61,13 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """Weight decay on matrices only: parameters with ndim < 2 (norm gains, positional scalars) get none."""
-    decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
+    """Weight decay on the weight matrices of Linear and Embedding layers only. Norm gains and the encodings'
+    own parameters get none, whatever their shape: decay would pull a per-head spectrum log θ (H, d/2) towards
+    θ = 1 rad, the learned basis towards B = I, GRAPE-A's rates and (H, d) gate vectors towards 0."""
+    decayed = {id(m.weight) for m in model.modules() if isinstance(m, (torch.nn.Linear, torch.nn.Embedding))}
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if id(p) in decayed]
+    no_decay = [p for p in params if id(p) not in decayed]
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
@@ -237,18 +242,19 @@ def start_wandb(cfg: TrainConfig, run_name: str, resolved: dict, run_id: str | N
 
 @torch.no_grad()
 def evaluate(model, data_dir: str, cfg: TrainConfig, block_size: int, ddp: Distributed, autocast) -> float:
-    """Mean loss over the fixed validation windows, the batches shared out over the processes."""
+    """Mean loss over the first eval_windows fixed validation windows, the batches shared out over the processes.
+    Each batch's mean loss is weighted by its number of windows (the last batch may be smaller)."""
     from data.loader import validation_batches
     model.eval()
     total = torch.zeros(2, dtype=torch.float64, device=ddp.device)
     for i, (x, y) in enumerate(validation_batches(data_dir, batch_size=cfg.batch_size, block_size=block_size,
-                                                  max_batches=cfg.eval_windows // cfg.batch_size)):
+                                                  max_windows=cfg.eval_windows)):
         if i % ddp.world_size != ddp.rank:
             continue
         with autocast():
             _, loss = model(x.to(ddp.device), targets=y.to(ddp.device))
-        total[0] += loss.double()
-        total[1] += 1
+        total[0] += loss.double() * len(x)
+        total[1] += len(x)
     model.train()
     ddp.all_reduce_sum(total)
     if total[1].item() == 0:
@@ -343,6 +349,11 @@ def run(argv: list[str]) -> dict:
         atomic_write_text(os.path.join(cfg.out_dir, "config.json"), json.dumps(resolved, indent=2) + "\n")
         if resume:
             trim_metrics(metrics_path, step)
+        elif os.path.exists(metrics_path):
+            # Left by an earlier run that never wrote a checkpoint (stopped or diverged early): this run's
+            # lines must not be appended to it. Keep it aside rather than delete it.
+            os.replace(metrics_path, metrics_path + ".prev")
+            say(f"note: moved the earlier {metrics_path} (a run without a checkpoint) to {metrics_path}.prev")
         if cfg.wandb:
             wandb_run = start_wandb(cfg, os.path.basename(os.path.normpath(cfg.out_dir)), resolved, wandb_id)
             wandb_id = wandb_run.id

@@ -23,6 +23,8 @@ PREPARE_HINT = "prepare one with `python -m data.prepare --default` (or --files 
 def read_manifest(data_dir):
     """The manifest.json that data/prepare.py wrote, as a dict (has "tokenizer", "tokens", "shards", ...)."""
     path = os.path.join(data_dir, "manifest.json")
+    if not os.path.isdir(data_dir):
+        raise DataError(f"data directory {data_dir} does not exist; {PREPARE_HINT}")
     if not os.path.exists(path):
         if os.path.exists(os.path.join(data_dir, "progress.json")):
             raise DataError(f"the preparation of {data_dir} did not finish; run the same data.prepare command again "
@@ -139,21 +141,19 @@ class TrainBatches:
         return index * self.batch_size // self.windows_per_epoch
 
 
-def validation_batches(data_dir, batch_size, block_size, max_batches=None):
-    """Yield (x, y) batches of the fixed validation windows, in order.
+def validation_batches(data_dir, batch_size, block_size, max_windows=None):
+    """Yield (x, y) batches of the fixed validation windows, in order: all of them, or the first max_windows.
 
-    Only full batches are yielded (the last windows that do not fill one are left out), unless the split has
-    fewer than batch_size windows: then it is one smaller batch. The same arguments give the same batches."""
+    The last batch may be smaller, so the windows scored are the same whatever the batch size."""
     shards = [open_shard(p) for p in split_files(data_dir, "val")]
     _, offsets = _windows(shards, block_size)
     total = int(offsets[-1])
     if total == 0:
         raise DataError(f"the validation shards of {data_dir} hold no window of block_size+1 = {block_size + 1} "
                         f"tokens; use a smaller block_size or prepare with a larger --val-tokens")
-    starts = list(range(0, max(total - batch_size + 1, 1), batch_size))
-    if max_batches is not None:
-        starts = starts[:max_batches]
-    for start in starts:
+    if max_windows is not None:
+        total = min(total, max_windows)
+    for start in range(0, total, batch_size):
         windows = np.arange(start, min(start + batch_size, total), dtype=np.int64)
         yield _gather(shards, offsets, windows, block_size)
 

@@ -155,8 +155,9 @@ def main():
                   "download time). Extrapolated rows multiply the best tokens/s per worker by the worker count, "
                   f"capped at {cap:,.0f} tokens/s: the main process alone reads {byte_cap:,.0f} bytes of text per "
                   "second (the fastest byte-tokenizer run, whose tokenisation is nearly free), which is "
-                  f"{cap:,.0f} GPT-2 tokens/s at this corpus's {bytes_per_gpt2_token:.2f} bytes per token. So "
-                  "the extrapolated times are upper bounds of the CPU part:", "",
+                  f"{cap:,.0f} GPT-2 tokens/s at this corpus's {bytes_per_gpt2_token:.2f} bytes per token. The "
+                  "extrapolated rows are estimates of the CPU part, not measurements: they assume the workers "
+                  "scale linearly up to that cap:", "",
                   markdown_table(["workers", "tokens/s", "per 1B tokens", "10B sample", "100B sample"], extrapolation),
                   ""]
     lines += ["## Loader", "", loader_table, "",

@@ -83,18 +83,21 @@ def test_permute_is_a_bijection(size):
 
 def test_validation_windows_are_fixed_and_in_order(data_dir):
     batches = list(validation_batches(data_dir, batch_size=3, block_size=T))
-    # 83 tokens -> (83-1)//8 = 10 windows -> 3 full batches of 3; the tenth window is left out.
-    assert len(batches) == 3
-    for b, (x, y) in enumerate(batches):
-        for r in range(3):
-            start = 60000 + (3 * b + r) * T
-            assert torch.equal(x[r], torch.arange(start, start + T))
-            assert torch.equal(y[r], torch.arange(start + 1, start + T + 1))
-    again = list(validation_batches(data_dir, batch_size=3, block_size=T, max_batches=2))
-    assert len(again) == 2 and all(torch.equal(a[0], b[0]) for a, b in zip(again, batches))
-    # Fewer windows than batch_size: one smaller batch.
-    (x, _), = validation_batches(data_dir, batch_size=64, block_size=T)
-    assert x.shape == (10, T)
+    # 83 tokens -> (83-1)//8 = 10 windows -> batches of 3, 3, 3 and 1.
+    assert [len(x) for x, _ in batches] == [3, 3, 3, 1]
+    rows_x, rows_y = torch.cat([x for x, _ in batches]), torch.cat([y for _, y in batches])
+    for w in range(10):
+        start = 60000 + w * T
+        assert torch.equal(rows_x[w], torch.arange(start, start + T))
+        assert torch.equal(rows_y[w], torch.arange(start + 1, start + T + 1))
+    # The first max_windows windows, the same ones whatever the batch size; all of them if there are fewer.
+    for batch_size in (1, 2, 4, 7, 64):
+        first7 = torch.cat([x for x, _ in validation_batches(data_dir, batch_size=batch_size, block_size=T,
+                                                              max_windows=7)])
+        assert torch.equal(first7, rows_x[:7])
+        every = torch.cat([x for x, _ in validation_batches(data_dir, batch_size=batch_size, block_size=T,
+                                                             max_windows=500)])
+        assert torch.equal(every, rows_x)
 
 
 def test_load_split_tokens_concatenates_shards(data_dir):
@@ -113,6 +116,8 @@ def test_truncated_shard_is_named(data_dir):
 def test_user_errors(tmp_path, data_dir):
     with pytest.raises(DataError, match="does not exist"):
         TrainBatches(str(tmp_path / "nope"), batch_size=2, block_size=T)
+    with pytest.raises(DataError, match="data directory .*nope does not exist; prepare one"):
+        read_manifest(str(tmp_path / "nope"))
     with pytest.raises(DataError, match="hold no window"):
         TrainBatches(data_dir, batch_size=2, block_size=200)
     with pytest.raises(DataError, match="has no manifest.json"):

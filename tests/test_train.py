@@ -148,6 +148,16 @@ def test_resume_gives_identical_losses(config_file, tmp_path):
         train.run(common + [f"--out_dir={tmp_path / 'b'}"])
 
 
+def test_validation_loss_does_not_depend_on_the_batch_size(config_file, tmp_path):
+    # 10 windows are not a multiple of 4 or 3: the last batch is smaller and weighted by its windows.
+    common = [config_file, "--max_iters=1", "--warmup_iters=0", "--global_batch_size=12", "--eval_interval=1",
+              "--eval_windows=10"]
+    four = train.run(common + ["--batch_size=4", f"--out_dir={tmp_path / 'four'}"])
+    three = train.run(common + ["--batch_size=3", f"--out_dir={tmp_path / 'three'}"])
+    assert [i for i, _ in four["val_losses"]] == [0, 1]
+    assert [v for _, v in four["val_losses"]] == pytest.approx([v for _, v in three["val_losses"]], rel=1e-5)
+
+
 def test_corrupt_or_partial_checkpoint_is_rejected(config_file, tmp_path):
     run_dir = tmp_path / "run"
     args = [config_file, "--max_iters=2", "--warmup_iters=1", f"--out_dir={run_dir}"]
@@ -184,6 +194,17 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(config_file, tmp_path, mo
     saved = torch.load(run_dir / "ckpt.pt", weights_only=True)
     assert saved["step"] == 4
     assert all(torch.isfinite(t).all() for t in saved["model"].values())
+    # Diverged before its first checkpoint, then started again (no checkpoint, so no --resume): the new run's
+    # metrics.jsonl starts afresh and the old one is kept aside.
+    calls["n"] = 0
+    with pytest.raises(train.TrainError, match="iteration 6"):
+        train.run([config_file, f"--out_dir={tmp_path / 'early'}", "--ckpt_interval=0"])
+    monkeypatch.setattr(GPT, "forward", forward)
+    fresh = train.run([config_file, f"--out_dir={tmp_path / 'early'}", "--max_iters=3", "--warmup_iters=1"])
+    assert [r["iter"] for r in read_metrics(tmp_path / "early")] == [1, 2, 3]
+    assert [r["loss"] for r in read_metrics(tmp_path / "early")] == fresh["losses"]
+    with open(tmp_path / "early" / "metrics.jsonl.prev") as f:
+        assert [json.loads(line)["iter"] for line in f] == [1, 2, 3, 4, 5, 6]
 
 
 # ----------------------------------------------------------------------------- processes
@@ -254,6 +275,16 @@ def test_misspelled_keys_name_the_closest_valid_key(config_file, tmp_path):
         train.run([config_file, "--kvshift=true"])
     with pytest.raises(ConfigError, match="integer"):
         resolve(config_file, ["--max_iters=2.5"], GPTConfig)
+    # a key in the wrong section, and a non-bool key without a value, say what to write instead
+    wrong_section = tmp_path / "wrong.toml"
+    wrong_section.write_text(f'include = "{config_file}"\n[model]\nlr = 0.1\n')
+    with pytest.raises(ConfigError, match="'lr' is a train key.*under \\[train\\]"):
+        resolve(str(wrong_section), [], GPTConfig)
+    with pytest.raises(ConfigError, match="it is a train key: --train.lr="):
+        resolve(config_file, ["--model.lr=0.1"], GPTConfig)
+    with pytest.raises(ConfigError, match="--lr needs a value"):
+        resolve(config_file, ["--lr"], GPTConfig)
+    assert resolve(config_file, ["--compile"], GPTConfig)[1].compile is True
     cycle = tmp_path / "cycle.toml"
     cycle.write_text('include = "cycle.toml"\n')
     with pytest.raises(ConfigError, match="cycle"):
@@ -300,15 +331,23 @@ def test_lr_schedule_matches_warmup_and_cosine_formula():
     assert train.lr_at(110, cfg) == pytest.approx(0.1)
 
 
-def test_weight_decay_skips_norm_gains_and_positional_scalars():
+@pytest.mark.parametrize("pos", ["grape_m_ctx+grape_a_qk", "grape_m_basis+fox"])
+def test_weight_decay_skips_norm_gains_and_positional_parameters(pos):
+    # spectrum_per_head makes log θ a matrix (H, d/2): it must still get no decay (decay would pull θ to 1 rad).
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, head_dim=16, vocab_size=64, block_size=16,
-                          pos="grape_m_ctx+grape_a_qk", kv_shift=True))
+                          pos=pos, kv_shift=True, spectrum_per_head=True))
     decay, no_decay = train.param_groups(model, 0.01)
     assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0
     by_id = {id(p): name for name, p in model.named_parameters()}
     no_decay_names = {by_id[id(p)] for p in no_decay["params"]}
     decay_names = {by_id[id(p)] for p in decay["params"]}
     assert decay_names | no_decay_names == set(by_id.values()) and not decay_names & no_decay_names
-    assert {n for n in by_id.values() if "norm" in n} <= no_decay_names
-    assert all(dict(model.named_parameters())[n].ndim >= 2 for n in decay_names)
-    assert "wte.weight" in decay_names
+    assert len(decay["params"]) + len(no_decay["params"]) == len(by_id)  # the tied embedding counted once
+    projections = {"wte.weight", "blocks.0.attn.qkv.weight", "blocks.0.attn.proj.weight", "blocks.0.mlp.gate.weight",
+                   "blocks.0.mlp.up.weight", "blocks.0.mlp.proj.weight", "blocks.0.attn.kv_shift.gate.weight"}
+    assert decay_names >= projections
+    positional = {n for n in by_id.values() if n.startswith(("blocks.0.attn.rotation.", "blocks.0.attn.bias."))
+                  and not n.endswith(("phase_increment.weight", "gate.weight"))}
+    assert {"blocks.0.attn.rotation.log_theta"} <= positional  # a (2, 8) matrix here
+    assert dict(model.named_parameters())["blocks.0.attn.rotation.log_theta"].ndim == 2
+    assert positional | {n for n in by_id.values() if "norm" in n} <= no_decay_names
