@@ -88,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.title:
         fig.suptitle(args.title)
     fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     tmp = args.out + ".tmp.png"
     fig.savefig(tmp, dpi=130)
     os.replace(tmp, args.out)

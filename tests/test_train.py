@@ -351,3 +351,23 @@ def test_weight_decay_skips_norm_gains_and_positional_parameters(pos):
     assert {"blocks.0.attn.rotation.log_theta"} <= positional  # a (2, 8) matrix here
     assert dict(model.named_parameters())["blocks.0.attn.rotation.log_theta"].ndim == 2
     assert positional | {n for n in by_id.values() if "norm" in n} <= no_decay_names
+
+
+def test_plot_runs_draws_train_and_validation_curves(tmp_path):
+    sys.path.insert(0, os.path.join(REPO, "scripts"))
+    try:
+        import plot_runs
+    finally:
+        sys.path.pop(0)
+    for name, shift in (("rope", 0.0), ("fox", -0.1)):
+        (tmp_path / name).mkdir()
+        lines = [{"type": "val", "iter": 0, "tokens": 0, "val_loss": 5.0 + shift}]
+        lines += [{"type": "train", "iter": i, "tokens": 1000 * i, "loss": 4.0 - i / 10 + shift} for i in (2, 1)]
+        lines += [{"type": "summary", "iter": 2, "stopped": "done"}]
+        (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines) + '{"type": "tra')
+    curves = plot_runs.read_curves(str(tmp_path / "fox"))
+    assert curves == {"train": [(1000, pytest.approx(3.8)), (2000, pytest.approx(3.7))], "val": [(0, 4.9)]}
+    out = tmp_path / "plots" / "loss.png"
+    assert plot_runs.main([str(tmp_path / "rope"), str(tmp_path / "fox"), "--out", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert plot_runs.main([str(tmp_path / "rope"), str(tmp_path / "missing"), "--out", str(out)]) == 2
