@@ -101,6 +101,20 @@ class PeakMemory:
         raise RuntimeError(f"/proc/self/status has no {key}")
 
 
+def bench_device(choice: str, threads: int, script: str) -> tuple[torch.device, torch.dtype]:
+    """--device auto|cpu|cuda -> (device, dtype): bf16 autocast on CUDA, fp32 on the CPU, where it also
+    sets the thread count (0 = torch's default) and flushes denormals (decaying attention makes them,
+    and they are several times slower)."""
+    device = torch.device("cuda" if choice == "cuda" or (choice == "auto" and torch.cuda.is_available()) else "cpu")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        sys.exit(f"{script}: --device=cuda but CUDA is not available; use --device=cpu.")
+    if device.type == "cpu":
+        if threads > 0:
+            torch.set_num_threads(threads)
+        torch.set_flush_denormal(True)
+    return device, torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
 def sync(device):
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -504,14 +518,8 @@ def main(argv=None):
                      torch.bfloat16 if device.type == "cuda" else torch.float32, run_argv)
         print(f"wrote {args.out} and {png} from {args.render}")
         return
-    device = torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        sys.exit("bench_attention: --device=cuda but CUDA is not available; use --device=cpu.")
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    device, dtype = bench_device(args.device, args.threads, "bench_attention")
     if device.type == "cpu":
-        if args.threads > 0:
-            torch.set_num_threads(args.threads)
-        torch.set_flush_denormal(True)  # decaying attention makes denormals, which are several times slower
         malloc_mode(measure_memory=False)
     Ts = [int(t) for t in args.T.split(",")] if args.T else [512, 1024, 2048, 4096] + ([8192] if device.type == "cuda" else [])
     dense_max_T = args.dense_max_T or (4096 if device.type == "cuda" else 2048)
@@ -519,6 +527,13 @@ def main(argv=None):
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
 
     layer, kernel = {}, {}
+    MACHINE["line"] = machine_line(device)
+
+    def report(done, sweep=None):  # after every T, so a run cut short by a time limit still leaves its numbers
+        save_raw(os.path.splitext(args.out)[0] + ".json", layer, kernel, done, argv)
+        plot(png, layer, done)
+        write_report(args.out, png, layer, kernel, done, args, device, dtype, argv, sweep)
+
     for T in Ts:
         cases = {}
         for pos in args.encodings:
@@ -539,9 +554,7 @@ def main(argv=None):
         if T in kernel:
             print(f"       kernel: " + ", ".join(f"{n} {v[0] * 1e3:.1f} ms ({v[1]:.2f}×)" for n, v in kernel[T].items()),
                   flush=True)
-    MACHINE["line"] = machine_line(device)
-    save_raw(os.path.splitext(args.out)[0] + ".json", layer, kernel, Ts, argv)
-    sweep = None
+        report(Ts[:Ts.index(T) + 1])
     if args.sweep:
         if device.type != "cuda":
             print("--sweep needs a GPU (Triton tiles); skipped")
@@ -549,8 +562,7 @@ def main(argv=None):
             sweep = (max(Ts), sweep_tiles(max(Ts), args, device, dtype))
             for config, seconds, note in sweep[1]:
                 print(f"tiles {config}: {'failed ' + note if seconds is None else f'{seconds * 1e3:.2f} ms'}", flush=True)
-    plot(png, layer, Ts)
-    write_report(args.out, png, layer, kernel, Ts, args, device, dtype, argv, sweep)
+            report(Ts, sweep)
     print(f"wrote {args.out} and {png}")
 
 

@@ -28,6 +28,7 @@ import torch  # noqa: E402
 from config import ConfigError, resolve  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from positional import ENCODINGS  # noqa: E402
+from scripts.bench_attention import bench_device  # noqa: E402
 from train import gpu_peak_flops, param_groups  # noqa: E402
 
 DEFAULT_ENCODINGS = list(ENCODINGS) + ["rope+kv_shift", "rope+grape_ap"]
@@ -105,14 +106,7 @@ def main(argv=None):
             dataclasses.replace(model_cfg, pos=pos.removesuffix("+kv_shift"))
         except ValueError as error:
             sys.exit(f"bench_train: {error}")
-    device = torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        sys.exit("bench_train: --device=cuda but CUDA is not available; use --device=cpu.")
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    if device.type == "cpu":
-        if args.threads > 0:
-            torch.set_num_threads(args.threads)
-        torch.set_flush_denormal(True)
+    device, dtype = bench_device(args.device, args.threads, "bench_train")
     peak = args.peak_tflops * 1e12 if args.peak_tflops and device.type == "cuda" else gpu_peak_flops(device)
     T, batch = model_cfg.block_size, train_cfg.batch_size
     tokens = batch * T * args.steps
@@ -121,6 +115,8 @@ def main(argv=None):
     rope_step = make_step(rope_runner, rope_opt, batch, T, model_cfg.vocab_size, device, dtype)
     for _ in range(args.warmup):
         rope_step()
+    attention_flops = 12 * model_cfg.n_layer * model_cfg.n_head * model_cfg.head_dim * T
+    attention_share = attention_flops / rope.flops_per_token(T)
     rows = []
     for pos in args.encodings:
         model, runner, opt = (rope, rope_runner, rope_opt) if pos == "rope" else make_model(model_cfg, pos, device, args.compile)
@@ -143,9 +139,8 @@ def main(argv=None):
               + (f", MFU {mfu:.1%}" if mfu is not None else "") + (f", peak {mem:.1f} GiB" if mem else ""), flush=True)
         if pos != "rope":
             del model, runner, opt, step
-    attention_flops = 12 * model_cfg.n_layer * model_cfg.n_head * model_cfg.head_dim * T
-    attention_share = attention_flops / rope.flops_per_token(T)
-    write_report(args, argv, rows, model_cfg, train_cfg, device, dtype, peak, attention_share)
+        # after every encoding, so a run cut short by a time limit still leaves its numbers
+        write_report(args, argv, rows, model_cfg, train_cfg, device, dtype, peak, attention_share)
 
 
 def write_report(args, argv, rows, model_cfg, train_cfg, device, dtype, peak, attention_share):
@@ -180,7 +175,7 @@ def write_report(args, argv, rows, model_cfg, train_cfg, device, dtype, peak, at
     with open(tmp, "w") as f:
         f.write("\n".join(lines))
     os.replace(tmp, args.out)
-    print(f"wrote {args.out}")
+    print(f"wrote {args.out} ({len(rows)} encodings)")
 
 
 if __name__ == "__main__":
