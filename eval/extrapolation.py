@@ -323,6 +323,8 @@ def parse_args(argv=None):
         args.depths = parse_floats(args.depths)
     except ValueError:
         p.error("--factors takes integers and --passkey-factors/--depths numbers, comma-separated (e.g. 1,2,4,8)")
+    if min(args.factors) < 1 or min(args.passkey_factors, default=1) <= 0 or args.windows < 1 or args.batch_tokens < 1:
+        p.error("--factors must be integers >= 1, --passkey-factors positive, --windows and --batch-tokens >= 1")
     if not all(0 <= d <= 1 for d in args.depths):
         p.error("--depths must lie in [0, 1]")
     if not 0 < args.stride_fraction <= 1:

@@ -49,6 +49,8 @@ def parse_args(argv=None):
     unknown = [t for t in args.tasks if t not in ZERO_SHOT_TASKS]
     if unknown:
         p.error(f"unknown task(s) {unknown}; choose from {', '.join(ZERO_SHOT_TASKS)}")
+    if args.batch_size < 1 or (args.limit is not None and args.limit < 1):
+        p.error("--batch-size and --limit must be at least 1")
     if not args.ckpt and not args.export_data:
         p.error("--ckpt RUN_DIR is required")
     return args
