@@ -390,11 +390,20 @@ def run(argv: list[str]) -> dict:
                       f"iter {step:>6} | val loss {val_loss:.4f}")
         return val_loss
 
-    # SIGTERM (preemption): finish the current step, save, exit cleanly.
+    # SIGTERM (preemption) or a first Ctrl-C: finish the current step, save, exit cleanly. A second
+    # Ctrl-C stops at once (the last checkpoint on disk stays intact: checkpoints are atomic).
     term_requested = threading.Event()
-    previous_handler = None
+    previous_handlers = {}
+
+    def request_stop(signum, frame):
+        if signum == signal.SIGINT and term_requested.is_set():
+            raise KeyboardInterrupt
+        if signum == signal.SIGINT:
+            say("Ctrl-C: stopping after this step with a checkpoint (Ctrl-C again to stop at once).")
+        term_requested.set()
+
     if threading.current_thread() is threading.main_thread():
-        previous_handler = signal.signal(signal.SIGTERM, lambda signum, frame: term_requested.set())
+        previous_handlers = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
 
     losses: list[float] = []
     val_losses: list[tuple[int, float]] = []
@@ -455,7 +464,8 @@ def run(argv: list[str]) -> dict:
             if term_votes > 0:
                 stopped = "sigterm"
                 checkpoint()
-                say(f"SIGTERM: saved {ckpt_path} at iteration {step}; continue with --resume.")
+                say(f"stop requested (SIGTERM or Ctrl-C): saved {ckpt_path} at iteration {step}; "
+                    "continue with --resume.")
                 break
             saved = step == end_iter or (cfg.ckpt_interval > 0 and step % cfg.ckpt_interval == 0)
             if saved:
@@ -479,8 +489,8 @@ def run(argv: list[str]) -> dict:
     finally:
         if ddp.device.type == "cpu":
             torch.set_flush_denormal(False)  # back to the default for whatever runs next in this process
-        if previous_handler is not None:
-            signal.signal(signal.SIGTERM, previous_handler)
+        for sig, handler in previous_handlers.items():
+            signal.signal(sig, handler)
         if wandb_run is not None:
             wandb_run.finish()
 
@@ -494,6 +504,11 @@ def main() -> None:
         return
     try:
         run(sys.argv[1:])
+    except KeyboardInterrupt:
+        if rank == 0:
+            print("interrupted: the last checkpoint written (if any) is intact; continue with --resume.",
+                  file=sys.stderr, flush=True)
+        sys.exit(130)
     except (ConfigError, TrainError, DataError) as e:
         if rank == 0:
             print(f"error: {e}", file=sys.stderr, flush=True)

@@ -236,7 +236,8 @@ def test_two_processes_equal_one_with_double_accumulation_and_resume_across_worl
     assert resumed["losses"] == pytest.approx(reference["losses"][4:], rel=1e-5)
 
 
-def test_sigterm_saves_a_checkpoint_and_resume_continues(config_file, tmp_path):
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
+def test_sigterm_saves_a_checkpoint_and_resume_continues(config_file, tmp_path, stop_signal):
     run_dir = tmp_path / "run"
     args = [config_file, "--max_iters=100000", "--warmup_iters=4"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -246,10 +247,10 @@ def test_sigterm_saves_a_checkpoint_and_resume_continues(config_file, tmp_path):
     deadline = time.time() + 60
     while time.time() < deadline and not (metrics.exists() and '"train"' in metrics.read_text()):
         time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(stop_signal)
     output, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, output[-3000:]
-    assert "SIGTERM" in output
+    assert "stop requested" in output and "saved" in output
     stopped_at = torch.load(run_dir / "ckpt.pt", weights_only=True)["step"]
     assert 1 <= stopped_at < 100000
     resumed = train.run(args + [f"--out_dir={run_dir}", "--resume", f"--stop_iter={stopped_at + 3}"])
