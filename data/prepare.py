@@ -192,6 +192,8 @@ def _write_json(path, data):
     with open(tmp, "w") as f:
         json.dump(data, f, indent=1)
         f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())  # a crash right after the rename must not leave an empty progress file
     os.replace(tmp, path)
 
 
@@ -201,8 +203,11 @@ def _load_progress(out_dir, config):
     fresh = {"config": config, "shards": [], "resume": {"state": None, "skip_docs": 0, "skip_tokens": 0, "doc": 0}}
     if not os.path.exists(path):
         return fresh
-    with open(path) as f:
-        progress = json.load(f)
+    try:
+        with open(path) as f:
+            progress = json.load(f)
+    except (OSError, ValueError) as error:
+        raise DataError(f"{path} is damaged ({error}); delete {out_dir} and prepare again") from None
     if progress.get("config") != config:
         raise DataError(f"{out_dir} holds a preparation with other arguments; use the same arguments to resume it, "
                         f"or another --out (or delete {out_dir}) to start a new one")

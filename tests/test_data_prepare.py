@@ -289,3 +289,9 @@ def test_default_corpus_is_the_embedded_text(tmp_path):
     prep.ensure_default_corpus(out, tokenizer="byte", progress_bar=False)
     assert read_manifest(out)["source"]["sha256"] != "0" * 64
     assert np.array_equal(all_tokens(out), expected_stream(docs))
+
+
+def test_damaged_progress_file_is_one_clear_error(tmp_path):
+    (tmp_path / "progress.json").write_text('{"config": {"a": 1}, "shards": [')  # cut off mid-write
+    with pytest.raises(DataError, match="progress.json is damaged"):
+        prep._load_progress(str(tmp_path), {"a": 1})
