@@ -14,8 +14,17 @@ and S_i = F(i, t_i) constant per row (DESIGN.md §3). Hence:
 * ``triton`` (CUDA): a FlashAttention-style kernel, see ``kernels/grape_ap_triton.py``.
 
 ``grape_ap_attention`` picks Triton for CUDA tensors when Triton imports, the chunked path otherwise.
+Both run behind one PyTorch custom operator pair, ``grape::path_attention`` and its backward, each
+with a shape-only "fake" implementation, so ``torch.compile`` traces a model straight through the
+attention (no graph break) and calls the kernel as one opaque node.
+
+The path gradient is the left prefix dψ(i, ℓ) = Σ_{j<ℓ} dS(i, j) of the logits' gradient dS: the bias
+(i, j) contains ψ(i, ℓ) exactly when j < ℓ <= t_i. (The suffix -Σ_{j>=ℓ} dS(i, j) is equal only while
+the row sums Σ_j dS(i, j) are exactly zero, which rounding breaks; its error then grows with T.)
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -55,7 +64,6 @@ def check_inputs(q, k, v, p, r, slopes) -> None:
         raise ValueError("grape_ap_attention: " + "; ".join(problems) + ".")
 
 
-@torch.compiler.disable  # a graph break: dynamo would unroll the block loop / trace into Triton launches
 def grape_ap_attention(q, k, v, p, r, slopes, scale: float, *, backend: str = "auto", block_size: int | None = None):
     """GRAPE-AP attention. q (B,H,Tq,D), k (B,H,Tk,D), v (B,H,Tk,Dv); p (B,H,Tq,dp) the query path
     vectors already divided by d_p; r (B,H,Tk,dp) the rotated, RMS-normalised key path vectors;
@@ -65,11 +73,85 @@ def grape_ap_attention(q, k, v, p, r, slopes, scale: float, *, backend: str = "a
     if backend not in BACKENDS:
         raise ValueError(f"unknown grape_ap backend {backend!r}; valid: {', '.join(BACKENDS)}")
     if backend == "auto":
-        backend = "triton" if q.is_cuda and _triton_available() else "chunked"
+        backend = "triton" if q.is_cuda and q.dtype != torch.float64 and _triton_available() else "chunked"
     if backend == "triton":
         from kernels.grape_ap_triton import grape_ap_triton
         return grape_ap_triton(q, k, v, p, r, slopes, scale)
     return grape_ap_chunked(q, k, v, p, r, slopes, scale, block_size=block_size)
+
+
+# --------------------------------------------------------------------------------------------------
+# The custom operator: one forward and one backward op for both implementations. ``config`` is the
+# chunked path's [block] or the Triton path's [BLOCK_M, BLOCK_N, num_warps, num_stages, pass_rows].
+
+
+def _lse_dtype(q: torch.Tensor) -> torch.dtype:
+    return _compute_dtype(q)
+
+
+@torch.library.custom_op("grape::path_attention", mutates_args=())
+def _path_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: torch.Tensor, r: torch.Tensor,
+                       slopes: torch.Tensor, scale: float, impl: str, config: list[int]
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    if impl == "triton":
+        from kernels.grape_ap_triton import triton_forward
+        q, k, v, p, r, slopes = _triton_operands(q, k, v, p, r, slopes)
+        return triton_forward(q, k, v, p, r, slopes, scale, config)
+    return chunked_forward(q, k, v, p, r, slopes, scale, config[0])
+
+
+@_path_attention_op.register_fake
+def _(q, k, v, p, r, slopes, scale, impl, config):
+    B, H, Tq, _ = q.shape
+    return q.new_empty((B, H, Tq, v.shape[3]), dtype=v.dtype), q.new_empty((B, H, Tq), dtype=_lse_dtype(q))
+
+
+@torch.library.custom_op("grape::path_attention_backward", mutates_args=())
+def _path_attention_backward_op(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                p: torch.Tensor, r: torch.Tensor, slopes: torch.Tensor, out: torch.Tensor,
+                                lse: torch.Tensor, scale: float, impl: str, config: list[int]
+                                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    if impl == "triton":
+        from kernels.grape_ap_triton import triton_backward
+        operands = _triton_operands(q, k, v, p, r, slopes)
+        grads = triton_backward(grad_out.contiguous(), *operands, out, lse, scale, config)
+    else:
+        grads = chunked_backward(grad_out, q, k, v, p, r, slopes, out, lse, scale, config[0])
+    return tuple(g.to(x.dtype) for g, x in zip(grads, (q, k, v, p, r)))
+
+
+@_path_attention_backward_op.register_fake
+def _(grad_out, q, k, v, p, r, slopes, out, lse, scale, impl, config):
+    return tuple(torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v, p, r))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, p, r, slopes, scale, impl, config = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, p, r, slopes, out, lse)
+    ctx.scale, ctx.impl, ctx.config = scale, impl, config
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, grad_out, _grad_lse):
+    q, k, v, p, r, slopes, out, lse = ctx.saved_tensors
+    grads = _path_attention_backward_op(grad_out, q, k, v, p, r, slopes, out, lse, ctx.scale, ctx.impl, ctx.config)
+    return (*grads, None, None, None, None)
+
+
+_path_attention_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _triton_operands(q, k, v, p, r, slopes):
+    """What the Triton kernels read: contiguous q, k, v in one dtype; fp32 path vectors and slopes."""
+    return (*(x.contiguous() for x in (q, k, v)), *(x.float().contiguous() for x in (p, r)),
+            slopes.to(device=q.device, dtype=torch.float32).contiguous())
+
+
+def path_attention(q, k, v, p, r, slopes, scale: float, impl: str, config: list[int]) -> torch.Tensor:
+    """The attention output of the custom op (its second output, the row log-sum-exp, is kept for the
+    backward pass)."""
+    return _path_attention_op(q, k, v, p, r, slopes.detach(), float(scale), impl, [int(c) for c in config])[0]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -103,83 +185,86 @@ def _block_logits(q_blk, k_pre, p_blk, r_pre, neg_slopes, scale, diag_mask):
     return logits, z
 
 
-def _no_autocast(method):
-    """Run a Function's forward/backward with autocast off: it chooses its own precision (fp32), and
-    autocast would otherwise turn the in-place baddbmm_ on fp32 buffers into a dtype clash."""
-    def wrapper(ctx, *args):
-        with torch.autocast(device_type=_device_type(args), enabled=False):
-            return method(ctx, *args)
+def _no_autocast(fn):
+    """Run with autocast off: the chunked path chooses its own precision (fp32), and autocast would
+    otherwise turn the in-place baddbmm_ on fp32 buffers into a dtype clash."""
+    @functools.wraps(fn)
+    def wrapper(*args):
+        device_type = next(a.device.type for a in args if isinstance(a, torch.Tensor))
+        with torch.autocast(device_type=device_type, enabled=False):
+            return fn(*args)
     return wrapper
 
 
-def _device_type(args) -> str:
-    return next(a.device.type for a in args if isinstance(a, torch.Tensor))
+@_no_autocast
+def chunked_forward(q, k, v, p, r, slopes, scale: float, block: int):
+    """(out in v's dtype, lse (B, H, Tq) in the compute dtype)."""
+    B, H, Tq, _ = q.shape
+    Tk = k.shape[2]
+    dtype = _compute_dtype(q)
+    q3, k3, v3, p3, r3 = (_rows(x, dtype) for x in (q, k, v, p, r))
+    neg_slopes = _neg_slopes(slopes, B, q.device, dtype)
+    diag_mask = torch.ones(block, block, dtype=torch.bool, device=q.device).triu_(1)
+    out = torch.empty(B * H, Tq, v.shape[3], dtype=dtype, device=q.device)
+    lse = torch.empty(B * H, Tq, 1, dtype=dtype, device=q.device)
+    offset = Tk - Tq
+    for start in range(0, Tq, block):
+        end = min(start + block, Tq)
+        key_end = offset + end  # keys 0 .. key_end-1 are visible to some query of the block
+        logits, _ = _block_logits(q3[:, start:end], k3[:, :key_end], p3[:, start:end], r3[:, :key_end],
+                                  neg_slopes, scale, diag_mask)
+        torch.logsumexp(logits, dim=-1, keepdim=True, out=lse[:, start:end])
+        probs = logits.sub_(lse[:, start:end]).exp_()
+        torch.bmm(probs, v3[:, :key_end], out=out[:, start:end])
+    return out.view(B, H, Tq, -1).to(v.dtype), lse.view(B, H, Tq)
 
 
-class _ChunkedGrapeAP(torch.autograd.Function):
-    @staticmethod
-    @_no_autocast
-    def forward(ctx, q, k, v, p, r, slopes, scale, block):
-        B, H, Tq, _ = q.shape
-        Tk = k.shape[2]
-        dtype = _compute_dtype(q)
-        q3, k3, v3, p3, r3 = (x.reshape(B * H, x.shape[2], x.shape[3]).to(dtype) for x in (q, k, v, p, r))
-        neg_slopes = -slopes.to(device=q.device, dtype=dtype).repeat(B).view(B * H, 1, 1)
-        diag_mask = torch.ones(block, block, dtype=torch.bool, device=q.device).triu_(1)
-        out = torch.empty(B * H, Tq, v.shape[3], dtype=dtype, device=q.device)
-        offset = Tk - Tq
-        for start in range(0, Tq, block):
-            end = min(start + block, Tq)
-            key_end = offset + end  # keys 0 .. key_end-1 are visible to some query of the block
-            logits, _ = _block_logits(q3[:, start:end], k3[:, :key_end], p3[:, start:end], r3[:, :key_end],
-                                      neg_slopes, scale, diag_mask)
-            torch.bmm(torch.softmax(logits, dim=-1), v3[:, :key_end], out=out[:, start:end])
-        ctx.save_for_backward(q3, k3, v3, p3, r3, neg_slopes, out)
-        ctx.scale, ctx.block = scale, block
-        ctx.dtypes = tuple(x.dtype for x in (q, k, v, p, r))
-        ctx.shapes = tuple(x.shape for x in (q, k, v, p, r))
-        return out.view(B, H, Tq, -1).to(v.dtype)
+@_no_autocast
+def chunked_backward(grad_out, q, k, v, p, r, slopes, out, lse, scale: float, block: int):
+    """(dq, dk, dv, dp, dr) in the compute dtype, recomputing each query block's logits."""
+    B, H, Tq, _ = q.shape
+    Tk = k.shape[2]
+    dtype = _compute_dtype(q)
+    q3, k3, v3, p3, r3, do3, out3 = (_rows(x, dtype) for x in (q, k, v, p, r, grad_out, out))
+    lse3 = lse.reshape(B * H, Tq, 1).to(dtype)
+    neg_slopes = _neg_slopes(slopes, B, q.device, dtype)
+    offset = Tk - Tq
+    row_dot = (do3 * out3).sum(-1, keepdim=True)  # D_i = dO_i·O_i = Σ_j P_ij dP_ij
+    dq, dp = torch.empty_like(q3), torch.empty_like(p3)
+    dk, dv, dr = torch.zeros_like(k3), torch.zeros_like(v3), torch.zeros_like(r3)
+    diag_mask = torch.ones(block, block, dtype=torch.bool, device=q.device).triu_(1)
+    for start in range(0, Tq, block):
+        end = min(start + block, Tq)
+        key_end = offset + end
+        n = end - start
+        q_blk, p_blk, do_blk = q3[:, start:end], p3[:, start:end], do3[:, start:end]
+        k_pre, v_pre, r_pre = k3[:, :key_end], v3[:, :key_end], r3[:, :key_end]
+        logits, z = _block_logits(q_blk, k_pre, p_blk, r_pre, neg_slopes, scale, diag_mask)
+        probs = logits.sub_(lse3[:, start:end]).exp_()
+        dv[:, :key_end].baddbmm_(probs.transpose(1, 2), do_blk)
+        # dS = P ∘ (dO·vᵀ - D): the gradient of the logits, computed in place
+        d_logits = torch.bmm(do_blk, v_pre.transpose(1, 2)).sub_(row_dot[:, start:end]).mul_(probs)
+        del probs
+        torch.bmm(d_logits, k_pre, out=dq[:, start:end]).mul_(scale)
+        dk[:, :key_end].baddbmm_(d_logits.transpose(1, 2), q_blk, alpha=scale)
+        # dψ(i, ℓ) = Σ_{j<ℓ} dS(i, j), the exclusive prefix (zero at ℓ = 0, which no bias contains);
+        # past the diagonal no ψ(i, ℓ) is used
+        d_path = torch.cumsum(d_logits, dim=-1).sub_(d_logits)
+        del d_logits
+        d_path[:, :, -n:].masked_fill_(diag_mask[:n, :n], 0.0)
+        d_path.mul_(z.neg_().sigmoid_())  # d logsigmoid(z)/dz = sigmoid(-z); α is applied below
+        torch.bmm(d_path, r_pre, out=dp[:, start:end]).mul_(neg_slopes).neg_()
+        dr[:, :key_end].baddbmm_(d_path.transpose(1, 2), p_blk * neg_slopes, alpha=-1)
+    return tuple(g.view(x.shape) for g, x in zip((dq, dk, dv, dp, dr), (q, k, v, p, r)))
 
-    @staticmethod
-    @_no_autocast
-    def backward(ctx, grad_out):
-        q3, k3, v3, p3, r3, neg_slopes, out = ctx.saved_tensors
-        scale, block = ctx.scale, ctx.block
-        BH, Tq, _ = q3.shape
-        Tk = k3.shape[1]
-        offset = Tk - Tq
-        do3 = grad_out.reshape(BH, Tq, -1).to(out.dtype)
-        row_dot = (do3 * out).sum(-1, keepdim=True)  # D_i = dO_i·O_i = Σ_j P_ij dP_ij
-        dq, dp = torch.empty_like(q3), torch.empty_like(p3)
-        dk, dv, dr = torch.zeros_like(k3), torch.zeros_like(v3), torch.zeros_like(r3)
-        diag_mask = torch.ones(block, block, dtype=torch.bool, device=q3.device).triu_(1)
-        for start in range(0, Tq, block):
-            end = min(start + block, Tq)
-            key_end = offset + end
-            q_blk, p_blk, do_blk = q3[:, start:end], p3[:, start:end], do3[:, start:end]
-            k_pre, v_pre, r_pre = k3[:, :key_end], v3[:, :key_end], r3[:, :key_end]
-            logits, z = _block_logits(q_blk, k_pre, p_blk, r_pre, neg_slopes, scale, diag_mask)
-            probs = torch.softmax(logits, dim=-1)
-            del logits
-            dv[:, :key_end].baddbmm_(probs.transpose(1, 2), do_blk)
-            # dS = P ∘ (dO·vᵀ - D): the gradient of the logits, computed in place
-            d_logits = torch.bmm(do_blk, v_pre.transpose(1, 2)).sub_(row_dot[:, start:end]).mul_(probs)
-            del probs
-            torch.bmm(d_logits, k_pre, out=dq[:, start:end]).mul_(scale)
-            dk[:, :key_end].baddbmm_(d_logits.transpose(1, 2), q_blk, alpha=scale)
-            # logit(i, j) carries -α Σ_{ℓ<=j} ψ̃(i, ℓ), so dψ̃(i, ℓ) = -α Σ_{j>=ℓ} dS(i, j): a suffix sum,
-            # written as total - inclusive prefix + own term (zero past the diagonal, where dS is 0).
-            prefix = torch.cumsum(d_logits, dim=-1)
-            d_path = d_logits.sub_(prefix).add_(prefix[:, :, -1:])
-            del prefix
-            d_path[:, :, 0] = 0  # ψ(i, 0) never enters a bias (the sum starts at ℓ = j + 1 >= 1)
-            d_path.mul_(z.neg_().sigmoid_())  # d logsigmoid(z)/dz = sigmoid(-z); -α is applied below
-            torch.bmm(d_path, r_pre, out=dp[:, start:end]).mul_(neg_slopes)
-            dr[:, :key_end].baddbmm_(d_path.transpose(1, 2), p_blk * neg_slopes)
-        grads = []
-        for g, dtype, shape in zip((dq, dk, dv, dp, dr), ctx.dtypes, ctx.shapes):
-            grads.append(g.view(shape).to(dtype))
-        return (*grads, None, None, None)
+
+def _rows(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(B, H, T, d) -> (B·H, T, d) in the compute dtype."""
+    return x.reshape(x.shape[0] * x.shape[1], x.shape[2], x.shape[3]).to(dtype)
+
+
+def _neg_slopes(slopes, B, device, dtype):
+    return -slopes.to(device=device, dtype=dtype).repeat(B).view(-1, 1, 1)
 
 
 def grape_ap_chunked(q, k, v, p, r, slopes, scale: float, *, block_size: int | None = None):
@@ -187,4 +272,4 @@ def grape_ap_chunked(q, k, v, p, r, slopes, scale: float, *, block_size: int | N
     forward and backward passes."""
     B, H = q.shape[:2]
     block = block_size or default_block_size(B * H, k.shape[2])
-    return _ChunkedGrapeAP.apply(q, k, v, p, r, slopes.detach(), float(scale), int(block))
+    return path_attention(q, k, v, p, r, slopes, scale, "chunked", [block])
