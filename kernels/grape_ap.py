@@ -4,10 +4,10 @@
 
 (queries are the last Tq of the Tk key positions). The bias is not separable, but softmax ignores a
 constant per row, and bias(i, j) = S_i - F(i, j) with F(i, j) = Σ_{ℓ<=j} ψ(i, ℓ) a *left prefix sum*
-and S_i = F(i, t_i) constant per row (DESIGN.md §3). Hence:
+and S_i = F(i, t_i) constant per row (derivation: docs/grape_ap_kernel.md). Hence:
 
 * ``chunked`` (portable, any device): loop over blocks of queries; per block build ψ for the block's
-  keys, -F by ``cumsum``, and the block's softmax. A custom autograd Function recomputes each block in
+  keys, -F by ``cumsum``, and the block's softmax. A hand-written backward recomputes each block in
   the backward pass, so training memory is O(T·block), not O(T²) (autograd through the loop would keep
   every block's intermediates; ``torch.utils.checkpoint`` per block measured 1.9x slower than this
   hand-written backward on the CPU at T = 2048, 1.2-1.9x at T = 512..4096: docs/benchmarks.md, ablation).

@@ -347,4 +347,8 @@ def grape_ap_triton(q, k, v, p, r, slopes, scale: float, *, config=None):
     config = tuple(config or default_config(q.shape[3]))
     if len(config) == 4:
         config += (PASS_ROWS,)
+    # made contiguous (and p, r fp32) out here, so that autograd saves these copies for the backward
+    # instead of the op copying the model's strided q, k, v views once in each pass
+    q, k, v = (x.contiguous() for x in (q, k, v))
+    p, r = (x.float().contiguous() for x in (p, r))
     return path_attention(q, k, v, p, r, slopes, scale, "triton", list(config))

@@ -5,10 +5,14 @@
     python scripts/bench_train.py --config configs/quickstart.toml --block_size=256 --batch_size=4  # overrides
 
 A training step is what train.py does per micro-batch: forward, loss, backward, AdamW step (bf16
-autocast on a GPU, fp32 on the CPU), on random tokens (data loading is not measured). Every encoding is
+autocast on a GPU, fp32 on the CPU), on random tokens (data loading is not measured), with
+torch.compile when the config sets `compile = true` as train.py would (the paper configs do; the
+quickstart does not), unless --compile / --no-compile says otherwise. Every encoding is
 timed in rounds alternating with a RoPE model of the same config, and its speed is reported as the
 median ratio to RoPE within a round (robust to the load of a shared machine) beside the median tokens/s.
-MFU = model.flops_per_token(T) · tokens/s / the GPU's bf16 dense peak.
+MFU = model.flops_per_token(T) · tokens/s / the GPU's bf16 dense peak. On a GPU each encoding's
+peak memory is measured over one training step of its own, above what was allocated before the step
+(weights, gradients and optimizer state of the models held), so the column compares activations.
 """
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ import torch  # noqa: E402
 from config import ConfigError, resolve  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from positional import ENCODINGS  # noqa: E402
-from scripts.bench_attention import bench_device  # noqa: E402
+from scripts.bench_attention import PeakMemory, bench_device  # noqa: E402
 from train import gpu_peak_flops, param_groups  # noqa: E402
 
 DEFAULT_ENCODINGS = list(ENCODINGS) + ["rope+kv_shift", "rope+grape_ap"]
@@ -79,7 +83,8 @@ def parse_args(argv):
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    ap.add_argument("--compile", action="store_true", help="torch.compile each model (as train.py's compile=true)")
+    ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                    help="torch.compile each model (default: the config's train.compile, as train.py runs)")
     ap.add_argument("--threads", type=int, default=1, help="CPU threads (default 1: stable on a shared machine; 0 = torch's default)")
     ap.add_argument("--peak_tflops", type=float, default=None, help="bf16 peak of the GPU if not in the built-in table")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "benchmarks_train.md"))
@@ -107,6 +112,8 @@ def main(argv=None):
         except ValueError as error:
             sys.exit(f"bench_train: {error}")
     device, dtype = bench_device(args.device, args.threads, "bench_train")
+    if args.compile is None:
+        args.compile = train_cfg.compile
     peak = args.peak_tflops * 1e12 if args.peak_tflops and device.type == "cuda" else gpu_peak_flops(device)
     T, batch = model_cfg.block_size, train_cfg.batch_size
     tokens = batch * T * args.steps
@@ -123,8 +130,11 @@ def main(argv=None):
         step = rope_step if pos == "rope" else make_step(runner, opt, batch, T, model_cfg.vocab_size, device, dtype)
         for _ in range(args.warmup):
             step()
+        mem = None
         if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats()
+            with PeakMemory(device) as peak_memory:
+                step()
+            mem = peak_memory.peak / 2**30
         speeds, ratios = [], []
         for _ in range(args.rounds):
             base = timed(rope_step, args.steps, device)
@@ -133,7 +143,6 @@ def main(argv=None):
             ratios.append(base / seconds)
         tok_s = statistics.median(speeds)
         mfu = model.flops_per_token(T) * tok_s / peak if peak else None
-        mem = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
         rows.append((pos, tok_s, statistics.median(ratios), mfu, mem, model.attention_backend))
         print(f"{pos:>16}: {tok_s:10.0f} tokens/s, {statistics.median(ratios):.2f}x RoPE"
               + (f", MFU {mfu:.1%}" if mfu is not None else "") + (f", peak {mem:.1f} GiB" if mem else ""), flush=True)
@@ -162,12 +171,15 @@ def write_report(args, argv, rows, model_cfg, train_cfg, device, dtype, peak, at
              "`speed vs RoPE` is the median within-round speed ratio (above 1 = faster than RoPE)."
              + (f" MFU against a bf16 dense peak of {peak / 1e12:.0f} TFLOP/s, FLOPs = model.flops_per_token(T)." if peak else ""),
              "",
-             "| encoding | attention backend | tokens/s | speed vs RoPE |" + (" MFU | peak GiB |" if device.type == "cuda" else ""),
-             "|---|---|---|---|" + ("---|---|" if device.type == "cuda" else "")]
+             "| encoding | attention backend | tokens/s | speed vs RoPE |"
+             + (" MFU | step peak GiB | memory vs RoPE |" if device.type == "cuda" else ""),
+             "|---|---|---|---|" + ("---|---|---|" if device.type == "cuda" else "")]
+    rope_mem = next((row[4] for row in rows if row[0] == "rope"), None)
     for pos, tok_s, ratio, mfu, mem, backend in rows:
         line = f"| `{pos}` | {backend} | {tok_s:,.0f} | {ratio:.2f}× |"
         if device.type == "cuda":
-            line += f" {'—' if mfu is None else f'{mfu:.1%}'} | {mem:.1f} |"
+            line += (f" {'—' if mfu is None else f'{mfu:.1%}'} | {mem:.2f} |"
+                     f" {f'{mem / rope_mem:.2f}×' if rope_mem else '—'} |")
         lines.append(line)
     lines.append("")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
