@@ -78,9 +78,10 @@ def _free_space_note(directory: str) -> str:
     return f" ({free / 2**20:,.0f} MiB free in {directory})"
 
 
-def load(path: str, required=("model", "model_config"), map_location="cpu") -> dict:
-    """torch.load(weights_only=True), then the checksum; every kind of damage is one CheckpointError sentence."""
-    restore = "restore it from a backup, or train again"
+def load(path: str, required=("model", "model_config"), map_location="cpu",
+         restore="restore it from a backup, or train again") -> dict:
+    """torch.load(weights_only=True), then the checksum; every kind of damage is one CheckpointError sentence
+    that ends with `restore`."""
     if not os.path.isfile(path):
         raise CheckpointError(f"no checkpoint at {path}")
     if os.path.getsize(path) == 0:
@@ -88,7 +89,7 @@ def load(path: str, required=("model", "model_config"), map_location="cpu") -> d
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as error:
-        if "Weights only load failed" in str(error):
+        if "global" in str(error).lower():
             # The file asks to run code or build objects beyond tensors and plain containers; nothing was run.
             raise CheckpointError(f"{path} is refused: it holds Python objects beyond tensors and plain data, which "
                                   "a checkpoint written by train.py never does, and loading it could run code; "
@@ -96,7 +97,7 @@ def load(path: str, required=("model", "model_config"), map_location="cpu") -> d
         raise CheckpointError(f"checkpoint {path} is corrupt or truncated (its object data cannot be read); "
                               f"{restore}") from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as error:
-        if isinstance(error, OSError) and not isinstance(error, zipfile.BadZipFile) and error.errno is not None:
+        if isinstance(error, PermissionError) or isinstance(error, OSError) and error.errno == errno.EIO:
             raise CheckpointError(f"cannot read checkpoint {path}: {error.strerror}") from None
         kind = "its archive is damaged" if zipfile.is_zipfile(path) else "it is not a complete torch.save archive"
         raise CheckpointError(f"checkpoint {path} is corrupt or truncated ({kind}); {restore}") from None
