@@ -31,8 +31,12 @@ def read_manifest(data_dir):
             raise DataError(f"the preparation of {data_dir} did not finish; run the same data.prepare command again "
                             f"to complete it")
         raise DataError(f"{data_dir} has no manifest.json, so it is not a prepared data directory; {PREPARE_HINT}")
-    with open(path) as f:
-        return json.load(f)
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except ValueError as error:
+        raise DataError(f"{path} is damaged ({error}); delete it and run the data.prepare command that made "
+                        f"{data_dir} again, which prepares it afresh") from None
 
 
 def data_description(data_dir):

@@ -401,8 +401,9 @@ def _prepare(source, out_dir, tok, config, workers, progress_bar, stop_after_sha
     os.makedirs(out_dir, exist_ok=True)
     manifest_path = os.path.join(out_dir, "manifest.json")
     if os.path.exists(manifest_path):
-        with open(manifest_path) as f:
-            manifest = json.load(f)
+        from data.loader import read_manifest
+
+        manifest = read_manifest(out_dir)  # a DataError if it is damaged
         if manifest.get("config") == config:
             _repair_shards(source, out_dir, manifest, workers, progress_bar)
             if progress_bar:

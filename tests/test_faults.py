@@ -188,9 +188,9 @@ def test_kill9_while_writing_a_checkpoint_loses_nothing_and_resume_is_exact(conf
 
 
 def test_kill9_at_a_random_moment_then_resume_is_exact(config_file, tmp_path):
-    reference = train.run([config_file, "--max_iters=30", f"--out_dir={tmp_path / 'straight'}"])["losses"]
+    reference = train.run([config_file, "--max_iters=15", f"--out_dir={tmp_path / 'straight'}"])["losses"]
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "train.py", config_file, "--max_iters=30", f"--out_dir={run_dir}"],
+    proc = subprocess.Popen([sys.executable, "train.py", config_file, "--max_iters=15", f"--out_dir={run_dir}"],
                             cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 60
     while time.time() < deadline and not (run_dir / "ckpt.pt").exists():
@@ -198,7 +198,7 @@ def test_kill9_at_a_random_moment_then_resume_is_exact(config_file, tmp_path):
     time.sleep(random.Random(7).uniform(0.0, 0.5))  # checkpoints are written every step: often mid-write
     proc.kill()
     proc.wait()
-    train.run([config_file, "--max_iters=30", f"--out_dir={run_dir}", "--resume"])
+    train.run([config_file, "--max_iters=15", f"--out_dir={run_dir}", "--resume"])
     assert train_losses(run_dir) == reference
 
 
@@ -527,7 +527,7 @@ def test_a_dead_or_frozen_process_ends_the_job_with_a_message(config_file, tmp_p
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        args = [fault, config_file, "--batch_size=2", "--max_iters=100", "--dist_timeout_s=4",
+        args = [fault, config_file, "--batch_size=2", "--max_iters=100", "--ckpt_interval=3", "--dist_timeout_s=4",
                 f"--out_dir={tmp_path / fault}"]
         jobs[fault] = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(RANK_FAULT), *args], cwd=REPO,
                                         env={**ENV, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2",
