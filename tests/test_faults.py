@@ -624,3 +624,18 @@ def test_stop_request_is_honoured_between_micro_batches(config_file, data_dir, t
     torch.manual_seed(1337)  # train.py's seed: the weights before any step
     fresh = GPT(config)
     assert all(torch.equal(saved["model"][k], v) for k, v in fresh.state_dict().items())
+
+
+def test_sampling_past_memory_or_the_training_context_is_said(tmp_path, capsys):
+    import sample
+    from eval.tiny import save_run, tiny_model
+
+    save_run(tiny_model(block_size=32), tmp_path / "run")
+    sample.main(["--ckpt", str(tmp_path / "run"), "--prompt", "x" * 40, "--max-new-tokens", "2"])
+    assert "note: prompt + new tokens (40 + 2) exceed the 32 positions" in capsys.readouterr().err
+    # 10**12 tokens of KV cache is more memory than any machine has (and more than a 47-bit address space)
+    with pytest.raises(SystemExit) as info:
+        sample.main(["--ckpt", str(tmp_path / "run"), "--max-new-tokens", str(10**12)])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "does not fit in cpu memory; use a smaller --max-new-tokens" in err
+    assert "Traceback" not in err
