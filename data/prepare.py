@@ -163,7 +163,7 @@ def _text_batches(source, start_state, skip_docs):
                             f"command to resume from the last complete shard") from None
         if not texts:
             return
-        if skip_docs >= len(texts):  # seeking by document count (a shard rewritten on its own): skip whole batches untokenised
+        if skip_docs >= len(texts):  # seeking by document count (rewriting one shard): skip batches untokenised
             skip_docs -= len(texts)
             state = dataset.state_dict()
             continue
