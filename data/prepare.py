@@ -505,8 +505,11 @@ def ensure_default_corpus(out_dir=None, tokenizer="gpt2", progress_bar=True):
     expected = {"source": source.description, "tokenizer": tokenizer, "val_tokens": DEFAULT_CORPUS_VAL_TOKENS,
                 "shard_tokens": DEFAULT_CORPUS_SHARD_TOKENS, "max_tokens": None}
     if os.path.exists(manifest_path):
-        with open(manifest_path) as f:
-            config = json.load(f).get("config", {})
+        try:
+            with open(manifest_path) as f:
+                config = json.load(f).get("config", {})
+        except ValueError:  # a damaged manifest of this cache: rebuild it
+            config = {"source": {"kind": "default"}}
         if config != expected and config.get("source", {}).get("kind") == "default":
             # A cache of another version of the embedded corpus (e.g. after a git pull): rebuild it.
             shutil.rmtree(out_dir)
