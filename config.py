@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import tomllib
 import typing
@@ -58,6 +59,8 @@ class TrainConfig:
     device: str = "auto"             # auto | cpu | cuda
     dtype: str = "auto"              # auto (bf16 autocast on GPU, fp32 on CPU) | bf16 | fp32
     compile: bool = False            # torch.compile the model
+    dist_timeout_s: int = 600        # with several processes: a process that waits this long for another (dead
+                                     # or frozen) ends the job with a message instead of blocking forever
     # wandb (disabled unless asked; offline by default, so no account is needed)
     wandb: bool = False
     wandb_project: str = "grape"
@@ -71,7 +74,14 @@ class TrainConfig:
              "global_batch_size must be at least batch_size (it counts sequences over all processes)"),
             (self.max_iters >= 1, "max_iters must be at least 1"),
             (0 <= self.warmup_iters < self.max_iters, "warmup_iters must be between 0 and max_iters - 1"),
-            (0 <= self.min_lr <= self.lr, "min_lr must be between 0 and lr"),
+            (self.seed >= 0, f"seed must be 0 or positive, not {self.seed}"),
+            (math.isfinite(self.lr) and self.lr > 0, f"lr must be a positive number, not {self.lr}"),
+            (0 <= self.min_lr <= self.lr, f"min_lr must be between 0 and lr ({self.lr}), not {self.min_lr}"),
+            (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1,
+             f"beta1 and beta2 must be in [0, 1), not {self.beta1} and {self.beta2}"),
+            (0 <= self.weight_decay < math.inf, f"weight_decay must be 0 or positive, not {self.weight_decay}"),
+            (0 <= self.grad_clip < math.inf, f"grad_clip must be 0 (no clipping) or positive, not {self.grad_clip}"),
+            (self.dist_timeout_s >= 1, f"dist_timeout_s must be at least 1 second, not {self.dist_timeout_s}"),
             (self.log_interval >= 1, "log_interval must be at least 1"),
             (self.eval_interval >= 0 and self.ckpt_interval >= 0 and self.stop_iter >= 0,
              "eval_interval, ckpt_interval and stop_iter must be 0 or positive"),
@@ -85,8 +95,19 @@ class TrainConfig:
                 raise ConfigError(message + ".")
 
 
+# Names other training codebases use for our keys; spelling similarity alone would miss them.
+KEY_ALIASES = {"learning_rate": "lr", "max_lr": "lr", "min_learning_rate": "min_lr", "lr_min": "min_lr",
+               "warmup_steps": "warmup_iters", "max_steps": "max_iters", "num_iterations": "max_iters",
+               "micro_batch_size": "batch_size", "total_batch_size": "global_batch_size", "wd": "weight_decay",
+               "clip_grad": "grad_clip", "grad_clip_norm": "grad_clip", "context_length": "block_size",
+               "seq_len": "block_size", "n_ctx": "block_size"}
+
+
 def closest_hint(name: str, valid: typing.Iterable[str]) -> str:
-    match = difflib.get_close_matches(name, list(valid), n=1, cutoff=0.5)
+    valid = list(valid)
+    if KEY_ALIASES.get(name) in valid:
+        return f"did you mean {KEY_ALIASES[name]!r}?"
+    match = difflib.get_close_matches(name, valid, n=1, cutoff=0.5)
     return f"did you mean {match[0]!r}?" if match else "valid keys: " + ", ".join(sorted(valid))
 
 
@@ -233,6 +254,7 @@ def default_out_dir(config_path: str) -> str:
 def resolve(config_path: str, overrides: list[str], model_config_cls) -> tuple[object, TrainConfig]:
     """Config file + overrides -> (model config object, TrainConfig), all keys checked and typed."""
     merged = read_toml(config_path)
+    file_model_values = dict(merged["model"])
     model_kinds = field_kinds(model_config_cls)
     train_kinds = field_kinds(TrainConfig)
     cli = parse_overrides(overrides, model_kinds, train_kinds)
@@ -257,5 +279,13 @@ def resolve(config_path: str, overrides: list[str], model_config_cls) -> tuple[o
     try:
         model = model_config_cls.from_dict(model_values)
     except (ValueError, TypeError) as e:
-        raise ConfigError(f"model config in {config_path}: {e}") from None
+        where = f"in {config_path}"
+        if cli["model"]:  # blame the command line if the file's own values are fine
+            try:
+                model_config_cls.from_dict({k: convert("model", k, v, model_kinds[k])
+                                            for k, v in file_model_values.items()})
+                where = "given on the command line (" + " ".join(f"--{k}={v}" for k, v in cli["model"].items()) + ")"
+            except (ValueError, TypeError):
+                pass
+        raise ConfigError(f"model config {where}: {e}") from None
     return model, train

@@ -16,6 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import checkpoints
 from attention import attend, describe_backend, lift_qk, resolve_backend
 from positional import BIASES, KVShift, Rotation, build_bias, parse_pos
 
@@ -275,13 +276,7 @@ class GPT(nn.Module):
         file = os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path
         if not os.path.isfile(file):
             raise FileNotFoundError(f"no checkpoint at {file}: pass a run directory holding ckpt.pt or a .pt file")
-        try:
-            ckpt = torch.load(file, map_location=map_location, weights_only=True)
-        except Exception as error:
-            raise ValueError(f"checkpoint {file} is corrupt or not a checkpoint of this project ({error})") from error
-        missing = [key for key in ("model", "model_config") if key not in ckpt]
-        if missing:
-            raise ValueError(f"checkpoint {file} lacks {missing}; it was not written by this project's train.py")
+        ckpt = checkpoints.load(file, map_location=map_location)  # checksum verified; CheckpointError (a ValueError)
         model = cls(GPTConfig.from_dict(ckpt["model_config"]))
         model.load_state_dict(ckpt["model"])
         return model, ckpt

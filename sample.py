@@ -103,14 +103,26 @@ def main(argv=None):
     generator = torch.Generator(device=device).manual_seed(args.seed)
     print(f"{ckpt['model_config'].get('pos')} model, step {ckpt.get('step')}, {model.num_params() / 1e6:.2f}M "
           f"parameters, {device}; prompt {len(prompt_ids)} tokens", file=sys.stderr)
+    block_size = model.config.block_size
+    if len(prompt_ids) + args.max_new_tokens > block_size:
+        print(f"note: prompt + new tokens ({len(prompt_ids)} + {args.max_new_tokens}) exceed the {block_size} "
+              f"positions the model was trained on; positions beyond {block_size} are extrapolation, which only "
+              "some encodings handle (see the README's length extrapolation study)", file=sys.stderr)
     samples, total_tokens, total_decode, total_prefill = [], 0, 0.0, 0.0
     for n in range(args.num_samples):
         if args.num_samples > 1:
             print(f"--- sample {n + 1}")
         print(prompt, end="", flush=True)
         printer = StreamPrinter(tokenizer)
-        ids, prefill_s, decode_s = generate(model, tokenizer, prompt_ids, args.max_new_tokens, args.temperature,
-                                            args.top_k or None, generator, device, on_token=printer)
+        try:
+            ids, prefill_s, decode_s = generate(model, tokenizer, prompt_ids, args.max_new_tokens, args.temperature,
+                                                args.top_k or None, generator, device, on_token=printer)
+        except (torch.OutOfMemoryError, RuntimeError) as error:  # the KV cache is allocated for the whole length
+            if not isinstance(error, torch.OutOfMemoryError) and "allocate" not in str(error):
+                raise
+            print(f"\nerror: the KV cache for {len(prompt_ids)} + {args.max_new_tokens} tokens does not fit in "
+                  f"{device} memory; use a smaller --max-new-tokens", file=sys.stderr)
+            sys.exit(2)
         printer.finish(ids)
         samples.append(tokenizer.decode(ids))
         total_tokens += len(ids)

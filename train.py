@@ -4,6 +4,8 @@
     python train.py configs/medium/fox.toml --batch_size=8        # any key can be overridden: --key=value
     torchrun --nproc_per_node=8 train.py configs/medium/fox.toml  # NCCL on GPUs, gloo on CPUs
     python train.py configs/medium/fox.toml --resume              # continue RUN_DIR/ckpt.pt exactly
+    python train.py configs/medium/fox.toml --resume --allow_changes=lr,warmup_iters --lr=5e-4
+                                                                  # continue with deliberately changed settings
 
 Each optimizer step sees global_batch_size sequences: batch_size per micro-batch per process, times the
 gradient-accumulation steps, times the number of processes. Micro-batch `micro` of step `step` on rank
@@ -28,16 +30,19 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+import checkpoints
 from config import ConfigError, TrainConfig, resolve
 from data.shards import DataError
 
-# Settings that shape the loss sequence: a resumed run must use the checkpoint's values. (batch_size and
-# the number of processes may change: a step reads the same windows however the global batch is split.)
+# Settings that shape the loss sequence: a resumed run must use the checkpoint's values unless --allow_changes
+# names them. (batch_size and the number of processes may change: a step reads the same windows however the
+# global batch is split.)
 TRAJECTORY_KEYS = ("data_dir", "seed", "global_batch_size", "max_iters", "lr", "min_lr",
                    "warmup_iters", "weight_decay", "beta1", "beta2", "grad_clip", "dtype")
 CHECKPOINT_KEYS = ("model", "model_config", "tokenizer", "train_config", "step", "optimizer", "rng")
@@ -100,38 +105,22 @@ def atomic_write_text(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
-def save_checkpoint(path: str, state: dict) -> None:
-    """Write to a temp file, fsync, rename: a kill at any moment leaves the previous checkpoint intact."""
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def load_checkpoint(path: str) -> dict:
-    """Load a checkpoint with weights_only=True; a truncated, corrupt or foreign file is one clear error."""
+    """The checkpoint at path, its checksum verified; every kind of damage is one TrainError sentence."""
     if not os.path.isfile(path):
         raise TrainError(f"no checkpoint at {path}; run without --resume to start this run, "
                          "or point --out_dir at the run directory to continue.")
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # torch raises RuntimeError, EOFError, UnpicklingError, ... depending on the damage
-        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise TrainError(f"checkpoint {path} is corrupt or truncated and cannot be loaded ({first_line}); "
-                         "restore it from a backup or delete the run directory and start again.") from None
-    missing = [k for k in CHECKPOINT_KEYS if not isinstance(ckpt, dict) or k not in ckpt]
-    if missing:
-        raise TrainError(f"checkpoint {path} is incomplete (missing {', '.join(missing)}); it was not written "
-                         "by train.py or is damaged: restore it from a backup or start a new run.")
-    return ckpt
+        return checkpoints.load(path, required=CHECKPOINT_KEYS,
+                                restore="restore it from a backup, or delete the run directory and start again")
+    except checkpoints.CheckpointError as error:
+        raise TrainError(f"{error}.") from None
 
 
 class Distributed:
     """Rank, world size and device; a process group only when launched by torchrun (RANK is set)."""
 
-    def __init__(self, device_pref: str):
+    def __init__(self, device_pref: str, timeout_s: int = 600):
         self.enabled = "RANK" in os.environ and "WORLD_SIZE" in os.environ
         self.rank = int(os.environ.get("RANK", 0))
         self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -145,7 +134,10 @@ class Distributed:
         else:
             self.device = torch.device("cpu")
         if self.enabled and not dist.is_initialized():
-            dist.init_process_group(backend="nccl" if use_cuda else "gloo", device_id=self.device if use_cuda else None)
+            # With a timeout a dead or frozen process ends the job (the others' next collective fails) instead
+            # of blocking it forever.
+            dist.init_process_group(backend="nccl" if use_cuda else "gloo", device_id=self.device if use_cuda else None,
+                                    timeout=timedelta(seconds=timeout_s))
         self.is_main = self.rank == 0
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -164,11 +156,18 @@ class Distributed:
 
 # ----------------------------------------------------------------------------- the run
 
-def parse_args(argv: list[str]) -> tuple[str, bool, list[str]]:
-    config_path, resume, overrides = None, False, []
+def parse_args(argv: list[str]) -> tuple[str, bool, list[str], list[str]]:
+    """(config path, --resume, --key=value overrides, keys named by --allow_changes=k1,k2)."""
+    config_path, resume, overrides, allowed = None, False, [], []
     for arg in argv:
         if arg == "--resume":
             resume = True
+        elif arg.split("=")[0] in ("--allow_changes", "--allow-changes"):
+            allowed += [key.strip() for key in arg.partition("=")[2].split(",") if key.strip()]
+            unknown = [key for key in allowed if key not in TRAJECTORY_KEYS]
+            if unknown or not allowed:
+                raise ConfigError(f"--allow_changes takes a comma-separated list of the settings a resume may change "
+                                  f"({', '.join(TRAJECTORY_KEYS)}), not {arg.partition('=')[2]!r}.")
         elif arg.startswith("--"):
             overrides.append(arg)
         elif config_path is None:
@@ -178,21 +177,32 @@ def parse_args(argv: list[str]) -> tuple[str, bool, list[str]]:
     if config_path is None:
         raise ConfigError("no config file given: python train.py CONFIG [--key=value ...], e.g. "
                           "python train.py configs/quickstart.toml")
-    return config_path, resume, overrides
+    if allowed and not resume:
+        raise ConfigError("--allow_changes only applies to --resume (a new run takes any settings).")
+    return config_path, resume, overrides, allowed
 
 
-def check_resume_compatible(ckpt: dict, model_cfg: dict, train_cfg: TrainConfig, path: str) -> None:
+def check_resume_compatible(ckpt: dict, model_cfg: dict, train_cfg: TrainConfig, path: str,
+                            allowed: list[str]) -> list[dict]:
+    """Refuse a resume whose model or trajectory settings differ from the checkpoint's, except the keys in
+    `allowed`; return those deliberate changes as [{"key", "from", "to"}]."""
     if ckpt["model_config"] != model_cfg:
         diff = sorted(k for k in set(model_cfg) | set(ckpt["model_config"])
                       if model_cfg.get(k) != ckpt["model_config"].get(k))
         raise TrainError(f"cannot resume {path}: the model config differs from the checkpoint's in "
                          f"{', '.join(diff)}; resume with the same config (see config.json in the run directory).")
     saved = ckpt["train_config"]
+    changes = []
     for key in TRAJECTORY_KEYS:
         if key in saved and saved[key] != getattr(train_cfg, key):
+            if key in allowed:
+                changes.append({"key": key, "from": saved[key], "to": getattr(train_cfg, key)})
+                continue
             raise TrainError(f"cannot resume {path}: train.{key} is {getattr(train_cfg, key)!r} here but "
                              f"{saved[key]!r} in the checkpoint; the loss sequence depends on it, so resume "
-                             f"with --{key}={saved[key]} or start a new run in another --out_dir.")
+                             f"with --{key}={saved[key]}, or add --allow_changes={key} to change it on purpose "
+                             f"(recorded in the run), or start a new run in another --out_dir.")
+    return changes
 
 
 def trim_metrics(path: str, step: int) -> None:
@@ -266,9 +276,9 @@ def evaluate(model, data_dir: str, cfg: TrainConfig, block_size: int, ddp: Distr
 def run(argv: list[str]) -> dict:
     """Train as the arguments say; returns a summary (per-step losses of this invocation, final step, ...)."""
     from model import GPT, GPTConfig
-    from data.loader import TrainBatches, read_manifest
+    from data.loader import TrainBatches, data_description, verify_shards
 
-    config_path, resume, overrides = parse_args(argv)
+    config_path, resume, overrides, allowed_changes = parse_args(argv)
     model_cfg, cfg = resolve(config_path, overrides, GPTConfig)
     model_cfg_dict = dataclasses.asdict(model_cfg)
     T = model_cfg.block_size
@@ -279,10 +289,12 @@ def run(argv: list[str]) -> dict:
         raise ConfigError(f"{cfg.out_dir} already holds a checkpoint; add --resume to continue it, "
                           "or choose another --out_dir.")
     ckpt = load_checkpoint(ckpt_path) if resume else None  # fail fast on a missing or damaged checkpoint
+    changes, change_history = [], []
     if ckpt is not None:
-        check_resume_compatible(ckpt, model_cfg_dict, cfg, ckpt_path)
+        changes = check_resume_compatible(ckpt, model_cfg_dict, cfg, ckpt_path, allowed_changes)
+        change_history = ckpt.get("changes", []) + [{"iter": ckpt["step"], **c} for c in changes]
 
-    ddp = Distributed(cfg.device)
+    ddp = Distributed(cfg.device, cfg.dist_timeout_s)
     is_main = ddp.is_main
     say = print if is_main else (lambda *a, **k: None)
     per_step = cfg.batch_size * ddp.world_size
@@ -290,6 +302,10 @@ def run(argv: list[str]) -> dict:
         raise ConfigError(f"global_batch_size {cfg.global_batch_size} is not a multiple of batch_size "
                           f"{cfg.batch_size} x {ddp.world_size} processes; change --batch_size or --global_batch_size.")
     grad_accum = cfg.global_batch_size // per_step
+    if ddp.device.type == "cpu" and grad_accum >= 16 and not resume:
+        say(f"note: each step accumulates {grad_accum} micro-batches ({cfg.global_batch_size} sequences, "
+            f"{'the GPU default' if cfg.global_batch_size == TrainConfig.global_batch_size else 'as configured'}) "
+            "on the CPU, so a step takes long; set global_batch_size in the config for a CPU-sized run.")
 
     use_bf16 = cfg.dtype == "bf16" or (cfg.dtype == "auto" and ddp.device.type == "cuda")
     autocast = (lambda: torch.autocast(ddp.device.type, dtype=torch.bfloat16)) if use_bf16 else contextlib.nullcontext
@@ -309,12 +325,17 @@ def run(argv: list[str]) -> dict:
             data_dir = holder[0]
     else:
         data_dir = cfg.data_dir
-    manifest = read_manifest(data_dir)  # a DataError that says how to prepare the directory
+    manifest = data_description(data_dir)  # a DataError that says how to prepare the directory
     tokenizer_name = manifest["tokenizer"]
+    if manifest["shards"] is None:
+        say(f"note: {data_dir} has no manifest.json, so its shards are taken as llm.c GPT-2 tokens (the checkpoint "
+            "records tokenizer gpt2); their token ids are checked against vocab_size.")
     n_vocab = manifest.get("n_vocab") or manifest.get("vocab_size")
     if n_vocab is not None and n_vocab > model_cfg.vocab_size:
         raise ConfigError(f"the data's tokenizer {tokenizer_name!r} has {n_vocab} tokens but model.vocab_size is "
                           f"{model_cfg.vocab_size}; set --vocab_size={n_vocab} or more.")
+    # Every shard once: its sha256 against the manifest and every token id below vocab_size, before any step.
+    verify_shards(data_dir, vocab_size=model_cfg.vocab_size)
     train_batches = TrainBatches(data_dir, batch_size=cfg.batch_size, block_size=T, seed=cfg.seed)
 
     # model and optimizer (same seed on every process, so every replica starts equal)
@@ -342,18 +363,27 @@ def run(argv: list[str]) -> dict:
     resolved = {"config_file": os.path.abspath(config_path), "overrides": overrides, "model": model_cfg_dict,
                 "train": dataclasses.asdict(cfg), "data_dir_resolved": os.path.abspath(data_dir),
                 "tokenizer": tokenizer_name, "world_size": ddp.world_size, "grad_accum": grad_accum,
-                "code_version": version}
+                "code_version": version, "resume_changes": change_history}
     wandb_run = None
     if is_main:
-        os.makedirs(cfg.out_dir, exist_ok=True)
-        atomic_write_text(os.path.join(cfg.out_dir, "config.json"), json.dumps(resolved, indent=2) + "\n")
-        if resume:
-            trim_metrics(metrics_path, step)
-        elif os.path.exists(metrics_path):
-            # Left by an earlier run that never wrote a checkpoint (stopped or diverged early): this run's
-            # lines must not be appended to it. Keep it aside rather than delete it.
-            os.replace(metrics_path, metrics_path + ".prev")
-            say(f"note: moved the earlier {metrics_path} (a run without a checkpoint) to {metrics_path}.prev")
+        try:
+            os.makedirs(cfg.out_dir, exist_ok=True)
+            atomic_write_text(os.path.join(cfg.out_dir, "config.json"), json.dumps(resolved, indent=2) + "\n")
+            if resume:
+                trim_metrics(metrics_path, step)
+            elif os.path.exists(metrics_path):
+                # Left by an earlier run that never wrote a checkpoint (stopped or diverged early): this run's
+                # lines must not be appended to it. Keep it aside rather than delete it.
+                os.replace(metrics_path, metrics_path + ".prev")
+                say(f"note: moved the earlier {metrics_path} (a run without a checkpoint) to {metrics_path}.prev")
+            for change in changes:
+                say(f"note: --allow_changes: {change['key']} changes from {change['from']!r} to {change['to']!r} "
+                    f"at iteration {step} (recorded in config.json, metrics.jsonl and the checkpoint)")
+                with open(metrics_path, "a") as f:
+                    f.write(json.dumps({"type": "change", "iter": step, **change}) + "\n")
+        except OSError as error:
+            raise ConfigError(f"cannot write to the run directory {cfg.out_dir} ({error.strerror or error}); "
+                              "make it writable or choose another --out_dir.") from None
         if cfg.wandb:
             wandb_run = start_wandb(cfg, os.path.basename(os.path.normpath(cfg.out_dir)), resolved, wandb_id)
             wandb_id = wandb_run.id
@@ -372,17 +402,35 @@ def run(argv: list[str]) -> dict:
         f"batch {cfg.global_batch_size} x {T} tokens = {cfg.batch_size} x {grad_accum} accum x {ddp.world_size} | "
         f"data {data_dir} ({tokenizer_name}) | run dir {cfg.out_dir}")
 
+    saved_step = step if resume else None  # the iteration of the checkpoint on disk, if any
+    writing_checkpoint = threading.Event()
+    interrupt_after_write = threading.Event()
+
     def checkpoint() -> None:
+        nonlocal saved_step
         if is_main:
             rng = {"torch": torch.get_rng_state(),
                    "cuda": torch.cuda.get_rng_state(ddp.device) if ddp.device.type == "cuda" else None}
-            save_checkpoint(ckpt_path, {
+            writing_checkpoint.set()  # a second Ctrl-C now waits for the write instead of discarding it
+            try:
+                write_checkpoint({
                 "model": raw_model.state_dict(), "model_config": model_cfg_dict, "tokenizer": tokenizer_name,
                 "train_config": dataclasses.asdict(cfg), "step": step, "optimizer": optimizer.state_dict(),
                 "rng": rng, "world_size": ddp.world_size, "grad_accum": grad_accum,
                 "windows_seen": step * cfg.global_batch_size, "tokens_seen": step * tokens_per_step,
-                "code_version": version, "wandb_id": wandb_id})
+                "code_version": version, "wandb_id": wandb_id, "changes": change_history})
+            finally:
+                writing_checkpoint.clear()
+            if interrupt_after_write.is_set():
+                raise KeyboardInterrupt
+        saved_step = step
         ddp.barrier()
+
+    def write_checkpoint(state: dict) -> None:
+        try:
+            checkpoints.save(ckpt_path, state)
+        except checkpoints.CheckpointError as error:
+            raise TrainError(str(error)) from None
 
     def validate() -> float:
         val_loss = evaluate(model, data_dir, cfg, T, ddp, autocast)
@@ -397,13 +445,29 @@ def run(argv: list[str]) -> dict:
 
     def request_stop(signum, frame):
         if signum == signal.SIGINT and term_requested.is_set():
+            if writing_checkpoint.is_set():
+                say("Ctrl-C: stopping as soon as the checkpoint being written is complete.")
+                interrupt_after_write.set()
+                return
             raise KeyboardInterrupt
-        if signum == signal.SIGINT:
-            say("Ctrl-C: stopping after this step with a checkpoint (Ctrl-C again to stop at once).")
+        say(("Ctrl-C" if signum == signal.SIGINT else "SIGTERM") + ": stopping with a checkpoint after the current "
+            "micro-batch" + (" (Ctrl-C again to stop at once)." if signum == signal.SIGINT else "."))
         term_requested.set()
 
     if threading.current_thread() is threading.main_thread():
         previous_handlers = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    # A stop request is also honoured between the micro-batches of a step, so that a long accumulation (e.g. the
+    # GPU-sized global batch on a CPU) does not delay it by minutes. With several processes that costs one tiny
+    # all-reduce per micro-batch, paid only where steps are long anyway.
+    vote_each_micro_batch = grad_accum > 1 and (not ddp.enabled or grad_accum >= 8)
+
+    def stop_votes() -> float:
+        return ddp.all_reduce_sum(torch.tensor(float(term_requested.is_set()), device=ddp.device)).item()
+
+    def stop_with_checkpoint() -> None:
+        checkpoint()
+        say(f"stop requested (SIGTERM or Ctrl-C): saved {ckpt_path} at iteration {step}; continue with --resume.")
 
     losses: list[float] = []
     val_losses: list[tuple[int, float]] = []
@@ -418,6 +482,7 @@ def run(argv: list[str]) -> dict:
             for group in optimizer.param_groups:
                 group["lr"] = lr
             loss_sum = torch.zeros((), device=ddp.device)
+            stop_mid_step = False
             for micro in range(grad_accum):
                 x, y = train_batches.batch((step * grad_accum + micro) * ddp.world_size + ddp.rank)
                 x, y = x.to(ddp.device, non_blocking=True), y.to(ddp.device, non_blocking=True)
@@ -428,6 +493,16 @@ def run(argv: list[str]) -> dict:
                         _, loss = train_model(x, targets=y)
                     (loss / grad_accum).backward()
                 loss_sum += loss.detach().float()
+                if vote_each_micro_batch and micro < grad_accum - 1 and stop_votes() > 0:
+                    stop_mid_step = True
+                    break
+            if stop_mid_step:
+                # Drop the partial step: the weights are still those after `step` iterations, so the checkpoint
+                # resumes exactly by doing this step again.
+                optimizer.zero_grad(set_to_none=True)
+                stopped = "sigterm"
+                stop_with_checkpoint()
+                break
             grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
             # One small all-reduce per step: the global loss, and whether any process got SIGTERM
             # (all must stop at the same step).
@@ -437,10 +512,15 @@ def run(argv: list[str]) -> dict:
             grad_norm_value = grad_norm.item()
             if not (math.isfinite(loss_value) and math.isfinite(grad_norm_value)):
                 stopped = "diverged"
-                raise TrainError(
-                    f"loss is {loss_value} (grad norm {grad_norm_value}) at iteration {step}: training diverged and "
-                    f"stopped without updating the weights; the last good checkpoint {ckpt_path} is kept "
-                    "(lower --lr, raise --warmup_iters, or check the data, then --resume).")
+                remedy = "lower --lr or raise --warmup_iters (or check the data)"
+                if saved_step is None:
+                    remedy = (f"no checkpoint was written before it, so start again with the same command but "
+                              f"{remedy}")
+                else:
+                    remedy = (f"the last good checkpoint {ckpt_path} (iteration {saved_step}) is kept: {remedy} and "
+                              f"continue from it with --resume --allow_changes=lr,warmup_iters and the new values")
+                raise TrainError(f"loss is {loss_value} (grad norm {grad_norm_value}) at iteration {step}: training "
+                                 f"diverged and stopped without updating the weights; {remedy}.")
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
@@ -463,9 +543,7 @@ def run(argv: list[str]) -> dict:
                 val_losses.append((step, validate()))
             if term_votes > 0:
                 stopped = "sigterm"
-                checkpoint()
-                say(f"stop requested (SIGTERM or Ctrl-C): saved {ckpt_path} at iteration {step}; "
-                    "continue with --resume.")
+                stop_with_checkpoint()
                 break
             saved = step == end_iter or (cfg.ckpt_interval > 0 and step % cfg.ckpt_interval == 0)
             if saved:
@@ -516,6 +594,15 @@ def main() -> None:
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
         sys.exit(code)
+    except RuntimeError as e:  # DistBackendError and gloo's own errors are RuntimeErrors
+        if not (dist.is_available() and dist.is_initialized()):
+            raise
+        first_line = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        # Every rank says it: the main process may be the one that died or froze.
+        print(f"error: process {rank} stopped: a collective operation with the other processes failed ({first_line}); "
+              "another process died or stopped responding (waits end after train.dist_timeout_s). The last "
+              "checkpoint is intact: fix the cause and continue with --resume.", file=sys.stderr, flush=True)
+        sys.exit(1)  # without destroy_process_group, which could wait on the dead process
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 

@@ -9,13 +9,14 @@ iteration order, nothing to save for resume but the step; and every window is us
 Validation windows: the same cut of the validation shards, in order, so the set is fixed for every run.
 """
 import glob
+import hashlib
 import json
 import os
 
 import numpy as np
 import torch
 
-from data.shards import DataError, open_shard
+from data.shards import HEADER_BYTES, DataError, open_shard, read_header
 
 PREPARE_HINT = "prepare one with `python -m data.prepare --default` (or --files / --dataset, see README)"
 
@@ -30,8 +31,71 @@ def read_manifest(data_dir):
             raise DataError(f"the preparation of {data_dir} did not finish; run the same data.prepare command again "
                             f"to complete it")
         raise DataError(f"{data_dir} has no manifest.json, so it is not a prepared data directory; {PREPARE_HINT}")
-    with open(path) as f:
-        return json.load(f)
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except ValueError as error:
+        raise DataError(f"{path} is damaged ({error}); delete it and run the data.prepare command that made "
+                        f"{data_dir} again, which prepares it afresh") from None
+
+
+def data_description(data_dir):
+    """The manifest, or for a manifest-free llm.c-style directory (which holds GPT-2 token shards) a stand-in
+    {"tokenizer": "gpt2", "shards": None}; a DataError that says how to prepare the directory otherwise."""
+    marked = any(os.path.exists(os.path.join(data_dir, name)) for name in ("manifest.json", "progress.json"))
+    if os.path.isdir(data_dir) and not marked and glob.glob(os.path.join(data_dir, "*.bin")):
+        split_files(data_dir, "train")  # a DataError if it has no train shards
+        return {"tokenizer": "gpt2", "shards": None}
+    return read_manifest(data_dir)
+
+
+def _redo_hint(data_dir):
+    if not os.path.exists(os.path.join(data_dir, "manifest.json")):
+        return "replace it with an intact copy (this directory has no manifest.json to rebuild it from)"
+    from data.prepare import prepare_command
+    return f"run `{prepare_command(data_dir)}` (the command that prepared it): it finds and rewrites the damaged shards"
+
+
+_checked_shards = {}  # (path, size, mtime) -> largest token id: each shard is read in full once per process
+
+
+def verify_shards(data_dir, splits=("train", "val"), vocab_size=None):
+    """Check the shards of `splits` once per process: header, the sha256 recorded in manifest.json (directories
+    without one: header only) and, given vocab_size, that every token id is below it. A DataError names the
+    file and the command that repairs it."""
+    recorded = {}
+    if os.path.exists(os.path.join(data_dir, "manifest.json")):
+        recorded = {os.path.join(data_dir, s["file"]): s.get("sha256") for s in read_manifest(data_dir)["shards"]}
+    for split in splits:
+        for path in split_files(data_dir, split):
+            if not os.path.exists(path):
+                raise DataError(f"shard {path} listed in manifest.json is missing; {_redo_hint(data_dir)}")
+            stat = os.stat(path)
+            key = (os.path.abspath(path), stat.st_size, stat.st_mtime_ns)
+            if key not in _checked_shards:
+                read_header(path, redo=_redo_hint(data_dir))
+                digest, largest = _hash_and_max(path)
+                if recorded.get(path) and digest != recorded[path]:
+                    raise DataError(f"shard {path} is damaged: its sha256 differs from the one in manifest.json "
+                                    f"(changed on disk since it was prepared); {_redo_hint(data_dir)}")
+                _checked_shards[key] = largest
+            largest = _checked_shards[key]
+            if vocab_size is not None and largest >= vocab_size:
+                raise DataError(f"shard {path} holds token id {largest}, but the model's vocab_size is {vocab_size}: "
+                                f"the data was made with a larger tokenizer; set --vocab_size={largest + 1} or more, "
+                                "or train on data prepared with the model's tokenizer")
+
+
+def _hash_and_max(path):
+    """(sha256 of the whole file, largest token id, -1 if none) in one pass over the file."""
+    digest, largest = hashlib.sha256(), -1
+    with open(path, "rb") as f:
+        digest.update(f.read(HEADER_BYTES))
+        for block in iter(lambda: f.read(1 << 22), b""):  # an even block size keeps uint16 tokens whole
+            digest.update(block)
+            if len(block) >= 2:
+                largest = max(largest, int(np.frombuffer(block, dtype="<u2", count=len(block) // 2).max()))
+    return digest.hexdigest(), largest
 
 
 def split_files(data_dir, split):
@@ -115,6 +179,7 @@ class TrainBatches:
         if batch_size < 1 or block_size < 1:
             raise DataError(f"batch_size and block_size must be positive (got {batch_size}, {block_size})")
         self.batch_size, self.block_size, self.seed = batch_size, block_size, seed
+        verify_shards(data_dir, ("train",))
         self.paths = split_files(data_dir, "train")
         self.shards = [open_shard(p) for p in self.paths]
         self.tokens = sum(len(s) for s in self.shards)
@@ -145,6 +210,7 @@ def validation_batches(data_dir, batch_size, block_size, max_windows=None):
     """Yield (x, y) batches of the fixed validation windows, in order: all of them, or the first max_windows.
 
     The last batch may be smaller, so the windows scored are the same whatever the batch size."""
+    verify_shards(data_dir, ("val",))
     shards = [open_shard(p) for p in split_files(data_dir, "val")]
     _, offsets = _windows(shards, block_size)
     total = int(offsets[-1])
@@ -160,5 +226,6 @@ def validation_batches(data_dir, batch_size, block_size, max_windows=None):
 
 def load_split_tokens(data_dir, split="val"):
     """All tokens of a split as one 1-D uint16 array (memory-mapped when the split is a single shard)."""
+    verify_shards(data_dir, (split,))
     shards = [open_shard(p) for p in split_files(data_dir, split)]
     return shards[0] if len(shards) == 1 else np.concatenate(shards)

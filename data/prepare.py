@@ -17,6 +17,7 @@ import glob
 import json
 import multiprocessing
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -29,7 +30,7 @@ if __package__ in (None, ""):  # run as `python data/prepare.py`: make the repos
 
 import numpy as np
 
-from data.shards import DataError, read_header, write_shard
+from data.shards import DataError, file_sha256, read_header, write_shard
 from data.tokenizer import TOKENIZER_NAMES, encode_documents, get_tokenizer, init_worker
 
 FINEWEB_EDU_REPO = "HuggingFaceFW/fineweb-edu"
@@ -121,8 +122,10 @@ def files_source(pattern, txt_sample_by="document"):
         except Exception as exc:  # datasets raises many types for unreadable files
             raise DataError(f"could not read --files {pattern!r} as {builder}: {exc}") from None
 
+    # Files are known by content, not path and size: a file edited in place between an interrupted run and its
+    # resume must not mix old and new shards.
     description = {"kind": "files", "pattern": pattern, "format": builder,
-                   "files": [[p, os.path.getsize(p)] for p in paths]}
+                   "files": [[p, os.path.getsize(p), file_sha256(p)] for p in paths]}
     if builder == "text":
         description["txt_sample_by"] = txt_sample_by
     return Source(description, open_dataset)
@@ -160,6 +163,10 @@ def _text_batches(source, start_state, skip_docs):
                             f"command to resume from the last complete shard") from None
         if not texts:
             return
+        if skip_docs >= len(texts):  # seeking by document count (rewriting one shard): skip batches untokenised
+            skip_docs -= len(texts)
+            state = dataset.state_dict()
+            continue
         yield state, skip_docs, texts
         state = dataset.state_dict()
         skip_docs = 0
@@ -211,11 +218,154 @@ def _load_progress(out_dir, config):
     if progress.get("config") != config:
         raise DataError(f"{out_dir} holds a preparation with other arguments; use the same arguments to resume it, "
                         f"or another --out (or delete {out_dir}) to start a new one")
-    for shard in progress["shards"]:
-        file = os.path.join(out_dir, shard["file"])
-        if not os.path.exists(file) or read_header(file) != shard["tokens"]:
-            raise DataError(f"{file} is missing or changed since it was written; delete {out_dir} and prepare again")
+    # A damaged shard is dropped with every shard after it: the next one's start point is only recorded in it.
+    for i, shard in enumerate(progress["shards"]):
+        if not _shard_intact(out_dir, shard):
+            if "start" not in shard:  # progress.json of an older version
+                raise DataError(f"{os.path.join(out_dir, shard['file'])} is missing or changed since it was written; "
+                                f"delete {out_dir} and prepare again")
+            progress["shards"], progress["resume"] = progress["shards"][:i], _resume_at(shard["start"])
+            break
     return progress
+
+
+def _resume_at(start):
+    """A resume point from a shard's start (document index, tokens of it already used) by skipping documents
+    from the beginning: slower than a dataset state, but a state's JSON differs between equivalent positions
+    and would make manifests of equal preparations differ."""
+    return {"state": None, "skip_docs": start["doc"], "skip_tokens": start["skip_tokens"], "doc": start["doc"]}
+
+
+def _shard_intact(out_dir, shard):
+    path = os.path.join(out_dir, shard["file"])
+    try:
+        return read_header(path) == shard["tokens"] and file_sha256(path) == shard["sha256"]
+    except (OSError, DataError):
+        return False
+
+
+def prepare_command(out_dir):
+    """The `python -m data.prepare ...` command that made (or resumes, or repairs) out_dir, from its manifest."""
+    out_dir = os.fspath(out_dir)
+    for name in ("manifest.json", "progress.json"):
+        try:
+            with open(os.path.join(out_dir, name)) as f:
+                config = json.load(f)["config"]
+            break
+        except (OSError, ValueError, KeyError):
+            config = None
+    if config is None:
+        return f"python -m data.prepare ... --out {shlex.quote(out_dir)}"
+    source = config["source"]
+    if source["kind"] == "default":
+        return f"python -m data.prepare --default --out {shlex.quote(out_dir)} --tokenizer {config['tokenizer']}"
+    if source["kind"] == "hub":
+        version = next(v for v, c in FINEWEB_EDU_CONFIGS.items() if c == source["config"])
+        words = ["--dataset", "fineweb-edu", "--version", version]
+    else:
+        words = ["--files", source["pattern"]]
+        if source.get("txt_sample_by", "document") != "document":
+            words += ["--txt-sample-by", source["txt_sample_by"]]
+    words += ["--out", out_dir, "--tokenizer", config["tokenizer"], "--val-tokens", str(config["val_tokens"]),
+              "--shard-tokens", str(config["shard_tokens"])]
+    if config["max_tokens"] is not None:
+        words += ["--max-tokens", str(config["max_tokens"])]
+    return "python -m data.prepare " + " ".join(shlex.quote(w) for w in words)
+
+
+def _write_shards(source, out_dir, tokenizer, workers, progress, budget, val_tokens, shard_tokens, bar=None,
+                  on_shard=None):
+    """Tokenise from progress["resume"] on, appending shards to progress["shards"] until the source ends or
+    `budget` tokens are written; on_shard(progress) runs after each shard. Returns the documents read."""
+    shards = progress["shards"]
+    resume = progress["resume"]
+    index = len(shards)
+    split, capacity = _shard_plan(index, val_tokens, shard_tokens)
+    buffer = np.empty(capacity, dtype=np.uint16)
+    fill = 0
+    doc = resume["doc"]  # index of the next document in the stream
+    skip_tokens = resume["skip_tokens"]  # tokens of that document already in earlier shards
+
+    def finish_shard(state, skip_docs, next_doc, next_skip, last=False):
+        nonlocal index, split, capacity, buffer, fill
+        name = f"{split}_{index:06d}.bin"
+        sha = write_shard(os.path.join(out_dir, name), buffer[:fill])
+        # Where this shard started in the stream, so that a damaged copy can be rewritten on its own later.
+        start = {"doc": progress["resume"]["doc"], "skip_tokens": progress["resume"]["skip_tokens"]}
+        shards.append({"file": name, "split": split, "tokens": fill, "sha256": sha, "start": start})
+        progress["resume"] = {"state": state, "skip_docs": skip_docs, "skip_tokens": next_skip, "doc": next_doc,
+                              "finished": last}
+        index += 1
+        split, capacity = _shard_plan(index, val_tokens, shard_tokens)
+        if capacity != len(buffer):
+            buffer = np.empty(capacity, dtype=np.uint16)
+        fill = 0
+        if on_shard is not None:
+            on_shard(progress)
+
+    # A run killed after its last shard but before manifest.json has nothing left to read (its resume
+    # state is unset, which would otherwise mean "from the start" and append the corpus again).
+    more = budget > 0 and not resume.get("finished")
+    batches = _text_batches(source, resume["state"], resume["skip_docs"]) if more else iter(())
+    for state, skip_docs, (flat, lengths) in _encoded_batches(batches, tokenizer, workers):
+        ends = np.cumsum(lengths)
+        for i, length in enumerate(lengths):
+            pos = int(ends[i] - length) + skip_tokens
+            end = int(ends[i])
+            skip_tokens = 0
+            while pos < end and budget > 0:
+                take = int(min(capacity - fill, end - pos, budget))
+                buffer[fill:fill + take] = flat[pos:pos + take]
+                fill, pos, budget = fill + take, pos + take, budget - take
+                if bar is not None:
+                    bar.update(take)
+                if fill == capacity:
+                    # The next shard starts at token `pos` of this document, or at the next document.
+                    doc_end = pos == end
+                    finish_shard(state, skip_docs + i + doc_end, doc + doc_end,
+                                 0 if doc_end else pos - int(ends[i] - length))
+            doc += 1
+            if budget <= 0:
+                break
+        if bar is not None:
+            bar.set_postfix_str(f"{doc:,} docs", refresh=False)
+        if budget <= 0:
+            break
+    if fill:
+        finish_shard(None, 0, doc, 0, last=True)
+    return doc
+
+
+def _repair_shards(source, out_dir, manifest, workers, progress_bar):
+    """Rewrite exactly the shards of a finished preparation that are missing or no longer match their sha256."""
+    config = manifest["config"]
+    damaged = [i for i, shard in enumerate(manifest["shards"]) if not _shard_intact(out_dir, shard)]
+    if not damaged:
+        return
+    if any("start" not in manifest["shards"][i] for i in damaged):
+        raise DataError(f"{len(damaged)} shard(s) of {out_dir} are missing or damaged, and its manifest.json (written "
+                        f"by an older version) does not record where each shard starts; delete {out_dir} and "
+                        "prepare it again")
+    for i in damaged:
+        shard = manifest["shards"][i]
+        progress = {"shards": manifest["shards"][:i], "resume": _resume_at(shard["start"])}
+        _write_shards(source, out_dir, config["tokenizer"], workers, progress, shard["tokens"],
+                      config["val_tokens"], config["shard_tokens"])
+        if progress["shards"][i]["sha256"] != shard["sha256"]:
+            raise DataError(f"rewriting {shard['file']} gave other tokens than when {out_dir} was prepared: the "
+                            f"source has changed since; delete {out_dir} and prepare it again")
+    if progress_bar:
+        print(f"rewrote {len(damaged)} damaged or missing shard(s) of {out_dir}: "
+              + ", ".join(manifest["shards"][i]["file"] for i in damaged), file=sys.stderr)
+
+
+def _remove_unfinished(out_dir, created):
+    """After a preparation that cannot succeed: remove what it wrote, so nothing looks prepared or resumable."""
+    for name in os.listdir(out_dir):
+        if name == "progress.json" or name.endswith((".bin", ".tmp")):
+            os.remove(os.path.join(out_dir, name))
+    if created and not os.listdir(out_dir):
+        os.rmdir(out_dir)
 
 
 def prepare(source, out_dir, tokenizer="gpt2", val_tokens=DEFAULT_FILES_VAL_TOKENS,
@@ -234,12 +384,28 @@ def prepare(source, out_dir, tokenizer="gpt2", val_tokens=DEFAULT_FILES_VAL_TOKE
         raise DataError(f"tokenizer {tokenizer} has {tok.n_vocab} ids; uint16 shards hold at most 65536")
     config = {"source": source.description, "tokenizer": tokenizer, "val_tokens": val_tokens,
               "shard_tokens": shard_tokens, "max_tokens": max_tokens}
+    created = not os.path.isdir(out_dir)
+    try:
+        return _prepare(source, out_dir, tok, config, workers, progress_bar, stop_after_shards, created)
+    except OSError as error:  # a full disk or a read-only directory: what was completed stays usable for a re-run
+        for name in os.listdir(out_dir) if os.path.isdir(out_dir) else ():
+            if name.endswith(".tmp"):
+                os.remove(os.path.join(out_dir, name))
+        where = f" ({error.filename})" if error.filename else ""
+        raise DataError(f"cannot write to {out_dir}{where}: {error.strerror or error}; completed shards are kept: "
+                        "free space or fix the permissions, then run the same command again to continue") from None
+
+
+def _prepare(source, out_dir, tok, config, workers, progress_bar, stop_after_shards, created):
+    tokenizer, val_tokens, max_tokens = config["tokenizer"], config["val_tokens"], config["max_tokens"]
     os.makedirs(out_dir, exist_ok=True)
     manifest_path = os.path.join(out_dir, "manifest.json")
     if os.path.exists(manifest_path):
-        with open(manifest_path) as f:
-            manifest = json.load(f)
+        from data.loader import read_manifest
+
+        manifest = read_manifest(out_dir)  # a DataError if it is damaged
         if manifest.get("config") == config:
+            _repair_shards(source, out_dir, manifest, workers, progress_bar)
             if progress_bar:
                 print(f"{out_dir} is already prepared ({manifest['tokens']['total']:,} tokens)", file=sys.stderr)
             return manifest
@@ -251,16 +417,8 @@ def prepare(source, out_dir, tokenizer="gpt2", val_tokens=DEFAULT_FILES_VAL_TOKE
         if name.endswith(".tmp") or (name.endswith(".bin") and name not in kept):
             os.remove(os.path.join(out_dir, name))
 
-    shards = progress["shards"]
-    resume = progress["resume"]
-    written = sum(s["tokens"] for s in shards)
+    written = sum(s["tokens"] for s in progress["shards"])
     budget = float("inf") if max_tokens is None else max_tokens - written
-    index = len(shards)
-    split, capacity = _shard_plan(index, val_tokens, shard_tokens)
-    buffer = np.empty(capacity, dtype=np.uint16)
-    fill = 0
-    doc = resume["doc"]  # index of the next document in the stream
-    skip_tokens = resume["skip_tokens"]  # tokens of that document already in earlier shards
     started = time.time()
     bar = None
     if progress_bar:
@@ -269,60 +427,29 @@ def prepare(source, out_dir, tokenizer="gpt2", val_tokens=DEFAULT_FILES_VAL_TOKE
         bar = tqdm(total=max_tokens, initial=written, unit="tok", unit_scale=True, dynamic_ncols=True,
                    mininterval=1.0, desc=f"tokenizing ({workers} worker{'s' * (workers > 1)})")
 
-    def finish_shard(state, skip_docs, next_doc, next_skip, last=False):
-        nonlocal index, split, capacity, buffer, fill
-        name = f"{split}_{index:06d}.bin"
-        sha = write_shard(os.path.join(out_dir, name), buffer[:fill])
-        shards.append({"file": name, "split": split, "tokens": fill, "sha256": sha})
-        progress["resume"] = {"state": state, "skip_docs": skip_docs, "skip_tokens": next_skip, "doc": next_doc,
-                              "finished": last}
+    def record_progress(progress):
         _write_json(os.path.join(out_dir, "progress.json"), progress)
-        index += 1
-        split, capacity = _shard_plan(index, val_tokens, shard_tokens)
-        if capacity != len(buffer):
-            buffer = np.empty(capacity, dtype=np.uint16)
-        fill = 0
-        if stop_after_shards is not None and len(shards) - len(kept) >= stop_after_shards:
+        if stop_after_shards is not None and len(progress["shards"]) - len(kept) >= stop_after_shards:
             raise KeyboardInterrupt(f"stopped after {stop_after_shards} shards (test hook)")
 
     try:
-        # A run killed after its last shard but before manifest.json has nothing left to read (its resume
-        # state is unset, which would otherwise mean "from the start" and append the corpus again).
-        more = budget > 0 and not resume.get("finished")
-        batches = _text_batches(source, resume["state"], resume["skip_docs"]) if more else iter(())
-        for state, skip_docs, (flat, lengths) in _encoded_batches(batches, tokenizer, workers):
-            ends = np.cumsum(lengths)
-            for i, length in enumerate(lengths):
-                pos = int(ends[i] - length) + skip_tokens
-                end = int(ends[i])
-                skip_tokens = 0
-                while pos < end and budget > 0:
-                    take = int(min(capacity - fill, end - pos, budget))
-                    buffer[fill:fill + take] = flat[pos:pos + take]
-                    fill, pos, budget = fill + take, pos + take, budget - take
-                    if bar is not None:
-                        bar.update(take)
-                    if fill == capacity:
-                        # The next shard starts at token `pos` of this document, or at the next document.
-                        doc_end = pos == end
-                        finish_shard(state, skip_docs + i + doc_end, doc + doc_end,
-                                     0 if doc_end else pos - int(ends[i] - length))
-                doc += 1
-                if budget <= 0:
-                    break
-            if bar is not None:
-                bar.set_postfix_str(f"{doc:,} docs", refresh=False)
-            if budget <= 0:
-                break
-        if fill:
-            finish_shard(None, 0, doc, 0, last=True)
+        doc = _write_shards(source, out_dir, tokenizer, workers, progress, budget, val_tokens,
+                            config["shard_tokens"], bar, record_progress)
     finally:
         if bar is not None:
             bar.close()
 
+    shards = progress["shards"]
     counts = {"val": sum(s["tokens"] for s in shards if s["split"] == "val"),
               "train": sum(s["tokens"] for s in shards if s["split"] == "train")}
     counts["total"] = counts["val"] + counts["train"]
+    if counts["train"] == 0:
+        _remove_unfinished(out_dir, created)  # the same command would fail the same way: leave nothing behind
+        if counts["total"] <= doc:  # every document contributed only its <|endoftext|> token
+            raise DataError(f"the source holds no text ({doc:,} document(s), all empty); check --files "
+                            f"(and the 'text' field), then prepare again")
+        raise DataError(f"the source has only {counts['total']:,} tokens and all went to validation "
+                        f"(--val-tokens {val_tokens:,}); prepare it again with a smaller --val-tokens")
     manifest = {
         "format": "llm.c uint16 token shards: 256 x int32 header (magic 20240520, version 1, token count), "
                   "then uint16 tokens",
@@ -335,9 +462,6 @@ def prepare(source, out_dir, tokenizer="gpt2", val_tokens=DEFAULT_FILES_VAL_TOKE
         seconds = time.time() - started
         print(f"wrote {len(shards)} shards to {out_dir}: {counts['val']:,} val + {counts['train']:,} train tokens "
               f"from {doc:,} documents ({seconds:.1f} s this run)", file=sys.stderr)
-    if counts["train"] == 0:
-        raise DataError(f"the source has only {counts['total']:,} tokens and all went to validation "
-                        f"(--val-tokens {val_tokens:,}); prepare it again into a new --out with a smaller --val-tokens")
     return manifest
 
 
@@ -381,8 +505,11 @@ def ensure_default_corpus(out_dir=None, tokenizer="gpt2", progress_bar=True):
     expected = {"source": source.description, "tokenizer": tokenizer, "val_tokens": DEFAULT_CORPUS_VAL_TOKENS,
                 "shard_tokens": DEFAULT_CORPUS_SHARD_TOKENS, "max_tokens": None}
     if os.path.exists(manifest_path):
-        with open(manifest_path) as f:
-            config = json.load(f).get("config", {})
+        try:
+            with open(manifest_path) as f:
+                config = json.load(f).get("config", {})
+        except ValueError:  # a damaged manifest of this cache: rebuild it
+            config = {"source": {"kind": "default"}}
         if config != expected and config.get("source", {}).get("kind") == "default":
             # A cache of another version of the embedded corpus (e.g. after a git pull): rebuild it.
             shutil.rmtree(out_dir)

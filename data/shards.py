@@ -36,10 +36,9 @@ def write_shard(path, tokens):
     return hashlib.sha256(payload).hexdigest()
 
 
-def read_header(path):
-    """Check a shard's header against its file size; return its token count or raise DataError."""
+def read_header(path, redo="prepare the data again (python -m data.prepare with the arguments that made it)"):
+    """Check a shard's header against its file size; return its token count or raise DataError ending in `redo`."""
     path = os.fspath(path)
-    redo = "prepare the data again (python -m data.prepare ... with the same arguments resumes and redoes it)"
     size = os.path.getsize(path)
     if size < HEADER_BYTES:
         raise DataError(f"{path}: file has {size} bytes, less than the {HEADER_BYTES}-byte shard header; "

@@ -26,10 +26,7 @@ def load_model(ckpt, device="cpu"):
                         f"(written by train.py) or the path of a .pt file")
     try:
         model, ckpt_dict = GPT.from_checkpoint(path, map_location="cpu")
-    except (OSError, ValueError) as error:  # corrupt file, missing keys, unknown config key
-        if isinstance(error.__cause__, Exception):  # torch.load failed: its own message runs to a page
-            raise UserError(f"{path} is corrupt or not a checkpoint of this project "
-                            f"({type(error.__cause__).__name__})") from None
+    except (OSError, ValueError) as error:  # damaged or refused file (one sentence already), unknown config key
         raise UserError(str(error)) from None
     except RuntimeError as error:  # load_state_dict: weights that do not fit the saved config
         detail = " ".join(str(error).split())

@@ -4,6 +4,8 @@ import os
 
 import torch
 
+import checkpoints
+
 
 def tiny_model(pos="rope", block_size=64, seed=0, n_layer=2, n_embd=64, n_head=4, kv_shift=False):
     """A randomly initialised GPT over the "byte" tokenizer (vocab 257, padded to 320)."""
@@ -25,7 +27,5 @@ def save_run(model, run_dir, step=0, train_config=None):
         "train_config": dict(train_config or {}),
         "step": int(step),
     }
-    path = os.path.join(run_dir, "ckpt.pt")
-    torch.save(ckpt, path + ".tmp")
-    os.replace(path + ".tmp", path)
+    checkpoints.save(os.path.join(run_dir, "ckpt.pt"), ckpt)
     return run_dir

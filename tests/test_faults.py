@@ -1,0 +1,642 @@
+"""Fault injection: kill -9 while checkpoints and shards are written, flipped bits, a full disk, a dead or frozen
+process of a 2-process job, and the mistaken settings a user meets. Every fault must end in one sentence with a
+remedy that works when followed, nothing damaged may be loaded or trained on, and nothing good may be lost.
+
+Runs a 2-layer byte-level model for a few steps; processes that must die are separate Python processes.
+"""
+import json
+import os
+import random
+import shlex
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import zipfile
+
+import numpy as np
+import pytest
+import torch
+
+import checkpoints
+import train
+from config import ConfigError
+from data import prepare as prep
+from data.loader import verify_shards
+from data.shards import DataError, HEADER_BYTES, write_shard
+from model import GPT
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG = """
+[model]
+n_layer = 2
+n_head = 2
+n_embd = 32
+head_dim = 16
+vocab_size = 320
+block_size = 32
+pos = "rope"
+
+[train]
+data_dir = "{data_dir}"
+batch_size = 4
+global_batch_size = 4
+max_iters = 6
+lr = 1e-2
+min_lr = 1e-3
+warmup_iters = 2
+log_interval = 1
+eval_interval = 0
+eval_windows = 8
+ckpt_interval = 1
+device = "cpu"
+"""
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": REPO}
+
+
+def corpus_docs(n_docs=30):
+    rng = random.Random(0)
+    words = "the model reads every token and learns which word comes next in a sentence".split()
+    return [" ".join(rng.choice(words) for _ in range(150)) + "." for _ in range(n_docs)]
+
+
+def write_corpus(path, docs):
+    with open(path, "w") as f:
+        for doc in docs:
+            f.write(json.dumps({"text": doc}) + "\n")
+
+
+PREPARE_SETTINGS = {"tokenizer": "byte", "val_tokens": 2048, "shard_tokens": 6000, "workers": 1}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fault_corpus")
+    write_corpus(root / "corpus.jsonl", corpus_docs())
+    return root / "corpus.jsonl"
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory, corpus):
+    out = tmp_path_factory.mktemp("fault_data") / "prepared"
+    prep.prepare(prep.files_source(str(corpus)), str(out), progress_bar=False, **PREPARE_SETTINGS)
+    return str(out)
+
+
+@pytest.fixture
+def config_file(tmp_path, data_dir):
+    path = tmp_path / "tiny.toml"
+    path.write_text(CONFIG.format(data_dir=data_dir))
+    return str(path)
+
+
+def directory_bytes(path):
+    return {name: (path / name).read_bytes() for name in sorted(os.listdir(path))}
+
+
+def train_losses(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [r["loss"] for r in map(json.loads, f) if r["type"] == "train"]
+
+
+def same_payload(a, b):
+    """Independent of the checksum code: every tensor equal bit for bit, every other value equal."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same_payload(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(map(same_payload, a, b))
+    return a == b
+
+
+def run_script(script, args=(), timeout=120, **popen):
+    """Run `script` (Python source) in a fresh interpreter from the repository root."""
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(script), *map(str, args)], cwd=REPO, env=ENV,
+                          capture_output=True, text=True, timeout=timeout, **popen)
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+# Runs train.py in this process, but SIGKILLs itself while writing checkpoint number argv[1], at the point
+# argv[2] names: half-way through the bytes, after the bytes but before fsync, after fsync but before the
+# rename, or right after the rename. (The test uses three: before fsync and before the rename are the same
+# moment for a process that is killed, they differ only when the machine loses power.)
+KILL_DURING_CHECKPOINT = """
+    import io, os, signal, sys
+    import checkpoints, train
+    which, point = int(sys.argv[1]), sys.argv[2]
+    calls = {"save": 0}
+    real_save, real_replace, real_fsync = checkpoints.torch.save, checkpoints.os.replace, checkpoints.os.fsync
+    die = lambda: os.kill(os.getpid(), signal.SIGKILL)
+
+    def save(obj, f):
+        calls["save"] += 1
+        if calls["save"] == which and point == "mid-write":
+            buffer = io.BytesIO()
+            real_save(obj, buffer)
+            f.write(buffer.getvalue()[: len(buffer.getvalue()) // 2])
+            f.flush()
+            die()
+        real_save(obj, f)
+
+    def fsync(fd):
+        if calls["save"] == which and point == "before-fsync":
+            die()
+        real_fsync(fd)
+
+    def replace(src, dst):
+        if calls["save"] == which and point == "before-rename" and src.endswith("ckpt.pt.tmp"):
+            die()
+        real_replace(src, dst)
+        if calls["save"] == which and point == "after-rename" and src.endswith("ckpt.pt.tmp"):
+            die()
+
+    checkpoints.torch.save, checkpoints.os.fsync, checkpoints.os.replace = save, fsync, replace
+    sys.argv = ["train.py"] + sys.argv[3:]
+    train.main()
+"""
+
+
+def test_kill9_while_writing_a_checkpoint_loses_nothing_and_resume_is_exact(config_file, tmp_path):
+    reference = train.run([config_file, f"--out_dir={tmp_path / 'straight'}"])["losses"]
+    rng = random.Random(12)
+    points = {point: rng.randint(2, 5) for point in ("mid-write", "before-rename", "after-rename")}
+    # which: a random checkpoint of the run, after the first; the four runs at once, to save time
+    killed = {point: subprocess.Popen([sys.executable, "-c", textwrap.dedent(KILL_DURING_CHECKPOINT), str(which),
+                                       point, config_file, f"--out_dir={tmp_path / point}"], cwd=REPO, env=ENV,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+              for point, which in points.items()}
+    for point, which in points.items():
+        run_dir = tmp_path / point
+        stderr = killed[point].communicate(timeout=120)[1]
+        assert killed[point].returncode == -signal.SIGKILL, stderr[-2000:]
+        on_disk = checkpoints.load(str(run_dir / "ckpt.pt"))  # intact: the previous one, or the new one
+        assert on_disk["step"] == (which if point == "after-rename" else which - 1)
+        resumed = train.run([config_file, f"--out_dir={run_dir}", "--resume"])
+        assert resumed["step"] == 6 and not (run_dir / "ckpt.pt.tmp").exists()
+        assert train_losses(run_dir) == reference, point  # bit for bit, each iteration once
+
+
+def test_kill9_at_a_random_moment_then_resume_is_exact(config_file, tmp_path):
+    reference = train.run([config_file, "--max_iters=15", f"--out_dir={tmp_path / 'straight'}"])["losses"]
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "train.py", config_file, "--max_iters=15", f"--out_dir={run_dir}"],
+                            cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 60
+    while time.time() < deadline and not (run_dir / "ckpt.pt").exists():
+        time.sleep(0.01)
+    time.sleep(random.Random(7).uniform(0.0, 0.5))  # checkpoints are written every step: often mid-write
+    proc.kill()
+    proc.wait()
+    train.run([config_file, "--max_iters=15", f"--out_dir={run_dir}", "--resume"])
+    assert train_losses(run_dir) == reference
+
+
+def test_flipped_bits_in_a_checkpoint_are_refused_or_change_nothing(config_file, tmp_path, capsys):
+    import sample
+
+    run_dir = tmp_path / "run"
+    train.run([config_file, "--max_iters=2", "--warmup_iters=1", f"--out_dir={run_dir}"])
+    path = run_dir / "ckpt.pt"
+    good = path.read_bytes()
+    original = torch.load(path, weights_only=True)
+    # Offsets inside the tensors' bytes (torch.load reads those without complaint) and anywhere in the file.
+    with zipfile.ZipFile(path) as archive:
+        records = [info for info in archive.infolist() if "/data/" in info.filename and info.file_size >= 64]
+    rng = random.Random(3)
+    in_tensors = []
+    for info in rng.sample(records, 6):
+        # Local file header: 30 bytes + name + extra field, whose lengths are stored at offsets 26 and 28.
+        name_len, extra_len = np.frombuffer(good[info.header_offset + 26:info.header_offset + 30], dtype="<u2")
+        start = info.header_offset + 30 + int(name_len) + int(extra_len)
+        in_tensors.append(start + rng.randrange(info.file_size))
+    anywhere = [rng.randrange(len(good)) for _ in range(20)]
+    for offset in in_tensors + anywhere:
+        damaged = bytearray(good)
+        damaged[offset] ^= 1 << rng.randrange(8)
+        path.write_bytes(bytes(damaged))
+        try:
+            loaded = train.load_checkpoint(str(path))
+        except train.TrainError as error:
+            assert str(path) in str(error) and "\n" not in str(error)
+            with pytest.raises(SystemExit):  # sampling refuses it too, in one line
+                sample.main(["--ckpt", str(run_dir)])
+            err = capsys.readouterr().err
+            assert err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
+            continue
+        assert offset not in in_tensors, "a flipped byte inside a tensor was loaded"
+        loaded["checksum"] = original["checksum"]
+        assert same_payload(loaded, original), offset  # e.g. a flip in zip padding: harmless
+    path.write_bytes(good)
+    assert same_payload(train.load_checkpoint(str(path)), {k: v for k, v in original.items() if k != "checksum"})
+
+
+def test_a_malicious_checkpoint_runs_no_code(tmp_path):
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return os.system, (f"touch {marker}",)
+
+    torch.save({"model": Payload(), "model_config": {}}, tmp_path / "ckpt.pt")
+    with pytest.raises(ValueError, match="is refused: it holds Python objects") as info:
+        GPT.from_checkpoint(str(tmp_path))
+    assert "weights_only=False" not in str(info.value) and not marker.exists()
+
+
+def test_a_full_disk_while_checkpointing_keeps_the_previous_checkpoint(config_file, tmp_path):
+    run_dir = tmp_path / "run"
+    train.run([config_file, "--stop_iter=2", f"--out_dir={run_dir}"])
+    before = (run_dir / "ckpt.pt").read_bytes()
+    mount = tmp_path / "small"
+    mount.mkdir()
+    on_tmpfs = os.geteuid() == 0 and subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)],
+                                                    capture_output=True).returncode == 0
+    try:
+        if on_tmpfs:  # a real full disk: copy the run there, then fill the disk up to ~64 KiB
+            small_run = mount / "run"
+            small_run.mkdir()
+            for name in os.listdir(run_dir):
+                (small_run / name).write_bytes((run_dir / name).read_bytes())
+            with open(mount / "filler", "wb") as f:
+                try:
+                    while True:
+                        f.write(b"\0" * 65536)
+                        f.flush()
+                except OSError:
+                    pass
+            os.truncate(mount / "filler", os.path.getsize(mount / "filler") - 65536)
+            target = small_run
+        else:  # no root: the write reports a full disk as the file system would
+            target = run_dir
+        real_fsync = checkpoints.os.fsync
+
+        def full_disk_fsync(fd):
+            if os.readlink(f"/proc/self/fd/{fd}").endswith("ckpt.pt.tmp"):
+                raise OSError(28, "No space left on device")
+            real_fsync(fd)
+
+        if not on_tmpfs:
+            checkpoints.os.fsync = full_disk_fsync
+        try:
+            with pytest.raises(train.TrainError, match="could not write checkpoint .*no space left.*previous "
+                                                       "checkpoint there is intact"):
+                train.run([config_file, "--stop_iter=4", f"--out_dir={target}", "--resume"])
+        finally:
+            checkpoints.os.fsync = real_fsync
+        assert (target / "ckpt.pt").read_bytes() == before and not (target / "ckpt.pt.tmp").exists()
+        if on_tmpfs:
+            os.remove(mount / "filler")  # the remedy: free space, then resume
+        resumed = train.run([config_file, "--stop_iter=4", f"--out_dir={target}", "--resume"])
+        assert resumed["step"] == 4
+    finally:
+        if on_tmpfs:
+            subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_second_ctrl_c_while_a_checkpoint_is_written_keeps_it(config_file, tmp_path):
+    slow_save = """
+        import sys, time
+        import checkpoints, train
+        real_save = checkpoints.torch.save
+
+        def save(obj, f):
+            print("WRITING", flush=True)
+            real_save(obj, f)
+            time.sleep(1.5)
+
+        checkpoints.torch.save = save
+        sys.argv = ["train.py"] + sys.argv[1:]
+        train.main()
+    """
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(slow_save), config_file, "--max_iters=1000",
+                             "--ckpt_interval=0", f"--out_dir={run_dir}"], cwd=REPO, env=ENV, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    first_sent = False
+    for line in proc.stdout:
+        if line.startswith("iter") and not first_sent:
+            proc.send_signal(signal.SIGINT)  # first Ctrl-C: checkpoint after this step
+            first_sent = True
+        if line.startswith("WRITING"):
+            proc.send_signal(signal.SIGINT)  # second Ctrl-C, while the checkpoint is being written
+            break
+    output = line + proc.communicate(timeout=60)[0]
+    assert proc.returncode == 130, output
+    assert "as soon as the checkpoint being written is complete" in output and "Traceback" not in output
+    saved = checkpoints.load(str(run_dir / "ckpt.pt"))
+    assert saved["step"] >= 1 and not (run_dir / "ckpt.pt.tmp").exists()
+
+
+# ----------------------------------------------------------------------------- data
+
+KILL_DURING_PREPARE = """
+    import os, signal, sys
+    import numpy as np
+    from data import prepare as prep
+    which, point = int(sys.argv[1]), sys.argv[2]
+    calls = {"n": 0}
+    real_write_shard, real_write_json = prep.write_shard, prep._write_json
+    die = lambda: os.kill(os.getpid(), signal.SIGKILL)
+
+    def write_shard(path, tokens):
+        calls["n"] += 1
+        if calls["n"] == which and point == "mid-shard":
+            with open(path + ".tmp", "wb") as f:
+                f.write(b"\\0" * 1024 + np.asarray(tokens, dtype="<u2").tobytes()[:100])
+            die()
+        return real_write_shard(path, tokens)
+
+    def write_json(path, data):
+        if calls["n"] == which and point == "before-progress" and path.endswith("progress.json"):
+            die()
+        real_write_json(path, data)
+
+    prep.write_shard, prep._write_json = write_shard, write_json
+    sys.exit(prep.main(sys.argv[3:]))
+"""
+
+
+def prepare_args(corpus, out):
+    return ["--files", str(corpus), "--out", str(out), "--tokenizer", "byte", "--val-tokens",
+            str(PREPARE_SETTINGS["val_tokens"]), "--shard-tokens", str(PREPARE_SETTINGS["shard_tokens"]),
+            "--workers", "1", "--quiet"]
+
+
+def test_kill9_during_data_preparation_then_rerun_gives_identical_shards(corpus, data_dir, tmp_path):
+    reference = directory_bytes(type(tmp_path)(data_dir))
+    rng = random.Random(5)
+    points = {"mid-shard": rng.randint(2, 4), "before-progress": rng.randint(2, 4)}  # of 5 shards
+    killed = {point: subprocess.Popen([sys.executable, "-c", textwrap.dedent(KILL_DURING_PREPARE), str(which), point,
+                                       *prepare_args(corpus, tmp_path / point)], cwd=REPO, env=ENV,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+              for point, which in points.items()}
+    for point in points:
+        stderr = killed[point].communicate(timeout=120)[1]
+        assert killed[point].returncode == -signal.SIGKILL, stderr[-2000:]
+        out = tmp_path / point
+        assert not (out / "manifest.json").exists()
+        assert prep.main(prepare_args(corpus, out)) == 0
+        assert directory_bytes(out) == reference, point
+
+
+def test_damaged_shards_are_refused_and_the_named_command_rewrites_exactly_them(config_file, corpus, tmp_path,
+                                                                                capsys):
+    out = tmp_path / "data"
+    prep.main(prepare_args(corpus, out))
+    reference = directory_bytes(out)
+    config = tmp_path / "c.toml"
+    config.write_text(CONFIG.format(data_dir=out))
+    manifest = json.loads(reference["manifest.json"])
+    names = [s["file"] for s in manifest["shards"]]
+    # A flipped token, a shard cut short with a header that agrees with its new size, a deleted shard.
+    flipped = bytearray(reference[names[1]])
+    flipped[HEADER_BYTES + 11] ^= 0x10
+    tokens = np.frombuffer(reference[names[2]][HEADER_BYTES:], dtype="<u2")
+    damages = {names[1]: lambda path: path.write_bytes(bytes(flipped)),
+               names[2]: lambda path: write_shard(str(path), tokens[:-100]),
+               names[-1]: os.remove}
+    for name, damage in damages.items():  # each one alone is found, before any training step
+        damage(out / name)
+        with pytest.raises(DataError, match=f"{name} (is damaged|listed in manifest.json is missing)"):
+            train.run([str(config), f"--out_dir={tmp_path / 'run'}"])
+        assert not (tmp_path / "run" / "ckpt.pt").exists()
+        (out / name).write_bytes(reference[name])
+    for name, damage in damages.items():
+        damage(out / name)
+    with pytest.raises(DataError) as info:
+        train.run([str(config), f"--out_dir={tmp_path / 'run'}"])
+    message = str(info.value)
+    assert names[1] in message and "\n" not in message, message
+    command = message.split("`")[1]
+    assert command.startswith("python -m data.prepare ")
+    stamps = {name: os.stat(out / name).st_mtime_ns for name in names if name not in damages}
+    assert prep.main(shlex.split(command)[3:]) == 0  # the remedy the message names
+    assert {name: os.stat(out / name).st_mtime_ns for name in stamps} == stamps  # only the damaged ones rewritten
+    assert directory_bytes(out) == reference
+    assert train.run([str(config), "--max_iters=1", "--warmup_iters=0", f"--out_dir={tmp_path / 'run'}"])["step"] == 1
+
+
+def test_token_ids_beyond_the_vocabulary_are_refused_before_training(config_file, tmp_path):
+    # A manifest-free llm.c-style directory (train.py reads those) whose shard holds id 400 >= vocab_size 320.
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    rng = np.random.default_rng(0)
+    write_shard(str(bare / "val_000000.bin"), rng.integers(0, 320, 4000))
+    bad = rng.integers(0, 320, 4000)
+    bad[1234] = 400
+    write_shard(str(bare / "train_000001.bin"), bad)
+    args = [config_file, f"--data_dir={bare}", "--max_iters=1", "--warmup_iters=0", f"--out_dir={tmp_path / 'run'}"]
+    with pytest.raises(DataError, match=f"train_000001.bin holds token id 400.*vocab_size is 320.*--vocab_size=401"):
+        train.run(args)
+    assert not (tmp_path / "run" / "ckpt.pt").exists()
+    bad[1234] = 319
+    write_shard(str(bare / "train_000001.bin"), bad)
+    assert train.run(args)["step"] == 1
+    assert torch.load(tmp_path / "run" / "ckpt.pt", weights_only=True)["tokenizer"] == "gpt2"
+
+
+def test_a_source_edited_in_place_is_not_mixed_into_a_resumed_preparation(tmp_path):
+    docs = corpus_docs()
+    write_corpus(tmp_path / "a.jsonl", docs)
+    source = prep.files_source(str(tmp_path / "a.jsonl"))
+    with pytest.raises(KeyboardInterrupt):
+        prep.prepare(source, str(tmp_path / "out"), progress_bar=False, stop_after_shards=1, **PREPARE_SETTINGS)
+    edited = [doc.replace("the", "THE") for doc in docs]  # same size, other content
+    write_corpus(tmp_path / "a.jsonl", edited)
+    assert os.path.getsize(tmp_path / "a.jsonl") == len("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    with pytest.raises(DataError, match="other arguments"):
+        prep.prepare(prep.files_source(str(tmp_path / "a.jsonl")), str(tmp_path / "out"), progress_bar=False,
+                     **PREPARE_SETTINGS)
+
+
+@pytest.mark.parametrize("case", ["empty file", "all validation"])
+def test_a_failed_preparation_leaves_nothing_that_looks_prepared(tmp_path, case):
+    if case == "empty file":
+        (tmp_path / "a.txt").write_text("")
+        args = ["--files", str(tmp_path / "a.txt"), "--val-tokens", "10"]
+        expected = "holds no text"
+    else:
+        write_corpus(tmp_path / "a.jsonl", ["a few words"])
+        args = ["--files", str(tmp_path / "a.jsonl"), "--val-tokens", "1000"]
+        expected = "all went to validation.*smaller --val-tokens"
+    args += ["--out", str(tmp_path / "out"), "--tokenizer", "byte", "--quiet"]
+    for _ in range(2):  # the same command fails the same way: no "already prepared"
+        with pytest.raises(DataError, match=expected):
+            prep.prepare(prep.files_source(args[1]), str(tmp_path / "out"), tokenizer="byte",
+                         val_tokens=int(args[3]), progress_bar=False, workers=1)
+        assert not (tmp_path / "out").exists()
+
+
+def test_a_full_disk_while_preparing_is_one_sentence_and_resumable(corpus, data_dir, tmp_path):
+    mount = tmp_path / "small"
+    mount.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=40k", "tmpfs", str(mount)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("needs root to mount a small tmpfs")
+    try:
+        failed = run_script("import sys; from data import prepare; sys.exit(prepare.main(sys.argv[1:]))",
+                            prepare_args(corpus, mount / "out"))
+        assert failed.returncode == 2 and "Traceback" not in failed.stderr, failed.stderr
+        assert "cannot write to" in failed.stderr and "No space left on device" in failed.stderr
+        assert not [n for n in os.listdir(mount / "out") if n.endswith(".tmp")]
+        subprocess.run(["mount", "-o", "remount,size=4m", str(mount)], check=True)  # the remedy: more space
+        assert prep.main(prepare_args(corpus, mount / "out")) == 0
+        assert directory_bytes(mount / "out") == directory_bytes(type(tmp_path)(data_dir))
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
+# ----------------------------------------------------------------------------- two processes (gloo)
+
+# One rank of a 2-process job (launched like torchrun does, without its supervisor, so that the test sees
+# what the surviving process does): rank 1 dies or freezes when it reaches training step 3.
+RANK_FAULT = """
+    import os, signal, sys, time
+    import data.loader, train
+    fault = sys.argv[1]
+    real_batch = data.loader.TrainBatches.batch
+
+    def batch(self, index):
+        if os.environ["RANK"] == "1" and index >= 2 * 3:
+            if fault == "killed":
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(3600)  # frozen
+        return real_batch(self, index)
+
+    data.loader.TrainBatches.batch = batch
+    sys.argv = ["train.py"] + sys.argv[2:]
+    train.main()
+"""
+
+
+def test_a_dead_or_frozen_process_ends_the_job_with_a_message(config_file, tmp_path):
+    import socket
+
+    jobs = {}
+    for fault in ("killed", "frozen"):  # both jobs at once, to save time
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        args = [fault, config_file, "--batch_size=2", "--max_iters=100", "--ckpt_interval=3", "--dist_timeout_s=4",
+                f"--out_dir={tmp_path / fault}"]
+        jobs[fault] = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(RANK_FAULT), *args], cwd=REPO,
+                                        env={**ENV, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2",
+                                             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    try:
+        for fault, procs in jobs.items():
+            err = procs[0].communicate(timeout=90)[1]
+            assert procs[0].returncode == 1, (fault, err[-3000:])
+            assert "process 0 stopped: a collective operation with the other processes failed" in err, err
+            assert "continue with --resume" in err and "Traceback" not in err
+            assert checkpoints.load(str(tmp_path / fault / "ckpt.pt"))["step"] == 3  # the last one before the fault
+    finally:
+        for proc in (p for procs in jobs.values() for p in procs):
+            proc.kill()
+            proc.communicate()
+
+
+# ----------------------------------------------------------------------------- settings and recovery
+
+def test_nan_advice_works_when_followed(config_file, tmp_path, monkeypatch):
+    forward = GPT.forward
+    calls = {"n": 0}
+
+    def forward_that_breaks_on_call_5(self, idx, targets=None, **kwargs):
+        logits, loss = forward(self, idx, targets, **kwargs)
+        calls["n"] += 1
+        return logits, (loss * float("nan") if calls["n"] == 5 else loss)
+
+    monkeypatch.setattr(GPT, "forward", forward_that_breaks_on_call_5)
+    # before any checkpoint: no checkpoint is named, and the advice is to start again
+    with pytest.raises(train.TrainError) as info:
+        train.run([config_file, "--ckpt_interval=0", f"--out_dir={tmp_path / 'early'}"])
+    assert "no checkpoint was written" in str(info.value) and "ckpt.pt" not in str(info.value)
+    # after one: resume it with changed lr and warm-up, which --allow_changes accepts and records
+    calls["n"] = 0
+    run_dir = tmp_path / "run"
+    with pytest.raises(train.TrainError, match=r"iteration 4\).*--resume --allow_changes=lr,warmup_iters"):
+        train.run([config_file, "--ckpt_interval=2", f"--out_dir={run_dir}"])
+    monkeypatch.setattr(GPT, "forward", forward)
+    changed = [config_file, "--ckpt_interval=2", f"--out_dir={run_dir}", "--resume", "--lr=5e-3",
+               "--warmup_iters=5"]
+    with pytest.raises(train.TrainError, match="--allow_changes=lr"):
+        train.run(changed)  # never silently
+    resumed = train.run(changed + ["--allow_changes=lr,warmup_iters"])
+    assert resumed["step"] == 6
+    with open(run_dir / "metrics.jsonl") as f:
+        records = [json.loads(line) for line in f]
+    change_records = [(r["iter"], r["key"], r["from"], r["to"]) for r in records if r["type"] == "change"]
+    assert change_records == [(4, "lr", 1e-2, 5e-3), (4, "warmup_iters", 2, 5)]
+    # the schedule after the change: warm-up to the new lr over 5 steps, written out
+    assert [r["lr"] for r in records if r["type"] == "train" and r["iter"] == 5] == [5e-3 * 5 / 5]
+    history = json.loads((run_dir / "config.json").read_text())["resume_changes"]
+    assert [(c["iter"], c["key"]) for c in history] == [(4, "lr"), (4, "warmup_iters")]
+    assert checkpoints.load(str(run_dir / "ckpt.pt"))["changes"] == history
+
+
+@pytest.mark.parametrize("override,message", [
+    ("--beta1=2", "beta1 and beta2 must be in \\[0, 1\\)"), ("--seed=-1", "seed must be 0 or positive"),
+    ("--lr=nan", "lr must be a positive number, not nan"), ("--lr=-1e-3", "lr must be a positive number"),
+    ("--weight_decay=-1", "weight_decay must be 0 or positive"), ("--grad_clip=-1", "grad_clip must be 0"),
+    ("--learning_rate=1e-3", "did you mean 'lr'"), ("--pos=ropee", "given on the command line \\(--pos=ropee\\)"),
+    ("--allow_changes=lr", "only applies to --resume"), ("--allow_changes=n_layer", "--allow_changes takes"),
+])
+def test_mistaken_settings_are_one_sentence_before_anything_is_written(config_file, tmp_path, override, message):
+    with pytest.raises(ConfigError, match=message):
+        train.run([config_file, override, f"--out_dir={tmp_path / 'run'}"])
+    assert not (tmp_path / "run").exists()
+
+
+def test_unwritable_run_directory_is_one_sentence(config_file, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("a file where the run directory should go")
+    with pytest.raises(ConfigError, match="cannot write to the run directory .*choose another --out_dir"):
+        train.run([config_file, f"--out_dir={blocker / 'run'}"])
+
+
+def test_stop_request_is_honoured_between_micro_batches(config_file, data_dir, tmp_path):
+    # 600 micro-batches per step (seconds): a stop must not wait for the step to end, and must not half-apply it.
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "train.py", config_file, "--batch_size=1", "--global_batch_size=600",
+                             "--max_iters=1", "--warmup_iters=0", f"--out_dir={run_dir}"], cwd=REPO, env=ENV,
+                            text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    for line in proc.stdout:
+        if line.startswith("model:"):
+            time.sleep(1.0)  # the signal handlers are installed right after this line
+            proc.send_signal(signal.SIGTERM)
+            break
+    output = line + proc.communicate(timeout=120)[0]
+    assert proc.returncode == 0 and "SIGTERM: stopping" in output, output
+    saved = checkpoints.load(str(run_dir / "ckpt.pt"))
+    assert saved["step"] == 0  # the only step was abandoned, not finished and not half-applied
+    config = GPT.from_checkpoint(str(run_dir))[0].config
+    torch.manual_seed(1337)  # train.py's seed: the weights before any step
+    fresh = GPT(config)
+    assert all(torch.equal(saved["model"][k], v) for k, v in fresh.state_dict().items())
+
+
+def test_sampling_past_memory_or_the_training_context_is_said(tmp_path, capsys):
+    import sample
+    from eval.tiny import save_run, tiny_model
+
+    save_run(tiny_model(block_size=32), tmp_path / "run")
+    sample.main(["--ckpt", str(tmp_path / "run"), "--prompt", "x" * 40, "--max-new-tokens", "2"])
+    assert "note: prompt + new tokens (40 + 2) exceed the 32 positions" in capsys.readouterr().err
+    # 10**12 tokens of KV cache is more memory than any machine has (and more than a 47-bit address space)
+    with pytest.raises(SystemExit) as info:
+        sample.main(["--ckpt", str(tmp_path / "run"), "--max-new-tokens", str(10**12)])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "does not fit in cpu memory; use a smaller --max-new-tokens" in err
+    assert "Traceback" not in err
