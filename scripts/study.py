@@ -37,7 +37,7 @@ import train  # noqa: E402
 from config import ConfigError, resolve  # noqa: E402
 from data.shards import DataError  # noqa: E402
 from eval import extrapolation, zero_shot  # noqa: E402
-from eval.checkpoint import describe_encoding  # noqa: E402
+from model import GPTConfig  # noqa: E402
 from scripts import plot_runs  # noqa: E402
 
 LAUNCH_MODES = ("in_process", "torchrun", "per_gpu")
@@ -127,12 +127,15 @@ def load_study(path: str) -> Study:
                          f"a study file has {', '.join(sorted(STUDY_KEYS))}.")
     name = raw.get("name", Path(path).stem)
     if "base" not in raw:
-        raise StudyError(f"{path} names no base config: add base = \"../medium/rope.toml\" (relative to the study file).")
+        raise StudyError(f"{path} names no base config: add base = \"../medium/rope.toml\" "
+                         "(relative to the study file).")
     base = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(path)), raw["base"]))
     encodings, seeds = raw.get("encodings"), raw.get("seeds", [1337])
-    if not encodings or not all(isinstance(e, str) for e in encodings) or len(set(encodings)) != len(encodings):
+    if not isinstance(encodings, list) or not encodings or not all(isinstance(e, str) for e in encodings) \
+            or len(set(encodings)) != len(encodings):
         raise StudyError(f"{path}: encodings must be a list of distinct names such as [\"rope\", \"fox+kv_shift\"].")
-    if not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds) or len(set(seeds)) != len(seeds):
+    integers = isinstance(seeds, list) and all(isinstance(s, int) and not isinstance(s, bool) for s in seeds or [None])
+    if not integers or len(set(seeds)) != len(seeds):
         raise StudyError(f"{path}: seeds must be a list of distinct integers, e.g. [1, 2, 3].")
     reference = raw.get("reference", "rope" if "rope" in encodings else encodings[0])
     if reference not in encodings:
@@ -142,7 +145,8 @@ def load_study(path: str) -> Study:
 
     launch = raw.get("launch") or {}
     if set(launch) - LAUNCH_KEYS:
-        raise StudyError(f"{path}: unknown [launch] key(s) {sorted(set(launch) - LAUNCH_KEYS)}; use mode, gpus, gpus_per_run.")
+        raise StudyError(f"{path}: unknown [launch] key(s) {sorted(set(launch) - LAUNCH_KEYS)}; "
+                         "use mode, gpus, gpus_per_run.")
     mode = launch.get("mode", "in_process")
     if mode not in LAUNCH_MODES:
         raise StudyError(f"{path}: [launch] mode {mode!r} is not one of {', '.join(LAUNCH_MODES)}.")
@@ -150,8 +154,8 @@ def load_study(path: str) -> Study:
     if mode == "per_gpu":
         gpus_per_run = 1
     gpus = launch.get("gpus", gpus_per_run)
-    gpus = [str(g) for g in (range(gpus) if isinstance(gpus, int) else gpus)]
-    if not isinstance(gpus_per_run, int) or gpus_per_run < 1 or len(gpus) < gpus_per_run:
+    gpus = [] if mode == "in_process" else [str(g) for g in (range(gpus) if isinstance(gpus, int) else gpus)]
+    if mode != "in_process" and (not isinstance(gpus_per_run, int) or gpus_per_run < 1 or len(gpus) < gpus_per_run):
         raise StudyError(f"{path}: [launch] needs gpus_per_run >= 1 and at least that many gpus "
                          f"(gpus = 8 or a list of ids such as [0, 1, 2, 3]).")
 
@@ -161,7 +165,6 @@ def load_study(path: str) -> Study:
             raise StudyError(f"{path}: unknown evaluation [eval.{eval_name}]; choose from {', '.join(EVALUATIONS)} "
                              "(the final validation loss comes from training itself).")
 
-    from model import GPTConfig
     runs = []
     for encoding in encodings:
         pos, kv_shift = split_encoding(encoding)
@@ -296,7 +299,7 @@ def subprocess_job(study: Study, job: str, argv: list[str], run_dir: str, slot: 
     with open(log, "a") as out:
         out.write(f"$ CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']} {' '.join(command)}\n")
         out.flush()
-        code = subprocess.run(command, env=os.environ | env, stdout=out, stderr=subprocess.STDOUT, cwd=os.getcwd()).returncode
+        code = subprocess.run(command, env=os.environ | env, stdout=out, stderr=subprocess.STDOUT).returncode
     if code == 0:
         return None
     if code in (130, -2):  # Ctrl-C reached the child too (same process group)
@@ -336,7 +339,8 @@ class Runner:
                     summary = next((r for r in reversed(read_records(run.run_dir)) if r.get("type") == "summary"), {})
                     if self.stop.is_set() or summary.get("stopped") == "sigterm":
                         raise StudyInterrupted
-                    error = f"training stopped at iteration {summary.get('iter')} of {run.max_iters} ({summary.get('stopped')})"
+                    error = (f"training stopped at iteration {summary.get('iter')} of {run.max_iters} "
+                             f"({summary.get('stopped')})")
                 if error is not None:
                     status.update(status="failed", errors=[f"training: {error}"])
                     print(f"[study] FAILED {label}: training: {error}", flush=True)
@@ -355,7 +359,8 @@ class Runner:
                     status["errors"].append(f"{name}: {error}")
                     print(f"[study] FAILED {label}: {name}: {error}", flush=True)
                     continue
-                train.atomic_write_text(eval_marker(run, name), json.dumps({"argv": argv, "step": run.max_iters}) + "\n")
+                marker = {"argv": argv, "step": run.max_iters}
+                train.atomic_write_text(eval_marker(run, name), json.dumps(marker) + "\n")
         except (StudyInterrupted, KeyboardInterrupt):
             status.update(status="interrupted")
             self.stop.set()
@@ -387,7 +392,7 @@ class Runner:
         except KeyboardInterrupt:
             self.stop.set()  # the children got the Ctrl-C too: they save their checkpoints and exit
             print("[study] Ctrl-C: waiting for the running jobs to save their checkpoints...", flush=True)
-        pool.shutdown(wait=True)
+        pool.shutdown(wait=True, cancel_futures=True)
         if self.stop.is_set():
             raise StudyInterrupted
 
@@ -534,15 +539,18 @@ def markdown(report: dict, plots: dict) -> str:
     lines = [f"# Study `{report['study']}`", "",
              f"Base config `{os.path.relpath(report['base'])}`, overrides `{' '.join(report['overrides']) or 'none'}`, "
              f"seeds {report['seeds']}, launch {report['launch']['mode']}. Every number is mean ± sample standard "
-             "deviation over seeds, read from the runs' own metrics.jsonl and eval/*.json (report.json holds them all).",
+             "deviation over seeds, read from the runs' own metrics.jsonl and eval/*.json "
+             "(report.json holds them all).",
              "", "## Final validation loss", "",
-             f"| encoding | seeds | val loss | − {ref} (paired) | {CONFIDENCE:.0%} t-interval | exceeds seed spread |",
+             f"| encoding | seeds | val loss | − {ref} (paired) | {CONFIDENCE:.0%} t-interval "
+             "| exceeds seed spread |",
              "|---|---:|---:|---:|---:|---|"]
     for name, e in enc.items():
         d = e["difference_to_reference"]
         interval = f"[{d['interval'][0]:+.4f}, {d['interval'][1]:+.4f}]" if d and d["interval"] else "–"
         exceeds = {True: "yes", False: "no", None: "–"}[d["exceeds_seed_spread"] if d else None]
-        lines.append(f"| {name} | {e['final_val_loss']['n']} | {fmt(e['final_val_loss'])} | {fmt(d)} | {interval} | {exceeds} |")
+        lines.append(f"| {name} | {e['final_val_loss']['n']} | {fmt(e['final_val_loss'])} | {fmt(d)} | "
+                     f"{interval} | {exceeds} |")
     lines += ["", f"Rule: {report['rule']}.", ""] + [f"- {e['verdict']}" for e in enc.values()]
     if "loss_curves" in plots:
         lines += ["", f"![loss curves]({plots['loss_curves']})"]
@@ -559,7 +567,8 @@ def markdown(report: dict, plots: dict) -> str:
         if passkeys:
             lengths = next(iter(passkeys.values()))["lengths"]
             lines += ["", "## Passkey retrieval accuracy (mean over depths, then over seeds)", "",
-                      "| encoding | " + " | ".join(f"{n} tokens" for n in lengths) + " |", "|---|" + "---:|" * len(lengths)]
+                      "| encoding | " + " | ".join(f"{n} tokens" for n in lengths) + " |",
+                      "|---|" + "---:|" * len(lengths)]
             for name, p in passkeys.items():
                 lines.append(f"| {name} | " + " | ".join(fmt(a, 2) for a in p["accuracy_by_length"]) + " |")
     zs = {n: e["zero_shot"] for n, e in enc.items() if "zero_shot" in e}
@@ -589,7 +598,8 @@ def markdown(report: dict, plots: dict) -> str:
                      f"{sum(r['wall_clock_s'].values()) / 3600:.3f} | {r['gpu_hours']:.2f} | `{r['run_dir']}` |")
     failed = [r for r in report["runs"] if r["errors"]]
     if failed:
-        lines += ["", "## Failures", ""] + [f"- {r['encoding']} seed {r['seed']}: {'; '.join(r['errors'])}" for r in failed]
+        lines += ["", "## Failures", ""]
+        lines += [f"- {r['encoding']} seed {r['seed']}: {'; '.join(r['errors'])}" for r in failed]
     return "\n".join(lines) + "\n"
 
 
@@ -598,9 +608,9 @@ def write_plots(study: Study, report: dict) -> dict:
     done = [r for r in report["runs"] if r["finished"]]
     if done:
         path = os.path.join(study.out_dir, "loss_curves.png")
+        labels = [f"{r['encoding']} seed {r['seed']}" for r in done]
         with contextlib.redirect_stdout(io.StringIO()):  # plot_runs prints the path
-            plot_runs.main([r["run_dir"] for r in done] + ["--out", path, "--title", study.name,
-                                                          "--labels", *[f"{r['encoding']} seed {r['seed']}" for r in done]])
+            plot_runs.main([r["run_dir"] for r in done] + ["--out", path, "--title", study.name, "--labels", *labels])
         plots["loss_curves"] = "loss_curves.png"
     results = []
     for run in study.runs:
@@ -625,7 +635,8 @@ def write_report(study: Study, statuses: dict) -> dict:
 
 def run_study(path: str) -> dict:
     study = load_study(path)
-    print(f"[study] {study.name}: {len(study.encodings)} encodings x {len(study.seeds)} seeds = {len(study.runs)} runs, "
+    print(f"[study] {study.name}: {len(study.encodings)} encodings x {len(study.seeds)} seeds = "
+          f"{len(study.runs)} runs, "
           f"launch {study.mode}, output {study.out_dir}", flush=True)
     runner = Runner(study)
     runner.run_all()

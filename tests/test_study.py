@@ -181,7 +181,8 @@ def test_report_numbers_are_the_runs_own_metrics_and_evaluation_outputs(finished
             [z["tasks"]["winogrande"]["acc"] for z in zs]
         theirs = dict(zip(paper["columns"], paper["medium_353M"][encoding]))  # the tiny model is nearest "medium"
         assert entry["zero_shot"]["paper"] == theirs
-        assert f"| {encoding} (paper, medium_353M) | {theirs['arc_easy']:.2f} | {theirs['winogrande']:.2f} |" in markdown
+        paper_line = f"| {encoding} (paper, medium_353M) | {theirs['arc_easy']:.2f} | {theirs['winogrande']:.2f} |"
+        assert paper_line in markdown
     for plot in ("loss_curves.png", "loss_vs_position.png"):
         assert (root / "out" / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -218,9 +219,11 @@ def test_resuming_a_half_finished_study_redoes_nothing_finished(finished, tmp_pa
     def where(encoding, seed):
         return str(Path("out") / encoding / f"seed{seed}")
     assert [(n, resume) for n, arg, resume in calls if n == "train"] == [("train", True), ("train", False)]
-    assert [arg for n, arg, _ in calls if n == "train"] == [f"--out_dir={where('rope', 2)}", f"--out_dir={where('alibi', 2)}"]
+    trained = [arg for n, arg, _ in calls if n == "train"]
+    assert trained == [f"--out_dir={where('rope', 2)}", f"--out_dir={where('alibi', 2)}"]
     assert sorted(arg for n, arg, _ in calls if n == "extrapolation") == [where("alibi", 2), where("rope", 2)]
-    assert sorted(arg for n, arg, _ in calls if n == "zero_shot") == [where("alibi", 2), where("rope", 1), where("rope", 2)]
+    zero_shot_runs = sorted(arg for n, arg, _ in calls if n == "zero_shot")
+    assert zero_shot_runs == [where("alibi", 2), where("rope", 1), where("rope", 2)]
     assert {p: p.stat().st_mtime_ns for p in untouched} == mtimes
     # The resumed run logged each iteration once, and training is deterministic on the CPU: every number of
     # the report is the uninterrupted study's.
@@ -326,9 +329,12 @@ def test_torchrun_mode_trains_a_run_in_a_one_process_gloo_group(workspace, tmp_p
     ('encodings = ["rope"]\nseeds = [1]\n', "names no base config"),
     ('base = "base.toml"\nencodings = ["rope"]\nsed = [1]\n', "unknown entry sed"),
     ('base = "base.toml"\nencodings = ["rope", "rope"]\n', "distinct names"),
+    ('base = "base.toml"\nencodings = "rope"\n', "distinct names"),
+    ('base = "base.toml"\nencodings = ["rope"]\nseeds = 3\n', "seeds must be a list of distinct integers"),
     ('base = "base.toml"\nencodings = ["rope"]\n[overrides]\nmax_iter = 3\n', "did you mean 'max_iters'"),
     ('base = "base.toml"\nencodings = ["rope"]\n[launch]\nmode = "slurm"\n', "in_process, torchrun, per_gpu"),
-    ('base = "base.toml"\nencodings = ["rope"]\n[eval.extrapolation]\nwindowz = 2\n', "unrecognized arguments: --windowz=2"),
+    ('base = "base.toml"\nencodings = ["rope"]\n[eval.extrapolation]\nwindowz = 2\n',
+     "unrecognized arguments: --windowz=2"),
     ('base = "base.toml"\nencodings = ["rope"]\n[eval.perplexity]\n', "unknown evaluation [eval.perplexity]"),
     ('base = "base.toml"\nencodings = ["rope", "alibi"]\nreference = "fox"\n', "reference 'fox'"),
 ])
