@@ -19,6 +19,7 @@ import json
 import math
 import os
 import queue
+import signal
 import statistics
 import subprocess
 import sys
@@ -292,19 +293,8 @@ def in_process_job(job: str, argv: list[str], run_dir: str) -> str | None:
         return f"{type(e).__name__}: {e} (traceback in {log})"
 
 
-def subprocess_job(study: Study, job: str, argv: list[str], run_dir: str, slot: list[str]) -> str | None:
-    command, env = job_command(study, job, argv, slot)
-    log = os.path.join(run_dir, f"study_{job}.log")
-    os.makedirs(run_dir, exist_ok=True)
-    with open(log, "a") as out:
-        out.write(f"$ CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']} {' '.join(command)}\n")
-        out.flush()
-        code = subprocess.run(command, env=os.environ | env, stdout=out, stderr=subprocess.STDOUT).returncode
-    if code == 0:
-        return None
-    if code in (130, -2):  # Ctrl-C reached the child too (same process group)
-        raise StudyInterrupted
-    return last_error_line(Path(log).read_text()) or f"exit code {code}; see {log}"
+def raise_keyboard_interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 class Runner:
@@ -314,11 +304,31 @@ class Runner:
         self.study = study
         self.stop = threading.Event()
         self.status: dict[tuple[str, int], dict] = {}
+        self.children: set[subprocess.Popen] = set()
 
     def job(self, run: Run, job: str, argv: list[str], slot) -> str | None:
         if self.study.mode == "in_process":
             return in_process_job(job, argv, run.run_dir)
-        return subprocess_job(self.study, job, argv, run.run_dir, slot)
+        return self.subprocess_job(job, argv, run.run_dir, slot)
+
+    def subprocess_job(self, job: str, argv: list[str], run_dir: str, slot: list[str]) -> str | None:
+        command, env = job_command(self.study, job, argv, slot)
+        log = os.path.join(run_dir, f"study_{job}.log")
+        os.makedirs(run_dir, exist_ok=True)
+        with open(log, "a") as out:
+            out.write(f"$ CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']} {' '.join(command)}\n")
+            out.flush()
+            child = subprocess.Popen(command, env=os.environ | env, stdout=out, stderr=subprocess.STDOUT)
+            self.children.add(child)
+            try:
+                code = child.wait()
+            finally:
+                self.children.discard(child)
+        if code == 0:
+            return None
+        if code in (130, -2, -15) or self.stop.is_set():  # Ctrl-C or SIGTERM reached the child too
+            raise StudyInterrupted
+        return last_error_line(Path(log).read_text()) or f"exit code {code}; see {log}"
 
     def process(self, run: Run, slot=None) -> None:
         label = f"{run.encoding} seed {run.seed}"
@@ -366,6 +376,16 @@ class Runner:
             self.stop.set()
 
     def run_all(self) -> None:
+        """SIGTERM is handled like Ctrl-C (train.py replaces the handler while it trains in-process)."""
+        in_main_thread = threading.current_thread() is threading.main_thread()  # only there may handlers be set
+        previous = signal.signal(signal.SIGTERM, raise_keyboard_interrupt) if in_main_thread else None
+        try:
+            self.run_each()
+        finally:
+            if in_main_thread:
+                signal.signal(signal.SIGTERM, previous)
+
+    def run_each(self) -> None:
         runs = self.study.runs
         if self.study.mode == "in_process":
             for run in runs:  # in the main thread, so train.py's Ctrl-C handler (checkpoint, then stop) works
@@ -390,8 +410,10 @@ class Runner:
             for future in futures:
                 future.result()
         except KeyboardInterrupt:
-            self.stop.set()  # the children got the Ctrl-C too: they save their checkpoints and exit
-            print("[study] Ctrl-C: waiting for the running jobs to save their checkpoints...", flush=True)
+            self.stop.set()
+            for child in list(self.children):  # a Ctrl-C reached them already, a SIGTERM to the study did not
+                child.send_signal(signal.SIGTERM)  # train.py then saves a checkpoint and exits
+            print("[study] stopping: waiting for the running jobs to save their checkpoints...", flush=True)
         pool.shutdown(wait=True, cancel_futures=True)
         if self.stop.is_set():
             raise StudyInterrupted

@@ -8,7 +8,10 @@ import json
 import math
 import os
 import shutil
+import signal
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -283,6 +286,30 @@ def test_ctrl_c_stops_the_study_with_one_sentence(workspace, tmp_path, monkeypat
     err = capsys.readouterr().err.strip()
     assert err.startswith("stopped:") and "run the same command again" in err and len(err.splitlines()) == 1
     assert not Path("out/report.json").exists()
+
+
+def test_sigterm_to_a_study_of_subprocesses_stops_its_jobs(workspace, tmp_path, monkeypatch, capsys):
+    """A scheduler's SIGTERM reaches only the study: it must pass it on to the jobs it started, then stop."""
+    shutil.copy(workspace / "base.toml", tmp_path / "base.toml")
+    path = study_file(tmp_path, encodings=["rope", "alibi"], seeds=[1], evals="",
+                      extra='[launch]\nmode = "per_gpu"\ngpus = [0]\n')
+    monkeypatch.chdir(tmp_path)
+    job = "import pathlib, time; pathlib.Path('started').touch(); time.sleep(60)"
+    monkeypatch.setattr(study, "job_command",
+                        lambda *args: ([sys.executable, "-c", job], {"CUDA_VISIBLE_DEVICES": "0"}))
+
+    def terminate_when_started():
+        while not Path(tmp_path / "started").exists():
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+    threading.Thread(target=terminate_when_started, daemon=True).start()
+    start = time.monotonic()
+    with pytest.raises(SystemExit) as exit_info:
+        study.main([path])
+    assert exit_info.value.code == 130 and time.monotonic() - start < 30  # the 60 s job was stopped
+    assert capsys.readouterr().err.strip().startswith("stopped:")
+    assert "$ CUDA_VISIBLE_DEVICES=0" in Path("out/rope/seed1/study_train.log").read_text()
+    assert not Path("out/alibi").exists()  # the second run never started
 
 
 # ----------------------------------------------------------------------------- launching
