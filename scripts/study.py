@@ -1,6 +1,6 @@
 """Run a whole positional-encoding study (encodings x seeds, then the same evaluations for each) and write its report.
 
-    python scripts/study.py configs/studies/smoke.toml            # CPU, a few minutes
+    python scripts/study.py configs/studies/smoke.toml            # CPU, offline, tiny settings
     python scripts/study.py configs/studies/table1_medium.toml    # the paper's Table 1 rows, torchrun on 8 GPUs
 
 A study file (docs/study.md) names a base config, the encodings, the seeds, [overrides] of any train/model key,
@@ -595,10 +595,12 @@ def markdown(report: dict, plots: dict) -> str:
                 lines.append(f"| {name} | " + " | ".join(fmt(a, 2) for a in p["accuracy_by_length"]) + " |")
     zs = {n: e["zero_shot"] for n, e in enc.items() if "zero_shot" in e}
     if zs:
-        tasks = list(next(iter(zs.values()))["tasks"])
+        first = next(iter(zs.values()))
+        tasks = list(first["tasks"])
         lines += ["", "## Zero-shot accuracy (%)", "",
-                  "Averaged metric per task (acc_norm, acc for WinoGrande), ours beside the paper's row:", "",
-                  "| encoding | " + " | ".join(tasks) + " | average |", "|---|" + "---:|" * (len(tasks) + 1)]
+                  "The metric eval/zero_shot.py averages (named per task), ours beside the paper's row:", "",
+                  "| encoding | " + " | ".join(f"{t} ({first['tasks'][t]['average_metric']})" for t in tasks)
+                  + " | average |", "|---|" + "---:|" * (len(tasks) + 1)]
         for name, z in zs.items():
             lines.append(f"| {name} (ours) | " + " | ".join(fmt(z["tasks"][t].get("score"), 2) for t in tasks)
                          + f" | {fmt(z['average'], 2)} |")
