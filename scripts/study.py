@@ -1,0 +1,694 @@
+"""Run a whole positional-encoding study (encodings x seeds, then the same evaluations for each) and write its report.
+
+    python scripts/study.py configs/studies/smoke.toml            # CPU, offline, tiny settings
+    python scripts/study.py configs/studies/table1_medium.toml    # the paper's Table 1 rows, torchrun on 8 GPUs
+
+A study file (docs/study.md) names a base config, the encodings, the seeds, [overrides] of any train/model key,
+[launch] (in_process | torchrun | per_gpu) and [eval.extrapolation] / [eval.zero_shot] with the options of
+eval/extrapolation.py and eval/zero_shot.py. Each run trains with train.py into OUT/<encoding>/seed<seed>, then
+its evaluations write OUT/<encoding>/seed<seed>/eval/. OUT/report.md, report.json and the plots are built only
+from those files. Run the same command again to continue: finished runs and evaluations are skipped, an
+interrupted run resumes from its checkpoint, a failed run is reported while the others go on.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import json
+import math
+import os
+import queue
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import tomllib
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import train  # noqa: E402
+from config import ConfigError, resolve  # noqa: E402
+from data.shards import DataError  # noqa: E402
+from eval import extrapolation, zero_shot  # noqa: E402
+from model import GPTConfig  # noqa: E402
+from scripts import plot_runs  # noqa: E402
+
+LAUNCH_MODES = ("in_process", "torchrun", "per_gpu")
+EVALUATIONS = {"extrapolation": extrapolation, "zero_shot": zero_shot}  # name -> module with main(argv)
+STUDY_KEYS = {"name", "base", "encodings", "seeds", "reference", "out_dir", "overrides", "launch", "eval"}
+LAUNCH_KEYS = {"mode", "gpus", "gpus_per_run"}
+CONFIDENCE = 0.95
+
+
+class StudyError(Exception):
+    """A mistake in the study file; the message says what to do."""
+
+
+class StudyInterrupted(Exception):
+    """Ctrl-C (or SIGTERM) reached a run: it saved its checkpoint and the study stops."""
+
+
+@dataclasses.dataclass
+class Run:
+    encoding: str
+    seed: int
+    run_dir: str
+    train_args: list[str]          # train.py arguments without --resume
+    max_iters: int
+    evals: dict[str, list[str]]    # evaluation name -> its CLI arguments
+
+
+@dataclasses.dataclass
+class Study:
+    name: str
+    path: str
+    base: str
+    out_dir: str
+    encodings: list[str]
+    seeds: list[int]
+    reference: str
+    overrides: list[str]
+    mode: str
+    gpus: list[str]
+    gpus_per_run: int
+    runs: list[Run]
+
+
+# ----------------------------------------------------------------------------- the study file
+
+def split_encoding(name: str) -> tuple[str, bool]:
+    """'fox+kv_shift' -> ('fox', True): the paper_results.json row name back to model.pos and model.kv_shift."""
+    return (name[: -len("+kv_shift")], True) if name.endswith("+kv_shift") else (name, False)
+
+
+def as_cli(key: str, value, dash: str = "_", bool_flags: bool = False) -> list[str]:
+    """A TOML key/value as command-line arguments: lists comma-joined; with bool_flags (argparse's store_true
+    options) true is a bare flag and false nothing, else --key=true/false."""
+    flag = "--" + key.replace("_", dash)
+    if isinstance(value, bool):
+        if bool_flags:
+            return [flag] if value else []
+        value = str(value).lower()
+    if isinstance(value, list):
+        value = ",".join(str(v) for v in value)
+    return [f"{flag}={value}"]
+
+
+def check_eval_args(name: str, argv: list[str], path: str) -> None:
+    """Parse an evaluation's arguments now, so a typo fails before hours of training."""
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            EVALUATIONS[name].parse_args(argv)
+    except SystemExit:
+        reason = captured.getvalue().strip().splitlines()[-1].split("error: ", 1)[-1]
+        raise StudyError(f"[eval.{name}] in {path}: {reason}; the keys are the options of eval/{name}.py "
+                         "with _ for -, e.g. passkey_trials = 4.") from None
+
+
+def load_study(path: str) -> Study:
+    """Read and check a study file, resolving every run's train config (so bad keys fail before any run)."""
+    if not os.path.isfile(path):
+        raise StudyError(f"study file {path} does not exist; pick one of configs/studies/*.toml.")
+    try:
+        raw = tomllib.loads(Path(path).read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise StudyError(f"study file {path} is not valid TOML ({e}); fix the line it names.") from None
+    unknown = sorted(set(raw) - STUDY_KEYS)
+    if unknown:
+        raise StudyError(f"{path}: unknown entr{'y' if len(unknown) == 1 else 'ies'} {', '.join(unknown)}; "
+                         f"a study file has {', '.join(sorted(STUDY_KEYS))}.")
+    name = raw.get("name", Path(path).stem)
+    if "base" not in raw:
+        raise StudyError(f"{path} names no base config: add base = \"../medium/rope.toml\" "
+                         "(relative to the study file).")
+    base = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(path)), raw["base"]))
+    encodings, seeds = raw.get("encodings"), raw.get("seeds", [1337])
+    if not isinstance(encodings, list) or not encodings or not all(isinstance(e, str) for e in encodings) \
+            or len(set(encodings)) != len(encodings):
+        raise StudyError(f"{path}: encodings must be a list of distinct names such as [\"rope\", \"fox+kv_shift\"].")
+    integers = isinstance(seeds, list) and all(isinstance(s, int) and not isinstance(s, bool) for s in seeds or [None])
+    if not integers or len(set(seeds)) != len(seeds):
+        raise StudyError(f"{path}: seeds must be a list of distinct integers, e.g. [1, 2, 3].")
+    reference = raw.get("reference", "rope" if "rope" in encodings else encodings[0])
+    if reference not in encodings:
+        raise StudyError(f"{path}: reference {reference!r} is not one of the encodings {encodings}.")
+    overrides = [arg for key, value in (raw.get("overrides") or {}).items() for arg in as_cli(key, value)]
+    out_dir = raw.get("out_dir", os.path.join("runs", name))
+
+    launch = raw.get("launch") or {}
+    if set(launch) - LAUNCH_KEYS:
+        raise StudyError(f"{path}: unknown [launch] key(s) {sorted(set(launch) - LAUNCH_KEYS)}; "
+                         "use mode, gpus, gpus_per_run.")
+    mode = launch.get("mode", "in_process")
+    if mode not in LAUNCH_MODES:
+        raise StudyError(f"{path}: [launch] mode {mode!r} is not one of {', '.join(LAUNCH_MODES)}.")
+    gpus_per_run = launch.get("gpus_per_run", 1)
+    if mode == "per_gpu":
+        gpus_per_run = 1
+    gpus = launch.get("gpus", gpus_per_run)
+    gpus = [] if mode == "in_process" else [str(g) for g in (range(gpus) if isinstance(gpus, int) else gpus)]
+    if mode != "in_process" and (not isinstance(gpus_per_run, int) or gpus_per_run < 1 or len(gpus) < gpus_per_run):
+        raise StudyError(f"{path}: [launch] needs gpus_per_run >= 1 and at least that many gpus "
+                         f"(gpus = 8 or a list of ids such as [0, 1, 2, 3]).")
+
+    eval_tables = raw.get("eval") or {}
+    for eval_name in eval_tables:
+        if eval_name not in EVALUATIONS:
+            raise StudyError(f"{path}: unknown evaluation [eval.{eval_name}]; choose from {', '.join(EVALUATIONS)} "
+                             "(the final validation loss comes from training itself).")
+
+    runs = []
+    for encoding in encodings:
+        pos, kv_shift = split_encoding(encoding)
+        for seed in seeds:
+            run_dir = os.path.join(out_dir, encoding, f"seed{seed}")
+            train_args = [base, *overrides, f"--pos={pos}", f"--kv_shift={str(kv_shift).lower()}",
+                          f"--seed={seed}", f"--out_dir={run_dir}"]
+            try:
+                _, train_cfg = resolve(base, train_args[1:], GPTConfig)
+            except ConfigError as e:
+                raise StudyError(f"{path}, run {encoding} seed {seed}: {e}") from None
+            if train_cfg.eval_interval == 0:
+                raise StudyError(f"{path}: eval_interval is 0, so no run would report its final validation loss; "
+                                 "set eval_interval in [overrides].")
+            evals = {}
+            for eval_name, options in eval_tables.items():
+                argv = ["--ckpt", run_dir, "--out", os.path.join(run_dir, "eval")]
+                argv += [arg for key, value in options.items() for arg in as_cli(key, value, dash="-", bool_flags=True)]
+                check_eval_args(eval_name, argv, path)
+                evals[eval_name] = argv
+            runs.append(Run(encoding, seed, run_dir, train_args, train_cfg.max_iters, evals))
+    return Study(name, os.path.abspath(path), base, out_dir, list(encodings), list(seeds), reference, overrides,
+                 mode, gpus, gpus_per_run, runs)
+
+
+# ----------------------------------------------------------------------------- what is already done
+
+def read_records(run_dir: str) -> list[dict]:
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.isfile(path):
+        return []
+    records = []
+    with open(path) as f:
+        for line in f:
+            with contextlib.suppress(json.JSONDecodeError):  # a line cut by a kill
+                records.append(json.loads(line))
+    return records
+
+
+def run_finished(run: Run) -> bool:
+    """train.py wrote its end-of-run summary at max_iters (a resumed run drops older summaries) and the checkpoint."""
+    summaries = [r for r in read_records(run.run_dir) if r.get("type") == "summary"]
+    return (os.path.isfile(os.path.join(run.run_dir, "ckpt.pt")) and bool(summaries)
+            and summaries[-1].get("stopped") == "done" and summaries[-1].get("iter") == run.max_iters)
+
+
+def eval_marker(run: Run, name: str) -> str:
+    return os.path.join(run.run_dir, "eval", f"{name}.study.json")
+
+
+def eval_finished(run: Run, name: str) -> bool:
+    """Its output exists and the marker written after it says: same arguments, same checkpoint step."""
+    output = os.path.join(run.run_dir, "eval", f"{name}.json")
+    try:
+        marker = json.loads(Path(eval_marker(run, name)).read_text())
+        json.loads(Path(output).read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    return marker == {"argv": run.evals[name], "step": run.max_iters}
+
+
+def add_wall_clock(run: Run, key: str, seconds: float) -> None:
+    """Accumulate over invocations (an interrupted run's earlier time counts) in RUN_DIR/study_time.json."""
+    path = os.path.join(run.run_dir, "study_time.json")
+    times = json.loads(Path(path).read_text()) if os.path.isfile(path) else {}
+    times[key] = times.get(key, 0.0) + seconds
+    os.makedirs(run.run_dir, exist_ok=True)
+    train.atomic_write_text(path, json.dumps(times) + "\n")
+
+
+# ----------------------------------------------------------------------------- launching
+
+def train_argv(run: Run) -> list[str]:
+    resume = os.path.isfile(os.path.join(run.run_dir, "ckpt.pt"))
+    return run.train_args + (["--resume"] if resume else [])
+
+
+def gpu_slots(study: Study) -> list[list[str]]:
+    """Disjoint groups of gpus_per_run GPUs; each runs one job at a time, the groups side by side."""
+    k = study.gpus_per_run
+    return [study.gpus[i:i + k] for i in range(0, len(study.gpus) - k + 1, k)]
+
+
+def job_command(study: Study, job: str, argv: list[str], slot: list[str]) -> tuple[list[str], dict[str, str]]:
+    """(command line, extra environment) of a train or evaluation job in a subprocess on the GPUs `slot`."""
+    env = {"CUDA_VISIBLE_DEVICES": ",".join(slot)}
+    if job != "train":
+        return [sys.executable, str(REPO / "eval" / f"{job}.py"), *argv], env
+    if study.mode == "torchrun":
+        # --standalone picks a free rendezvous port, so several torchrun jobs can run side by side.
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={len(slot)}",
+                str(REPO / "train.py"), *argv], env
+    return [sys.executable, str(REPO / "train.py"), *argv], env
+
+
+def last_error_line(text: str) -> str | None:
+    lines = [line for line in text.splitlines() if line.startswith("error:")]
+    return lines[-1][len("error:"):].strip() if lines else None
+
+
+def in_process_job(job: str, argv: list[str], run_dir: str) -> str | None:
+    """Run train.run or an evaluation's main here; returns None on success, else one sentence."""
+    captured = io.StringIO()
+    try:
+        if job == "train":
+            result = train.run(argv)
+            if result["stopped"] == "sigterm":
+                raise StudyInterrupted
+            return None
+        with contextlib.redirect_stderr(captured):
+            EVALUATIONS[job].main(argv)
+        return None
+    except (ConfigError, train.TrainError, DataError) as e:
+        return str(e)
+    except SystemExit as e:  # the evaluation CLIs exit 2 on a usage or data error, after printing it
+        if e.code in (0, None):
+            return None
+        return last_error_line(captured.getvalue()) or f"eval/{job}.py exited with code {e.code}"
+    except (KeyboardInterrupt, StudyInterrupted):
+        raise
+    except Exception as e:  # an unforeseen failure of one run must not stop the others: keep its traceback
+        log = os.path.join(run_dir, f"study_{job}_error.log")
+        os.makedirs(run_dir, exist_ok=True)
+        Path(log).write_text(traceback.format_exc())
+        return f"{type(e).__name__}: {e} (traceback in {log})"
+
+
+def raise_keyboard_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+class Runner:
+    """Takes every run through training and its evaluations, skipping what is finished."""
+
+    def __init__(self, study: Study):
+        self.study = study
+        self.stop = threading.Event()
+        self.status: dict[tuple[str, int], dict] = {}
+        self.children: set[subprocess.Popen] = set()
+
+    def job(self, run: Run, job: str, argv: list[str], slot) -> str | None:
+        if self.study.mode == "in_process":
+            return in_process_job(job, argv, run.run_dir)
+        return self.subprocess_job(job, argv, run.run_dir, slot)
+
+    def subprocess_job(self, job: str, argv: list[str], run_dir: str, slot: list[str]) -> str | None:
+        command, env = job_command(self.study, job, argv, slot)
+        log = os.path.join(run_dir, f"study_{job}.log")
+        os.makedirs(run_dir, exist_ok=True)
+        with open(log, "a") as out:
+            out.write(f"$ CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']} {' '.join(command)}\n")
+            out.flush()
+            child = subprocess.Popen(command, env=os.environ | env, stdout=out, stderr=subprocess.STDOUT)
+            self.children.add(child)
+            try:
+                code = child.wait()
+            finally:
+                self.children.discard(child)
+        if code == 0:
+            return None
+        if code in (130, -2, -15) or self.stop.is_set():  # Ctrl-C or SIGTERM reached the child too
+            raise StudyInterrupted
+        return last_error_line(Path(log).read_text()) or f"exit code {code}; see {log}"
+
+    def process(self, run: Run, slot=None) -> None:
+        label = f"{run.encoding} seed {run.seed}"
+        status = {"status": "done", "errors": []}
+        self.status[(run.encoding, run.seed)] = status
+        try:
+            if self.stop.is_set():
+                raise StudyInterrupted
+            if not run_finished(run):
+                argv = train_argv(run)
+                print(f"[study] {'resume' if '--resume' in argv else 'train'} {label} -> {run.run_dir}", flush=True)
+                start = time.perf_counter()
+                try:
+                    error = self.job(run, "train", argv, slot)
+                finally:
+                    add_wall_clock(run, "train_s", time.perf_counter() - start)
+                if error is None and not run_finished(run):
+                    summary = next((r for r in reversed(read_records(run.run_dir)) if r.get("type") == "summary"), {})
+                    if self.stop.is_set() or summary.get("stopped") == "sigterm":
+                        raise StudyInterrupted
+                    error = (f"training stopped at iteration {summary.get('iter')} of {run.max_iters} "
+                             f"({summary.get('stopped')})")
+                if error is not None:
+                    status.update(status="failed", errors=[f"training: {error}"])
+                    print(f"[study] FAILED {label}: training: {error}", flush=True)
+                    return
+            for name, argv in run.evals.items():
+                if eval_finished(run, name):
+                    continue
+                if self.stop.is_set():
+                    raise StudyInterrupted
+                print(f"[study] {name} {label}", flush=True)
+                start = time.perf_counter()
+                error = self.job(run, name, argv, slot)
+                add_wall_clock(run, f"{name}_s", time.perf_counter() - start)
+                if error is not None:
+                    status.update(status="failed")
+                    status["errors"].append(f"{name}: {error}")
+                    print(f"[study] FAILED {label}: {name}: {error}", flush=True)
+                    continue
+                marker = {"argv": argv, "step": run.max_iters}
+                train.atomic_write_text(eval_marker(run, name), json.dumps(marker) + "\n")
+        except (StudyInterrupted, KeyboardInterrupt):
+            status.update(status="interrupted")
+            self.stop.set()
+
+    def run_all(self) -> None:
+        """SIGTERM is handled like Ctrl-C (train.py replaces the handler while it trains in-process)."""
+        in_main_thread = threading.current_thread() is threading.main_thread()  # only there may handlers be set
+        previous = signal.signal(signal.SIGTERM, raise_keyboard_interrupt) if in_main_thread else None
+        try:
+            self.run_each()
+        finally:
+            if in_main_thread:
+                signal.signal(signal.SIGTERM, previous)
+
+    def run_each(self) -> None:
+        runs = self.study.runs
+        if self.study.mode == "in_process":
+            for run in runs:  # in the main thread, so train.py's Ctrl-C handler (checkpoint, then stop) works
+                self.process(run)
+                if self.stop.is_set():
+                    raise StudyInterrupted
+            return
+        slots: queue.Queue = queue.Queue()
+        for slot in gpu_slots(self.study):
+            slots.put(slot)
+
+        def on_free_slot(run):
+            slot = slots.get()
+            try:
+                self.process(run, slot)
+            finally:
+                slots.put(slot)
+
+        pool = ThreadPoolExecutor(max_workers=slots.qsize())
+        try:
+            futures = [pool.submit(on_free_slot, run) for run in runs]
+            for future in futures:
+                future.result()
+        except KeyboardInterrupt:
+            self.stop.set()
+            for child in list(self.children):  # a Ctrl-C reached them already, a SIGTERM to the study did not
+                child.send_signal(signal.SIGTERM)  # train.py then saves a checkpoint and exits
+            print("[study] stopping: waiting for the running jobs to save their checkpoints...", flush=True)
+        pool.shutdown(wait=True, cancel_futures=True)
+        if self.stop.is_set():
+            raise StudyInterrupted
+
+
+# ----------------------------------------------------------------------------- statistics
+
+def describe(values: list[float]) -> dict:
+    """Mean and sample standard deviation (n - 1; None for one value) of per-seed values."""
+    n = len(values)
+    return {"values": values, "n": n, "mean": statistics.fmean(values) if n else None,
+            "std": statistics.stdev(values) if n > 1 else None}
+
+
+def paired_difference(values: dict[int, float], reference: dict[int, float]) -> dict:
+    """Per-seed differences to the reference encoding (same seed = same data order and init) and whether the
+    two-sided 95% t-interval of their mean excludes 0: the rule for "exceeds the seed spread"."""
+    from scipy.stats import t as student_t
+
+    seeds = sorted(set(values) & set(reference))
+    result = describe([values[s] - reference[s] for s in seeds]) | {"seeds": seeds}
+    if result["n"] < 2:
+        return result | {"interval": None, "exceeds_seed_spread": None}
+    half_width = student_t.ppf(0.5 + CONFIDENCE / 2, result["n"] - 1) * result["std"] / math.sqrt(result["n"])
+    interval = [result["mean"] - half_width, result["mean"] + half_width]
+    return result | {"interval": interval, "exceeds_seed_spread": not interval[0] <= 0 <= interval[1]}
+
+
+def verdict(encoding: str, reference: str, diff: dict | None) -> str:
+    if encoding == reference:
+        return f"{encoding} is the reference."
+    if diff is None or diff["n"] == 0:
+        return f"{encoding}: no seed finished for both {encoding} and {reference}, so there is no comparison."
+    if diff["n"] == 1:
+        return (f"{encoding} − {reference} = {diff['mean']:+.4f} on one seed: one seed has no spread to compare "
+                "with; run more seeds to tell.")
+    lo, hi = diff["interval"]
+    words = ("excludes 0: the difference exceeds the seed spread" if diff["exceeds_seed_spread"]
+             else "contains 0: the difference is within the seed spread")
+    return (f"{encoding} − {reference} = {diff['mean']:+.4f} ± {diff['std']:.4f} (mean ± sample std over "
+            f"{diff['n']} paired seeds); the {CONFIDENCE:.0%} t-interval [{lo:+.4f}, {hi:+.4f}] {words}.")
+
+
+# ----------------------------------------------------------------------------- the report, from the runs' files
+
+def read_json(path: str):
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def run_row(run: Run, status: dict) -> dict:
+    records = read_records(run.run_dir)
+    curves = plot_runs.read_curves(run.run_dir) if records else {"train": [], "val": []}
+    vals = [r for r in records if r.get("type") == "val"]
+    trains = [r for r in records if r.get("type") == "train"]
+    summary = next((r for r in reversed(records) if r.get("type") == "summary"), {})
+    finished = run_finished(run)
+    times = read_json(os.path.join(run.run_dir, "study_time.json")) or {}
+    resolved = read_json(os.path.join(run.run_dir, "config.json")) or {}
+    on_gpu = str(summary.get("memory_kind", "")).startswith("cuda")
+    gpus = resolved.get("world_size", 1) if on_gpu else 0
+    wall = sum(times.values())
+    return {
+        "encoding": run.encoding, "seed": run.seed, "run_dir": run.run_dir,
+        "status": status.get("status", "done" if finished else "not run"), "errors": status.get("errors", []),
+        "finished": finished, "iter": trains[-1]["iter"] if trains else 0,
+        "tokens": trains[-1]["tokens"] if trains else 0,
+        "final_val_loss": vals[-1]["val_loss"] if finished and vals and vals[-1]["iter"] == run.max_iters else None,
+        "val_curve": curves["val"], "wall_clock_s": times, "gpus": gpus,
+        "gpu_hours": wall / 3600 * gpus, "peak_memory_gb": summary.get("peak_memory_gb"),
+    }
+
+
+def extrapolation_summary(results: list[dict]) -> dict:
+    """Per context (as a multiple of L): non-overlapping loss, loss beyond L, sliding loss; passkey by length."""
+    out: dict = {"contexts": {}}
+    first = results[0]
+    for context in first["contexts"]:
+        factor = str(int(context) // first["train_context"])
+        cells = [r["contexts"][context] for r in results]
+        beyond = [c["nonoverlapping"]["mean_beyond_train_context"] for c in cells]
+        out["contexts"][factor] = {
+            "context": int(context),
+            "nonoverlapping": describe([c["nonoverlapping"]["mean"] for c in cells]),
+            "beyond_train_context": describe(beyond) if None not in beyond else None,
+            "sliding": describe([c["sliding"]["mean"] for c in cells]),
+        }
+    if all("passkey" in r for r in results):
+        per_seed = [[statistics.fmean(row) for row in r["passkey"]["accuracy"]] for r in results]
+        out["passkey"] = {"lengths": first["passkey"]["actual_lengths"], "depths": first["passkey"]["depths"],
+                          "trials_per_cell": first["passkey"]["trials"],
+                          "accuracy_by_length": [describe([seed[i] for seed in per_seed])
+                                                 for i in range(len(first["passkey"]["lengths"]))]}
+    return out
+
+
+def zero_shot_summary(reports: list[dict]) -> dict:
+    tasks = {}
+    for task, row in reports[0]["tasks"].items():
+        tasks[task] = {"average_metric": row["average_metric"]}
+        for metric in ("acc", "acc_norm", "score"):
+            if metric in row:
+                tasks[task][metric] = describe([r["tasks"][task][metric] for r in reports])
+    return {"tasks": tasks, "average": describe([r["average"] for r in reports]),
+            "paper_size": reports[0]["paper_size"], "paper": reports[0]["paper"]}
+
+
+def build_report(study: Study, statuses: dict) -> dict:
+    rows = [run_row(run, statuses.get((run.encoding, run.seed), {})) for run in study.runs]
+    final = {e: {r["seed"]: r["final_val_loss"] for r in rows if r["encoding"] == e and r["final_val_loss"] is not None}
+             for e in study.encodings}
+    encodings = {}
+    for encoding in study.encodings:
+        finished = [run for run in study.runs if run.encoding == encoding and run_finished(run)]
+        diff = None if encoding == study.reference else paired_difference(final[encoding], final[study.reference])
+        entry = {"final_val_loss": describe([final[encoding][s] for s in sorted(final[encoding])]) |
+                 {"seeds": sorted(final[encoding])}, "difference_to_reference": diff,
+                 "verdict": verdict(encoding, study.reference, diff)}
+        for name, summarize in (("extrapolation", extrapolation_summary), ("zero_shot", zero_shot_summary)):
+            outputs = [read_json(os.path.join(run.run_dir, "eval", f"{name}.json"))
+                       for run in finished if name in run.evals and eval_finished(run, name)]
+            outputs = [o[0] if isinstance(o, list) else o for o in outputs if o]
+            if outputs:
+                entry[name] = summarize(outputs) | {"seeds": [run.seed for run in finished if eval_finished(run, name)]}
+        encodings[encoding] = entry
+    return {"study": study.name, "study_file": study.path, "base": study.base, "overrides": study.overrides,
+            "seeds": study.seeds, "reference": study.reference, "launch": {"mode": study.mode, "gpus": study.gpus,
+                                                                           "gpus_per_run": study.gpus_per_run},
+            "rule": f"a difference to {study.reference} exceeds the seed spread when the two-sided "
+                    f"{CONFIDENCE:.0%} Student-t interval of the mean per-seed paired difference excludes 0",
+            "runs": rows, "encodings": encodings}
+
+
+def fmt(stat: dict | None, digits: int = 4) -> str:
+    if not stat or stat.get("mean") is None:
+        return "–"
+    return f"{stat['mean']:.{digits}f}" + (f" ± {stat['std']:.{digits}f}" if stat.get("std") is not None else "")
+
+
+def markdown(report: dict, plots: dict) -> str:
+    ref = report["reference"]
+    enc = report["encodings"]
+    lines = [f"# Study `{report['study']}`", "",
+             f"Base config `{os.path.relpath(report['base'])}`, overrides `{' '.join(report['overrides']) or 'none'}`, "
+             f"seeds {report['seeds']}, launch {report['launch']['mode']}. Every number is mean ± sample standard "
+             "deviation over seeds, read from the runs' own metrics.jsonl and eval/*.json "
+             "(report.json holds them all).",
+             "", "## Final validation loss", "",
+             f"| encoding | seeds | val loss | − {ref} (paired) | {CONFIDENCE:.0%} t-interval "
+             "| exceeds seed spread |",
+             "|---|---:|---:|---:|---:|---|"]
+    for name, e in enc.items():
+        d = e["difference_to_reference"]
+        interval = f"[{d['interval'][0]:+.4f}, {d['interval'][1]:+.4f}]" if d and d["interval"] else "–"
+        exceeds = {True: "yes", False: "no", None: "–"}[d["exceeds_seed_spread"] if d else None]
+        lines.append(f"| {name} | {e['final_val_loss']['n']} | {fmt(e['final_val_loss'])} | {fmt(d)} | "
+                     f"{interval} | {exceeds} |")
+    lines += ["", f"Rule: {report['rule']}.", ""] + [f"- {e['verdict']}" for e in enc.values()]
+    if "loss_curves" in plots:
+        lines += ["", f"![loss curves]({plots['loss_curves']})"]
+    if any("extrapolation" in e for e in enc.values()):
+        lines += ["", "## Loss beyond the training context", "",
+                  "| encoding | C/L | C | non-overlapping | beyond L | sliding |", "|---|---:|---:|---:|---:|---:|"]
+        for name, e in enc.items():
+            for factor, c in e.get("extrapolation", {}).get("contexts", {}).items():
+                lines.append(f"| {name} | {factor} | {c['context']} | {fmt(c['nonoverlapping'])} | "
+                             f"{fmt(c['beyond_train_context'])} | {fmt(c['sliding'])} |")
+        if "loss_vs_position" in plots:
+            lines += ["", f"![loss vs position]({plots['loss_vs_position']})"]
+        passkeys = {n: e["extrapolation"]["passkey"] for n, e in enc.items() if "passkey" in e.get("extrapolation", {})}
+        if passkeys:
+            lengths = next(iter(passkeys.values()))["lengths"]
+            lines += ["", "## Passkey retrieval accuracy (mean over depths, then over seeds)", "",
+                      "| encoding | " + " | ".join(f"{n} tokens" for n in lengths) + " |",
+                      "|---|" + "---:|" * len(lengths)]
+            for name, p in passkeys.items():
+                lines.append(f"| {name} | " + " | ".join(fmt(a, 2) for a in p["accuracy_by_length"]) + " |")
+    zs = {n: e["zero_shot"] for n, e in enc.items() if "zero_shot" in e}
+    if zs:
+        first = next(iter(zs.values()))
+        tasks = list(first["tasks"])
+        lines += ["", "## Zero-shot accuracy (%)", "",
+                  "The metric eval/zero_shot.py averages (named per task), ours beside the paper's row:", "",
+                  "| encoding | " + " | ".join(f"{t} ({first['tasks'][t]['average_metric']})" for t in tasks)
+                  + " | average |", "|---|" + "---:|" * (len(tasks) + 1)]
+        for name, z in zs.items():
+            lines.append(f"| {name} (ours) | " + " | ".join(fmt(z["tasks"][t].get("score"), 2) for t in tasks)
+                         + f" | {fmt(z['average'], 2)} |")
+            paper = z["paper"]
+            complete = paper is not None and len(tasks) == len(paper) - 1
+            lines.append(f"| {name} (paper, {z['paper_size']}) | " + " | ".join(
+                "–" if not paper or paper.get(t) is None else f"{paper[t]:.2f}" for t in tasks)
+                + (f" | {paper['avg']:.2f} |" if complete else " | – |"))
+        lines += ["", "Both metrics, acc / acc_norm:", "", "| encoding | " + " | ".join(tasks) + " |",
+                  "|---|" + "---:|" * len(tasks)]
+        for name, z in zs.items():
+            lines.append(f"| {name} | " + " | ".join(
+                f"{fmt(z['tasks'][t].get('acc'), 2)} / {fmt(z['tasks'][t].get('acc_norm'), 2)}" for t in tasks) + " |")
+    lines += ["", "## Runs", "", "| encoding | seed | status | iterations | tokens | final val loss | wall-clock (h) "
+              "| GPU-hours | run directory |", "|---|---:|---|---:|---:|---:|---:|---:|---|"]
+    for r in report["runs"]:
+        loss = "–" if r["final_val_loss"] is None else f"{r['final_val_loss']:.4f}"
+        lines.append(f"| {r['encoding']} | {r['seed']} | {r['status']} | {r['iter']} | {r['tokens']:,} | {loss} | "
+                     f"{sum(r['wall_clock_s'].values()) / 3600:.3f} | {r['gpu_hours']:.2f} | `{r['run_dir']}` |")
+    failed = [r for r in report["runs"] if r["errors"]]
+    if failed:
+        lines += ["", "## Failures", ""]
+        lines += [f"- {r['encoding']} seed {r['seed']}: {'; '.join(r['errors'])}" for r in failed]
+    return "\n".join(lines) + "\n"
+
+
+def write_plots(study: Study, report: dict) -> dict:
+    plots = {}
+    done = [r for r in report["runs"] if r["finished"]]
+    if done:
+        path = os.path.join(study.out_dir, "loss_curves.png")
+        labels = [f"{r['encoding']} seed {r['seed']}" for r in done]
+        with contextlib.redirect_stdout(io.StringIO()):  # plot_runs prints the path
+            plot_runs.main([r["run_dir"] for r in done] + ["--out", path, "--title", study.name, "--labels", *labels])
+        plots["loss_curves"] = "loss_curves.png"
+    results = []
+    for run in study.runs:
+        if "extrapolation" in run.evals and eval_finished(run, "extrapolation"):
+            result = read_json(os.path.join(run.run_dir, "eval", "extrapolation.json"))[0]
+            results.append(result | {"name": f"{run.encoding} seed {run.seed}"})
+    if results:
+        extrapolation.plot_loss_vs_position(results, os.path.join(study.out_dir, "loss_vs_position.png"))
+        plots["loss_vs_position"] = "loss_vs_position.png"
+    return plots
+
+
+def write_report(study: Study, statuses: dict) -> dict:
+    report = build_report(study, statuses)
+    os.makedirs(study.out_dir, exist_ok=True)
+    plots = write_plots(study, report)
+    report["plots"] = plots
+    train.atomic_write_text(os.path.join(study.out_dir, "report.json"), json.dumps(report, indent=2) + "\n")
+    train.atomic_write_text(os.path.join(study.out_dir, "report.md"), markdown(report, plots))
+    return report
+
+
+def run_study(path: str) -> dict:
+    study = load_study(path)
+    print(f"[study] {study.name}: {len(study.encodings)} encodings x {len(study.seeds)} seeds = "
+          f"{len(study.runs)} runs, "
+          f"launch {study.mode}, output {study.out_dir}", flush=True)
+    runner = Runner(study)
+    runner.run_all()
+    report = write_report(study, runner.status)
+    failed = sum(r["status"] == "failed" for r in report["runs"])
+    print(f"[study] wrote {os.path.join(study.out_dir, 'report.md')} and report.json"
+          + (f"; {failed} run(s) failed, see the report's Failures section" if failed else ""), flush=True)
+    return report
+
+
+def main(argv: list[str] | None = None) -> dict:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1 or argv[0].startswith("-"):
+        print(__doc__.strip(), file=sys.stderr)
+        sys.exit(0 if argv and argv[0] in ("-h", "--help") else 2)
+    try:
+        report = run_study(argv[0])
+    except StudyError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except (StudyInterrupted, KeyboardInterrupt):
+        print("stopped: finished runs and evaluations are kept and an interrupted run has its last checkpoint; "
+              "run the same command again to continue.", file=sys.stderr, flush=True)
+        sys.exit(130)
+    if any(r["status"] == "failed" for r in report["runs"]):
+        sys.exit(1)
+    return report
+
+
+if __name__ == "__main__":
+    main()
