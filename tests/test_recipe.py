@@ -153,14 +153,14 @@ def test_one_adamw_step_moves_log_theta_as_the_official_parametrisation_does():
     optimizer.step()
     moved = official.blocks[0].attn.rotation.spectrum().detach()
     expected = log_theta * (1 - lr * wd) - (lr / 16) * g / (g.abs() + 16 * eps)
-    torch.testing.assert_close(moved, expected, atol=2e-7, rtol=0)
+    torch.testing.assert_close(moved, expected, atol=1e-6, rtol=0)  # fp32 rounding of |log θ| < 7; steps are 6e-5
     steps = (moved - log_theta).abs()
     assert steps.max() < 1.1 * lr / 16 + lr * wd * log_theta.abs().max()  # vs about lr for the clean recipe
 
     clean_optimizer = torch.optim.AdamW(train.param_groups(unscaled, wd, "matrices"), lr=lr, eps=eps)
     clean_optimizer.step()  # log θ is not decayed under "matrices" and moves by about lr
     torch.testing.assert_close(unscaled.blocks[0].attn.rotation.log_theta.detach(),
-                               log_theta - lr * g / (g.abs() + eps), atol=2e-7, rtol=0)
+                               log_theta - lr * g / (g.abs() + eps), atol=1e-6, rtol=0)
 
 
 # ----------------------------------------------------------------------------- model options
