@@ -115,7 +115,7 @@ def test_report_average_json_and_markdown(evaluated):
     table = (out / "zero_shot.md").read_text()
     assert f"| arc_easy | 3 |" in table and f"{rope['arc_easy']:.2f} |" in table
     assert f"**{report['average']:.2f}** | {rope['avg']:.2f} |" in table
-    assert f"{report['averages']['acc']:.2f} with acc" in table and "does not name its metric" in table
+    assert f"{report['averages']['acc']:.2f} with `--metric acc`" in table and "does not name its metric" in table
 
 
 @pytest.mark.parametrize("metric", ["convention", "acc_norm", "acc"])
