@@ -12,6 +12,10 @@ Files are merged include-first, so a per-encoding file only says what differs fr
 Command-line overrides `--key=value` (or `--model.key=value` / `--train.key=value` when a name is
 ambiguous) are applied last. Every key is checked: a misspelling is an error that names the closest
 valid key, and every value is converted to the type of its field.
+
+`train.recipe` names a preset of the model and training options in which the official code and this
+project differ (RECIPES below, docs/recipe.md): it fills each of those keys that no file and no override
+sets. "official" reproduces the authors' training; "clean" is this project's alternative.
 """
 from __future__ import annotations
 
@@ -24,6 +28,20 @@ import typing
 from dataclasses import dataclass
 
 SECTIONS = ("model", "train")
+
+# What each recipe sets (docs/recipe.md: the effect of each difference and the test that shows it).
+RECIPES = {
+    "official": {  # as the authors' code trains
+        "model": {"qk_norm": "after",         # rotate, then QK RMSNorm
+                  "spectrum_scale": 16.0,     # GRAPE-M learns log_freq = 16·log θ
+                  "p_norm_eps": 0.0},         # GRAPE-AP's p̂: F.rms_norm's default epsilon (the dtype's)
+        "train": {"decay_params": "all_but_norm_gains", "lr_schedule": "official"},
+    },
+    "clean": {  # this project's alternative (and the defaults of GPTConfig and TrainConfig)
+        "model": {"qk_norm": "before", "spectrum_scale": 1.0, "p_norm_eps": 1e-5},
+        "train": {"decay_params": "matrices", "lr_schedule": "clean"},
+    },
+}
 
 
 class ConfigError(Exception):
@@ -39,7 +57,12 @@ class TrainConfig:
     # batch: global_batch_size sequences per optimizer step = batch_size x grad_accum x world_size
     batch_size: int = 4              # sequences per micro-batch per process
     global_batch_size: int = 480     # sequences per optimizer step over all processes
-    # optimizer and schedule (AdamW; weight decay only on Linear and Embedding weight matrices)
+    recipe: str = "clean"            # official | clean: presets for the keys below and some model keys (RECIPES)
+    # optimizer and schedule (AdamW)
+    decay_params: str = "matrices"   # weight decay on: matrices (Linear and Embedding weights) | all_but_norm_gains
+    lr_schedule: str = "clean"       # clean: max_iters steps, warm-up lr·(s+1)/warmup_iters | official: iterations
+                                     # 0..max_iters (max_iters + 1 steps), warm-up lr·it/warmup_iters; both cosine
+                                     # to min_lr at iteration max_iters
     max_iters: int = 25000
     lr: float = 1e-3
     min_lr: float = 3e-5
@@ -89,10 +112,19 @@ class TrainConfig:
             (self.device in ("auto", "cpu", "cuda"), f"device must be auto, cpu or cuda, not {self.device!r}"),
             (self.dtype in ("auto", "bf16", "fp32"), f"dtype must be auto, bf16 or fp32, not {self.dtype!r}"),
             (self.wandb_mode in ("offline", "online"), f"wandb_mode must be offline or online, not {self.wandb_mode!r}"),
+            (self.recipe in RECIPES, f"recipe must be {' or '.join(RECIPES)}, not {self.recipe!r}"),
+            (self.decay_params in ("matrices", "all_but_norm_gains"),
+             f"decay_params must be matrices or all_but_norm_gains, not {self.decay_params!r}"),
+            (self.lr_schedule in ("clean", "official"), f"lr_schedule must be clean or official, not {self.lr_schedule!r}"),
         ]
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message + ".")
+
+    @property
+    def num_steps(self) -> int:
+        """Optimizer steps of a whole run: the official loop runs iterations 0..max_iters inclusive."""
+        return self.max_iters + 1 if self.lr_schedule == "official" else self.max_iters
 
 
 # Names other training codebases use for our keys; spelling similarity alone would miss them.
@@ -260,6 +292,11 @@ def resolve(config_path: str, overrides: list[str], model_config_cls) -> tuple[o
     cli = parse_overrides(overrides, model_kinds, train_kinds)
     for s in SECTIONS:
         merged[s].update(cli[s])
+    recipe = str(merged["train"].get("recipe", TrainConfig.recipe))
+    if recipe not in RECIPES:
+        raise ConfigError(f"train.recipe = {recipe!r} is not valid; it must be {' or '.join(RECIPES)}.")
+    for s in SECTIONS:
+        merged[s] = {**RECIPES[recipe][s], **merged[s]}  # keys set in a file or on the command line win
 
     for section, kinds, other, other_kinds in (("train", train_kinds, "model", model_kinds),
                                                ("model", model_kinds, "train", train_kinds)):

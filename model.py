@@ -1,8 +1,9 @@
 """One Llama-style GPT whose positional encoding is chosen by config (see positional.py).
 
 Pre-norm RMSNorm blocks, SwiGLU MLP (hidden floor(8/3·n_embd)), learnable QK RMSNorm applied
-*before* any rotation (so the relative law is exact), no biases, tied embeddings. The same forward
-serves training (no cache), prefill (empty cache) and decoding (one token per step).
+*before* any rotation by default (so the relative law is exact; ``qk_norm="after"`` is the official
+code's order), no biases, tied embeddings. The same forward serves training (no cache), prefill (empty
+cache) and decoding (one token per step).
 """
 from __future__ import annotations
 
@@ -33,16 +34,19 @@ class GPTConfig:
     kv_shift: bool = False
     attn_backend: str = "auto"  # "auto" (fast path) or "dense" (reference)
     norm_eps: float = 1e-5
+    qk_norm: str = "before"  # QK RMSNorm "before" the rotation (exact relative law) or "after" it (official code)
     # multiplicative encodings
     rope_base: float = 10000.0
     learn_spectrum: bool = True  # grape_m*: learn log θ (False freezes it: grape_m == rope)
     spectrum_per_head: bool = False  # grape_m*: one spectrum per head instead of one shared
+    spectrum_scale: float = 1.0  # grape_m*: learn spectrum_scale·log θ (official: 16, so log θ learns 16x slower)
     ctx_temperature: float = 16.0  # grape_m_ctx: ω = sigmoid((W x + b) / ctx_temperature)
     ctx_init_increment: float = 1e-3  # grape_m_ctx: b = softplus⁻¹(this), W = 0 at init
     # additive encodings
     grape_a_omega_init: float = 1.0  # grape_a_*: ω_h = softplus(w_h) × ALiBi slope, softplus(w_h) = this at init
     fox_gate_bias_init: float = 0.0  # fox: forget-gate bias b_h at init
     p_head_dim: int = 8  # grape_ap: path-vector dimension per head
+    p_norm_eps: float = 1e-5  # grape_ap: epsilon of p̂'s RMS norm; 0 = the dtype's machine epsilon (official)
 
     def __post_init__(self):
         rotation, bias = parse_pos(self.pos)
@@ -51,6 +55,11 @@ class GPTConfig:
         if bias == "grape_ap" and self.p_head_dim % 2:
             raise ValueError(f"grape_ap rotates its path vectors, so p_head_dim must be even (got {self.p_head_dim})")
         resolve_backend(self.attn_backend, None)  # validates the name
+        if self.qk_norm not in ("before", "after"):
+            raise ValueError(f"qk_norm must be 'before' or 'after' (the rotation), not {self.qk_norm!r}")
+        if self.spectrum_scale <= 0 or self.p_norm_eps < 0:
+            raise ValueError(f"spectrum_scale must be positive and p_norm_eps at least 0 "
+                             f"(got {self.spectrum_scale}, {self.p_norm_eps})")
         for name in ("n_layer", "n_head", "n_embd", "head_dim", "vocab_size", "block_size"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"GPTConfig.{name} must be positive (got {getattr(self, name)})")
@@ -124,10 +133,13 @@ class CausalSelfAttention(nn.Module):
                                  learn_spectrum=config.learn_spectrum,
                                  spectrum_per_head=config.spectrum_per_head,
                                  ctx_temperature=config.ctx_temperature,
-                                 ctx_init_increment=config.ctx_init_increment)
+                                 ctx_init_increment=config.ctx_init_increment,
+                                 spectrum_scale=config.spectrum_scale)
         self.bias = build_bias(bias, n_head=H, head_dim=d, n_embd=C,
                                grape_a_omega_init=config.grape_a_omega_init,
-                               fox_gate_bias_init=config.fox_gate_bias_init, p_head_dim=config.p_head_dim)
+                               fox_gate_bias_init=config.fox_gate_bias_init, p_head_dim=config.p_head_dim,
+                               p_norm_eps=config.p_norm_eps)
+        self.norm_after_rotation = config.qk_norm == "after"
         self.kv_shift = KVShift(H, C) if config.kv_shift else None
         self.backend = resolve_backend(config.attn_backend, self.bias)
 
@@ -137,11 +149,15 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
         if self.kv_shift is not None:
             k, v = self.kv_shift(x, k, v, state)
-        q, k = self.q_norm(q), self.k_norm(k)
-        # Positional features, gates, phases and cumulative sums in fp32 even under bf16 autocast.
+        # Positional features, gates, phases and cumulative sums in fp32 even under bf16 autocast. The bias
+        # features (GRAPE-A's gates) read q and k normalised, as attention sees them.
         with torch.autocast(x.device.type, enabled=False):
+            if self.norm_after_rotation:  # the official order: unequal gains of a rotated pair break the relative law
+                q, k = self.rotation(q, k, x, positions, state)
+            q, k = self.q_norm(q), self.k_norm(k)
             qf, kf = self.bias.features(x, q, k, positions, state) if self.bias is not None else ({}, {})
-            q, k = self.rotation(q, k, x, positions, state)
+            if not self.norm_after_rotation:
+                q, k = self.rotation(q, k, x, positions, state)
         if self.backend == "lifted":  # the lifted keys carry the bias: no key features to cache
             q, k = lift_qk(q, k, qf, kf, self.bias, self.scale)
             # v zero-padded to the lifted width (see lift_qk), before the cache: each value once,

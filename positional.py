@@ -95,6 +95,8 @@ def rotate_planes(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
 
 
 def rms_normalize(x: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    """x / sqrt(mean(x²) + eps); eps = 0 means the machine epsilon of x's dtype (F.rms_norm's default)."""
+    eps = eps or torch.finfo(x.dtype).eps
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
 
 
@@ -110,11 +112,16 @@ class Rotation(nn.Module):
     so with learning frozen they equal ``rope`` bit for bit); ``grape_m_basis`` rotates in a learned
     orthogonal basis B = exp(A - Aᵀ) (B = I at init), which is enough because Bᵀ cancels in q̃·k̃;
     ``grape_m_ctx`` replaces the position by the phase Φ_t = Σ_{τ<t} ω_τ with ω_τ ≥ 0 from the layer
-    input (one Φ shared by all heads)."""
+    input (one Φ shared by all heads).
+
+    ``spectrum_scale`` s ≠ 1 stores the learned spectrum as the parameter ``scaled_log_theta`` = s·log θ
+    (the official code's ``log_freq`` with s = 16): AdamW moves a parameter by about lr per step whatever
+    its scale, so log θ then moves s times more slowly. The parameter is named differently from the
+    unscaled ``log_theta`` so that weights saved under one parametrisation cannot load under the other."""
 
     def __init__(self, kind: str, *, n_head: int, head_dim: int, n_embd: int, base: float,
                  learn_spectrum: bool, spectrum_per_head: bool, ctx_temperature: float,
-                 ctx_init_increment: float):
+                 ctx_init_increment: float, spectrum_scale: float = 1.0):
         super().__init__()
         self.kind = kind
         if kind == "nope":
@@ -128,7 +135,10 @@ class Rotation(nn.Module):
         else:
             if spectrum_per_head:
                 log_theta = log_theta.expand(n_head, -1).clone()
-            if learn_spectrum:
+            if learn_spectrum and spectrum_scale != 1:
+                self.spectrum_scale = spectrum_scale
+                self.scaled_log_theta = nn.Parameter(log_theta * spectrum_scale)
+            elif learn_spectrum:
                 self.log_theta = nn.Parameter(log_theta)
             else:
                 self.register_buffer("log_theta", log_theta)
@@ -143,12 +153,18 @@ class Rotation(nn.Module):
     def extra_repr(self):
         return f"kind={self.kind}"
 
+    def spectrum(self) -> torch.Tensor:
+        """log θ in fp32 (fp64 stays fp64): (d/2,) or per head (H, d/2)."""
+        if hasattr(self, "scaled_log_theta"):
+            return fp32(self.scaled_log_theta) / self.spectrum_scale
+        return fp32(self.log_theta)
+
     def basis(self) -> torch.Tensor:
         skew = self.basis_generator - self.basis_generator.T
         return torch.linalg.matrix_exp(fp32(skew))
 
     def angles(self, x: torch.Tensor, positions: torch.Tensor, state: dict) -> torch.Tensor:
-        theta = fp32(self.log_theta).exp()
+        theta = self.spectrum().exp()
         if theta.dim() == 2:  # per head: (H, d/2) -> (1, H, 1, d/2)
             theta = theta[None, :, None, :]
         if self.kind == "grape_m_ctx":
@@ -323,16 +339,17 @@ class PathIntegral(AdditiveBias):
 
     p = a per-head linear projection of the layer input (d_p each); the query side uses p_t as is, the
     key side its parameter-free RMS norm rotated by R_ℓ (angle ℓ in every plane: RoPE with base 1),
-    so ψ depends on absolute ℓ. Query features: p_t / d_p; key features: r_ℓ = R_ℓ p̂_ℓ (cached)."""
+    so ψ depends on absolute ℓ. Query features: p_t / d_p; key features: r_ℓ = R_ℓ p̂_ℓ (cached).
+    ``norm_eps`` is the epsilon of that RMS norm (0: the dtype's machine epsilon, as the official code)."""
 
     separable = False
 
-    def __init__(self, n_head: int, n_embd: int, p_head_dim: int):
+    def __init__(self, n_head: int, n_embd: int, p_head_dim: int, norm_eps: float = 1e-5):
         super().__init__()
         if p_head_dim % 2:
             raise ValueError(f"grape_ap rotates its path vectors in planes, so p_head_dim must be even "
                              f"(got {p_head_dim})")
-        self.n_head, self.p_head_dim = n_head, p_head_dim
+        self.n_head, self.p_head_dim, self.norm_eps = n_head, p_head_dim, norm_eps
         self.path = nn.Linear(n_embd, n_head * p_head_dim, bias=False)
         nn.init.normal_(self.path.weight, std=0.5 / math.sqrt(n_embd))
         self.register_buffer("slopes", alibi_slopes(n_head), persistent=False)
@@ -341,7 +358,7 @@ class PathIntegral(AdditiveBias):
         B, T, _ = x.shape
         p = self.path(fp32(x)).view(B, T, self.n_head, self.p_head_dim).transpose(1, 2)
         angles = fp32(positions)[:, None].expand(T, self.p_head_dim // 2)
-        r = rotate_planes(rms_normalize(p), angles)
+        r = rotate_planes(rms_normalize(p, self.norm_eps), angles)
         return {"p": p / self.p_head_dim, "pos": _positions_feature(positions)}, \
                {"r": r, "pos": _positions_feature(positions)}
 
@@ -380,7 +397,7 @@ class KVShift(nn.Module):
 
 
 def build_bias(kind: str | None, *, n_head: int, head_dim: int, n_embd: int, grape_a_omega_init: float,
-               fox_gate_bias_init: float, p_head_dim: int) -> AdditiveBias | None:
+               fox_gate_bias_init: float, p_head_dim: int, p_norm_eps: float = 1e-5) -> AdditiveBias | None:
     if kind is None:
         return None
     if kind == "alibi":
@@ -390,5 +407,5 @@ def build_bias(kind: str | None, *, n_head: int, head_dim: int, n_embd: int, gra
     if kind == "fox":
         return ForgetGate(n_head, n_embd, fox_gate_bias_init)
     if kind == "grape_ap":
-        return PathIntegral(n_head, n_embd, p_head_dim)
+        return PathIntegral(n_head, n_embd, p_head_dim, p_norm_eps)
     raise ValueError(f"unknown additive encoding {kind!r}; valid: {', '.join(BIASES)}")

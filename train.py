@@ -44,7 +44,10 @@ from data.shards import DataError
 # names them. (batch_size and the number of processes may change: a step reads the same windows however the
 # global batch is split.)
 TRAJECTORY_KEYS = ("data_dir", "seed", "global_batch_size", "max_iters", "lr", "min_lr",
-                   "warmup_iters", "weight_decay", "beta1", "beta2", "grad_clip", "dtype")
+                   "warmup_iters", "weight_decay", "beta1", "beta2", "grad_clip", "dtype",
+                   "decay_params", "lr_schedule")
+# The values of keys that checkpoints written before the key existed were trained with.
+TRAJECTORY_KEYS_BEFORE_RECIPES = {"decay_params": "matrices", "lr_schedule": "clean"}
 CHECKPOINT_KEYS = ("model", "model_config", "tokenizer", "train_config", "step", "optimizer", "rng")
 # bf16 dense peak FLOP/s per GPU, for MFU: the first key found in torch.cuda.get_device_name wins, so the
 # slower H100 variants come before the SXM one ("NVIDIA H100 80GB HBM3").
@@ -58,18 +61,27 @@ class TrainError(Exception):
 # ----------------------------------------------------------------------------- small pieces
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
-    """Linear warm-up to cfg.lr over warmup_iters steps, then cosine decay to min_lr at max_iters."""
+    """Linear warm-up to cfg.lr over warmup_iters steps, then cosine decay to min_lr at step max_iters.
+    The official warm-up (nanoGPT's) is lr·step/warmup_iters, so its first step has lr 0; the clean one
+    lr·(step+1)/warmup_iters reaches lr at the last warm-up step."""
     if step < cfg.warmup_iters:
-        return cfg.lr * (step + 1) / cfg.warmup_iters
+        return cfg.lr * (step + (cfg.lr_schedule != "official")) / cfg.warmup_iters
     progress = min(1.0, (step - cfg.warmup_iters) / max(1, cfg.max_iters - cfg.warmup_iters))
     return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.lr - cfg.min_lr)
 
 
-def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """Weight decay on the weight matrices of Linear and Embedding layers only. Norm gains and the encodings'
-    own parameters get none, whatever their shape: decay would pull a per-head spectrum log θ (H, d/2) towards
-    θ = 1 rad, the learned basis towards B = I, GRAPE-A's rates and (H, d) gate vectors towards 0."""
-    decayed = {id(m.weight) for m in model.modules() if isinstance(m, (torch.nn.Linear, torch.nn.Embedding))}
+def param_groups(model: torch.nn.Module, weight_decay: float, decay_params: str = "matrices") -> list[dict]:
+    """AdamW groups. "matrices": weight decay on the weight matrices of Linear and Embedding layers only;
+    norm gains and the encodings' own parameters get none, whatever their shape: decay would pull a per-head
+    spectrum log θ (H, d/2) towards θ = 1 rad, the learned basis towards B = I, GRAPE-A's rates and (H, d)
+    gate vectors towards 0. "all_but_norm_gains": every parameter except the RMSNorm gains, as the official
+    code does (so it also decays the spectrum, GRAPE-A's rates and gates, FoX's and the phase's biases)."""
+    from model import RMSNorm
+    if decay_params == "all_but_norm_gains":
+        gains = {id(m.weight) for m in model.modules() if isinstance(m, RMSNorm)}
+        decayed = {id(p) for p in model.parameters() if id(p) not in gains}
+    else:
+        decayed = {id(m.weight) for m in model.modules() if isinstance(m, (torch.nn.Linear, torch.nn.Embedding))}
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if id(p) in decayed]
     no_decay = [p for p in params if id(p) not in decayed]
@@ -186,21 +198,29 @@ def check_resume_compatible(ckpt: dict, model_cfg: dict, train_cfg: TrainConfig,
                             allowed: list[str]) -> list[dict]:
     """Refuse a resume whose model or trajectory settings differ from the checkpoint's, except the keys in
     `allowed`; return those deliberate changes as [{"key", "from", "to"}]."""
-    if ckpt["model_config"] != model_cfg:
-        diff = sorted(k for k in set(model_cfg) | set(ckpt["model_config"])
-                      if model_cfg.get(k) != ckpt["model_config"].get(k))
+    from model import GPTConfig
+    try:  # a key the checkpoint predates gets the default it was trained with
+        saved_model = dataclasses.asdict(GPTConfig.from_dict(ckpt["model_config"]))
+    except (ValueError, TypeError) as e:
+        raise TrainError(f"cannot resume {path}: its model config is not valid here ({e}).") from None
+    if saved_model != model_cfg:
+        diff = sorted(k for k in model_cfg if model_cfg[k] != saved_model[k])
+        older = any(k not in ckpt["model_config"] for k in diff)
         raise TrainError(f"cannot resume {path}: the model config differs from the checkpoint's in "
-                         f"{', '.join(diff)}; resume with the same config (see config.json in the run directory).")
+                         f"{', '.join(diff)}; resume with the same config (see config.json in the run directory)"
+                         + ("; a checkpoint from before the recipe option was trained with --recipe=clean."
+                            if older else "."))
     saved = ckpt["train_config"]
     changes = []
     for key in TRAJECTORY_KEYS:
-        if key in saved and saved[key] != getattr(train_cfg, key):
+        saved_value = saved.get(key, TRAJECTORY_KEYS_BEFORE_RECIPES.get(key))
+        if saved_value is not None and saved_value != getattr(train_cfg, key):
             if key in allowed:
-                changes.append({"key": key, "from": saved[key], "to": getattr(train_cfg, key)})
+                changes.append({"key": key, "from": saved_value, "to": getattr(train_cfg, key)})
                 continue
             raise TrainError(f"cannot resume {path}: train.{key} is {getattr(train_cfg, key)!r} here but "
-                             f"{saved[key]!r} in the checkpoint; the loss sequence depends on it, so resume "
-                             f"with --{key}={saved[key]}, or add --allow_changes={key} to change it on purpose "
+                             f"{saved_value!r} in the checkpoint; the loss sequence depends on it, so resume "
+                             f"with --{key}={saved_value}, or add --allow_changes={key} to change it on purpose "
                              f"(recorded in the run), or start a new run in another --out_dir.")
     return changes
 
@@ -341,7 +361,7 @@ def run(argv: list[str]) -> dict:
     # model and optimizer (same seed on every process, so every replica starts equal)
     torch.manual_seed(cfg.seed)
     raw_model = GPT(model_cfg).to(ddp.device)
-    optimizer = torch.optim.AdamW(param_groups(raw_model, cfg.weight_decay), lr=cfg.lr,
+    optimizer = torch.optim.AdamW(param_groups(raw_model, cfg.weight_decay, cfg.decay_params), lr=cfg.lr,
                                   betas=(cfg.beta1, cfg.beta2), fused=ddp.device.type == "cuda")
     step, wandb_id = 0, None
     if ckpt is not None:
@@ -396,7 +416,7 @@ def run(argv: list[str]) -> dict:
     flops_per_token = raw_model.flops_per_token(T)
     peak = gpu_peak_flops(ddp.device)
     tokens_per_step = cfg.global_batch_size * T
-    end_iter = min(cfg.max_iters, cfg.stop_iter) if cfg.stop_iter else cfg.max_iters
+    end_iter = min(cfg.num_steps, cfg.stop_iter) if cfg.stop_iter else cfg.num_steps
     say(f"model: {raw_model.num_params() / 1e6:.2f}M parameters, pos={model_cfg.pos}, kv_shift={model_cfg.kv_shift} | "
         f"{ddp.world_size} process(es) on {ddp.device.type}, {'bf16 autocast' if use_bf16 else 'fp32'}, "
         f"batch {cfg.global_batch_size} x {T} tokens = {cfg.batch_size} x {grad_accum} accum x {ddp.world_size} | "
@@ -534,11 +554,11 @@ def run(argv: list[str]) -> dict:
                     {"type": "train", "iter": step, "tokens": step * tokens_per_step, "loss": loss_value, "lr": lr,
                      "grad_norm": grad_norm_value, "tokens_per_s": tokens_per_s, "mfu": mfu,
                      "ms_per_iter": 1000 * (now - last_time) / (step - last_step)},
-                    f"iter {step:>6}/{cfg.max_iters} | loss {loss_value:.4f} | lr {lr:.2e} | grad norm "
+                    f"iter {step:>6}/{cfg.num_steps} | loss {loss_value:.4f} | lr {lr:.2e} | grad norm "
                     f"{grad_norm_value:.3f} | {tokens_per_s:,.0f} tok/s"
                     + (f" | MFU {100 * mfu:.1f}%" if mfu is not None else ""))
             logged = step % cfg.log_interval == 0
-            evaluated = bool(cfg.eval_interval) and (step % cfg.eval_interval == 0 or step == cfg.max_iters)
+            evaluated = bool(cfg.eval_interval) and (step % cfg.eval_interval == 0 or step == cfg.num_steps)
             if evaluated:
                 val_losses.append((step, validate()))
             if term_votes > 0:
@@ -552,7 +572,7 @@ def run(argv: list[str]) -> dict:
                 last_time, last_step = time.perf_counter(), step
         if not losses and stopped == "done":
             say(f"{ckpt_path} is already at iteration {step} (this run ends at {end_iter}); nothing to do.")
-        if stopped == "done" and step < cfg.max_iters:
+        if stopped == "done" and step < cfg.num_steps:
             stopped = "stop_iter"
 
         if ddp.device.type == "cuda":

@@ -1,5 +1,6 @@
 """Load a checkpoint written by train.py (checkpoint contract) for evaluation or sampling."""
 import os
+import sys
 
 import torch
 
@@ -9,9 +10,14 @@ class UserError(Exception):
 
 
 def pick_device(device=None):
-    if device:
-        return device
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    """The device asked for; CUDA when available if none; the CPU, with a note, when CUDA is asked for but
+    absent (lm-eval's command line asks for cuda:0 unless --device is given)."""
+    if not device:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if str(device).startswith("cuda") and not torch.cuda.is_available():
+        print(f"note: device {device} requested but CUDA is not available; running on the CPU.", file=sys.stderr)
+        return "cpu"
+    return device
 
 
 def load_model(ckpt, device="cpu"):

@@ -4,10 +4,13 @@
     python eval/zero_shot.py --ckpt runs/medium_rope                              # tasks from the hub
     python eval/zero_shot.py --export-data /data/zero_shot                        # (online) fetch the JSONL
 
-Writes OUT/zero_shot.json and OUT/zero_shot.md (OUT defaults to RUN_DIR/eval) and prints the table.
-The paper does not say which metric it reports; its numbers match acc_norm in size (OBQA 35 and
-HellaSwag 45 at 353M are acc_norm-sized; acc is about 10 points lower on both), so the 7-task
-average here uses acc_norm where lm-eval defines it and acc for WinoGrande (which has only acc).
+Writes OUT/zero_shot.json and OUT/zero_shot.md (OUT defaults to RUN_DIR/eval) and prints the table:
+acc and acc_norm for every task, and the 7-task average of one metric per task. The paper does not name
+its metric. By default (--metric convention) the average follows the field's convention, that of the
+Forgetting Transformer's evaluation on which the paper's builds (and of the Mamba, GLA and DeltaNet
+papers): acc for ARC-E, PIQA, SciQ and WinoGrande, acc_norm for ARC-C, HellaSwag and OpenBookQA.
+--metric acc_norm averages acc_norm wherever lm-eval defines it (WinoGrande has only acc), --metric acc
+averages acc everywhere; the JSON holds all three averages.
 """
 import argparse
 import json
@@ -24,7 +27,19 @@ from eval.checkpoint import UserError, describe_encoding  # noqa: E402
 from eval.tasks import ZERO_SHOT_TASKS, check_data_file, expected_files_message  # noqa: E402
 
 PAPER_RESULTS = Path(__file__).resolve().parent / "paper_results.json"  # copy of the paper's Tables 1-2
-AVERAGE_METRIC = {task: "acc_norm" for task in ZERO_SHOT_TASKS} | {"winogrande": "acc"}
+# The metric averaged per task, for each --metric choice.
+AVERAGE_METRICS = {
+    "convention": {"arc_easy": "acc", "arc_challenge": "acc_norm", "hellaswag": "acc_norm", "openbookqa": "acc_norm",
+                   "piqa": "acc", "winogrande": "acc", "sciq": "acc"},
+    "acc_norm": {task: "acc_norm" for task in ZERO_SHOT_TASKS} | {"winogrande": "acc"},  # it has no acc_norm
+    "acc": {task: "acc" for task in ZERO_SHOT_TASKS},
+}
+METRIC_DESCRIPTIONS = {
+    "convention": "the field's convention: acc for ARC-E, PIQA, SciQ and WinoGrande, acc_norm for ARC-C, "
+                  "HellaSwag and OpenBookQA",
+    "acc_norm": "acc_norm for every task but WinoGrande (acc; it has no acc_norm)",
+    "acc": "acc for every task",
+}
 PAPER_SIZES = {"medium_353M": 353e6, "large_770M": 770e6}
 
 
@@ -38,6 +53,9 @@ def parse_args(argv=None):
     p.add_argument("--limit", type=int, default=None, help="evaluate only the first N documents per task")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     p.add_argument("--out", help="output directory (default: RUN_DIR/eval)")
+    p.add_argument("--metric", choices=list(AVERAGE_METRICS), default="convention",
+                   help="metric averaged per task: convention (default: acc for ARC-E, PIQA, SciQ, WinoGrande; "
+                        "acc_norm for ARC-C, HellaSwag, OBQA), acc_norm (wherever defined) or acc")
     p.add_argument("--paper-size", choices=["auto", *PAPER_SIZES], default="auto",
                    help="paper table to compare with (auto: the size nearest to this model's)")
     p.add_argument("--log-samples", action="store_true",
@@ -79,23 +97,23 @@ def pick_paper_size(n_params, requested):
     return min(PAPER_SIZES, key=lambda size: abs(math.log(PAPER_SIZES[size] / n_params)))
 
 
-def summarize(results, tasks):
-    """Per-task acc / acc_norm (in %) from lm-eval's results dict, and the 7-task average."""
+def summarize(results, tasks, metric="convention"):
+    """Per-task acc / acc_norm (in %) from lm-eval's results dict, and the average of each --metric choice.
+    Returns (rows, {choice: average}); each row's "score" is the metric averaged under `metric`."""
     rows = {}
     for task in tasks:
         r = results["results"][task]
-        metric = AVERAGE_METRIC[task]
         row = {"n": int(results.get("n-samples", {}).get(task, {}).get("effective", 0)),
-               "average_metric": metric}
+               "average_metric": AVERAGE_METRICS[metric][task]}
         for name in ("acc", "acc_norm"):
             if f"{name},none" in r:
                 row[name] = 100.0 * r[f"{name},none"]
                 stderr = r.get(f"{name}_stderr,none")
                 row[f"{name}_stderr"] = 100.0 * stderr if isinstance(stderr, (int, float)) else None
-        row["score"] = row[metric]
+        row["score"] = row[row["average_metric"]]
         rows[task] = row
-    average = sum(rows[t]["score"] for t in tasks) / len(tasks)
-    return rows, average
+    averages = {choice: sum(rows[t][chosen[t]] for t in tasks) / len(tasks) for choice, chosen in AVERAGE_METRICS.items()}
+    return rows, averages
 
 
 def paper_row(encoding, size):
@@ -129,8 +147,10 @@ def markdown_table(report):
     lines.append("")
     if paper is None:
         lines.append(f"The paper has no {size} row for {encoding}.")
-    lines.append("The average uses acc_norm for every task but WinoGrande (acc; it has no acc_norm). "
-                 "The paper does not name its metric; its numbers are acc_norm-sized.")
+    others = ", ".join(f"{report['averages'][m]:.2f} with `--metric {m}`" for m in AVERAGE_METRICS if m != report["metric"])
+    lines.append(f"The average uses {METRIC_DESCRIPTIONS[report['metric']]} (`--metric {report['metric']}`); the same "
+                 f"scores average {others}. The paper does not name its metric; the default, `--metric convention`, "
+                 "is the convention of the Forgetting Transformer's evaluation, on which the paper's builds.")
     return "\n".join(lines) + "\n"
 
 
@@ -193,11 +213,12 @@ def run(args):
     encoding = describe_encoding({"pos": model_config.pos, "kv_shift": model_config.kv_shift})
     n_params = lm.model.num_params()
     size = pick_paper_size(n_params, args.paper_size)
-    rows, average = summarize(results, args.tasks)
+    rows, averages = summarize(results, args.tasks, args.metric)
     report = {
         "ckpt": args.ckpt, "encoding": encoding, "n_params": n_params, "step": lm.step,
         "limit": args.limit, "data_dir": os.path.abspath(args.data_dir) if args.data_dir else "hub",
-        "tasks": rows, "average": average, "average_metric": AVERAGE_METRIC,
+        "tasks": rows, "metric": args.metric, "average": averages[args.metric], "averages": averages,
+        "average_metric": AVERAGE_METRICS[args.metric],
         "paper_size": size, "paper": paper_row(encoding, size),
         "lm_eval_version": lm_eval.__version__,
     }

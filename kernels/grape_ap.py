@@ -4,7 +4,7 @@
 
 (queries are the last Tq of the Tk key positions). The bias is not separable, but softmax ignores a
 constant per row, and bias(i, j) = S_i - F(i, j) with F(i, j) = Σ_{ℓ<=j} ψ(i, ℓ) a *left prefix sum*
-and S_i = F(i, t_i) constant per row (derivation: docs/grape_ap_kernel.md). Hence:
+and S_i = F(i, t_i) constant per row (docs/derivations.md §4, docs/grape_ap_kernel.md). Hence:
 
 * ``chunked`` (portable, any device): loop over blocks of queries; per block build ψ for the block's
   keys, -F by ``cumsum``, and the block's softmax. A hand-written backward recomputes each block in

@@ -1,6 +1,6 @@
 """Lifted bias columns that stay exact when attention runs in bf16 (or fp16).
 
-The homogeneous lift (README, "The model and the encodings") appends columns to q and k whose dot product is the additive bias
+The homogeneous lift (docs/derivations.md §2) appends columns to q and k whose dot product is the additive bias
 up to a per-row constant. The key-side values are large (positions up to T times a slope, FoX's
 cumulative log-gates up to thousands, all divided by the softmax scale), and one bf16 number keeps 8
 significant bits: at T = 4096 the bias would be off by whole logits.

@@ -91,16 +91,23 @@ def test_task_loglikelihoods_and_accuracy_match_direct_scoring(evaluated, task):
     assert got["n"] == len(rows)
     assert got["acc"] == pytest.approx(100 * sum(acc) / len(acc))
     if task == "winogrande":  # lm-eval defines only acc for WinoGrande
-        assert "acc_norm" not in got and got["score"] == got["acc"]
+        assert "acc_norm" not in got
     else:
         assert got["acc_norm"] == pytest.approx(100 * sum(acc_norm) / len(acc_norm))
-        assert got["score"] == got["acc_norm"]
+    # the field's convention by default: acc_norm for ARC-C, HellaSwag and OBQA, acc for the others
+    normalized_tasks = ("arc_challenge", "hellaswag", "openbookqa")
+    assert got["score"] == got["acc_norm" if task in normalized_tasks else "acc"]
 
 
 def test_report_average_json_and_markdown(evaluated):
     _, report, out = evaluated
-    scores = [report["tasks"][t]["acc" if t == "winogrande" else "acc_norm"] for t in ZERO_SHOT_TASKS]
-    assert report["average"] == pytest.approx(sum(scores) / 7)
+    tasks = report["tasks"]
+    convention = [tasks[t]["acc_norm" if t in ("arc_challenge", "hellaswag", "openbookqa") else "acc"]
+                  for t in ZERO_SHOT_TASKS]
+    assert report["metric"] == "convention" and report["average"] == pytest.approx(sum(convention) / 7)
+    assert report["averages"]["acc"] == pytest.approx(sum(tasks[t]["acc"] for t in ZERO_SHOT_TASKS) / 7)
+    assert report["averages"]["acc_norm"] == pytest.approx(
+        sum(tasks[t].get("acc_norm", tasks[t]["acc"]) for t in ZERO_SHOT_TASKS) / 7)
     assert json.loads((out / "zero_shot.json").read_text())["average"] == pytest.approx(report["average"])
     assert report["step"] == 7 and report["encoding"] == "rope"
     paper = json.loads((Path(zero_shot.__file__).parent / "paper_results.json").read_text())
@@ -108,14 +115,34 @@ def test_report_average_json_and_markdown(evaluated):
     table = (out / "zero_shot.md").read_text()
     assert f"| arc_easy | 3 |" in table and f"{rope['arc_easy']:.2f} |" in table
     assert f"**{report['average']:.2f}** | {rope['avg']:.2f} |" in table
+    assert f"{report['averages']['acc']:.2f} with `--metric acc`" in table and "does not name its metric" in table
 
 
-def test_paper_results_copy_matches_shared_reference():
-    shared = Path(__file__).resolve().parents[2] / "shared" / "reference" / "paper_results.json"
-    if not shared.exists():
-        pytest.skip("no shared/reference beside this checkout")
-    ours = Path(zero_shot.__file__).parent / "paper_results.json"
-    assert json.loads(ours.read_text()) == json.loads(shared.read_text())
+@pytest.mark.parametrize("metric", ["convention", "acc_norm", "acc"])
+def test_metric_choice_picks_the_averaged_metric_per_task(metric):
+    """Hand-made lm-eval results: acc = 10·i %, acc_norm = 10·i + 5 % for task i (WinoGrande: acc only)."""
+    results = {"results": {}}
+    for i, task in enumerate(ZERO_SHOT_TASKS):
+        results["results"][task] = {"acc,none": 0.1 * i, "acc_stderr,none": 0.01}
+        if task != "winogrande":
+            results["results"][task] |= {"acc_norm,none": 0.1 * i + 0.05, "acc_norm_stderr,none": 0.01}
+    rows, averages = zero_shot.summarize(results, ZERO_SHOT_TASKS, metric)
+    normalized = {"convention": {"arc_challenge", "hellaswag", "openbookqa"}, "acc": set(),
+                  "acc_norm": set(ZERO_SHOT_TASKS) - {"winogrande"}}[metric]
+    expected = [10 * i + (5 if task in normalized else 0) for i, task in enumerate(ZERO_SHOT_TASKS)]
+    assert [rows[t]["score"] for t in ZERO_SHOT_TASKS] == pytest.approx(expected)
+    assert averages[metric] == pytest.approx(sum(expected) / 7)
+    assert averages["acc"] == pytest.approx(30.0) and averages["convention"] == pytest.approx(30 + 15 / 7)
+
+
+def test_paper_results_averages_are_the_means_of_their_seven_tasks():
+    """Catches a mistyped cell: each row's Avg is the mean of its 7 task columns, to the paper's rounding."""
+    paper = json.loads((Path(zero_shot.__file__).parent / "paper_results.json").read_text())
+    assert paper["columns"] == list(ZERO_SHOT_TASKS) + ["avg"]
+    rows = [row for size in ("medium_353M", "large_770M") for row in paper[size].values()]
+    assert len(rows) == 13 + 10
+    for row in rows:
+        assert sum(row[:7]) / 7 == pytest.approx(row[7], abs=0.0051)
 
 
 def test_offline_without_data_dir_says_how_to_supply_it(tmp_path, monkeypatch, capsys):

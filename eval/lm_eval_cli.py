@@ -1,0 +1,81 @@
+"""lm-evaluation-harness's own command line, with this project's model registered as `grape`.
+
+    python -m eval.lm_eval_cli --model grape --model_args ckpt=runs/medium/rope --tasks hellaswag,arc_easy
+    python -m eval.lm_eval_cli --model grape --model_args ckpt=RUN --tasks piqa,sciq --data-dir DIR \\
+        --batch_size 16 --limit 100 --output_path OUT --log_samples
+
+This imports the adapter (eval/lm_adapter.py, which registers the model name) and hands the arguments to
+lm-eval's entry point, so every `lm-eval run` flag works as lm-eval documents it (`--model_args` also takes
+`max_length` and `rolling_stride`). One flag is ours: `--data-dir DIR` reads the paper's seven tasks named in
+--tasks from DIR/<task>.jsonl (hub schema, as `eval/zero_shot.py --data-dir`) instead of the hub; other
+tasks come from lm-eval as usual. lm-eval asks for cuda:0 when --device is not given: without CUDA the
+adapter runs on the CPU and says so.
+"""
+import sys
+import tempfile
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: import from the repo root, not from eval/
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+from eval.checkpoint import UserError  # noqa: E402
+from eval.tasks import ZERO_SHOT_TASKS, check_data_file, expected_files_message  # noqa: E402
+
+
+def take_option(argv, name):
+    """(value of `name` given as `name VALUE` or `name=VALUE`, argv without it); value None if absent."""
+    rest, value, i = [], None, 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == name:
+            if i + 1 >= len(argv):
+                raise UserError(f"{name} needs a value")
+            value, i = argv[i + 1], i + 2
+            continue
+        if arg.startswith(name + "="):
+            value = arg.split("=", 1)[1]
+        else:
+            rest.append(arg)
+        i += 1
+    return value, rest
+
+
+def with_local_task_files(argv, data_dir, yaml_dir):
+    """argv with each of our seven tasks in --tasks replaced by a task YAML that reads DIR/<task>.jsonl."""
+    from lm_eval.tasks import TaskManager
+
+    from eval.tasks import write_offline_task_yamls
+
+    tasks, rest = take_option(argv, "--tasks")
+    if tasks is None:
+        raise UserError("--data-dir needs --tasks naming some of: " + ",".join(ZERO_SHOT_TASKS))
+    names = [t.strip() for t in tasks.split(",") if t.strip()]
+    local = [t for t in names if t in ZERO_SHOT_TASKS]
+    if not Path(data_dir).is_dir():
+        raise UserError(f"--data-dir {data_dir} is not a directory.\n" + expected_files_message())
+    problems = [p for p in (check_data_file(t, str(Path(data_dir) / f"{t}.jsonl")) for t in local) if p]
+    if problems:
+        raise UserError("; ".join(problems) + ".\n" + expected_files_message(data_dir))
+    paths = dict(zip(local, write_offline_task_yamls(TaskManager(), local, data_dir, yaml_dir)))
+    return rest + ["--tasks", ",".join(paths.get(t, t) for t in names)]
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        data_dir, argv = take_option(argv, "--data-dir")
+        import eval.lm_adapter  # noqa: F401  (registers the model name "grape")
+        from lm_eval.__main__ import cli_evaluate
+
+        with tempfile.TemporaryDirectory(prefix="grape_tasks_") as yaml_dir:
+            if data_dir is not None:
+                argv = with_local_task_files(argv, data_dir, yaml_dir)
+            sys.argv = ["lm-eval", *argv]  # lm-eval's parser reads sys.argv
+            cli_evaluate()
+    except UserError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,59 @@
+"""`python -m eval.lm_eval_cli`: lm-eval's own command line with our model, on the hand-written fixtures.
+
+The reference scores each fixture's choices directly with the model (test_eval_zero_shot's helpers) and
+recomputes acc and acc_norm; lm-eval's flags (--limit, --batch_size, --output_path) pass through.
+"""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from data.tokenizer import get_tokenizer
+from eval import lm_eval_cli
+from eval.tiny import save_run, tiny_model
+from test_eval_zero_shot import FIXTURES, direct_loglikelihood, reference_requests
+
+TASKS = ("arc_challenge", "piqa", "winogrande")
+LIMIT = 2
+
+
+def test_lm_eval_cli_scores_our_checkpoint_on_local_task_files(tmp_path, monkeypatch, capsys):
+    model = tiny_model(pos="grape_m", block_size=256, seed=5)
+    save_run(model, tmp_path / "run")
+    monkeypatch.setattr(sys, "argv", list(sys.argv))  # main() hands its arguments to lm-eval through sys.argv
+    lm_eval_cli.main(["--model", "grape", "--model_args", f"ckpt={tmp_path / 'run'}", "--tasks", ",".join(TASKS),
+                      "--data-dir", str(FIXTURES), "--limit", str(LIMIT), "--batch_size", "3",
+                      "--output_path", str(tmp_path / "out")])
+    (results_file,) = (tmp_path / "out").glob("*/results_*.json")
+    results = json.loads(results_file.read_text())
+    if not torch.cuda.is_available():  # lm-eval asked for cuda:0 (no --device): the adapter fell back
+        assert results["config"]["device"] == "cuda:0"
+        assert "CUDA is not available; running on the CPU" in capsys.readouterr().err
+    tok = get_tokenizer("byte")
+    for task in TASKS:
+        rows = [json.loads(line) for line in open(FIXTURES / f"{task}.jsonl")][:LIMIT]
+        acc, acc_norm = [], []
+        for row in rows:
+            contexts, continuations, gold = reference_requests(task, row)
+            scores = [direct_loglikelihood(model, tok, c, x) for c, x in zip(contexts, continuations)]
+            normalized = [s / len(x.lstrip(" ")) for s, x in zip(scores, continuations)]
+            acc.append(max(range(len(scores)), key=scores.__getitem__) == gold)
+            acc_norm.append(max(range(len(scores)), key=normalized.__getitem__) == gold)
+        got = results["results"][task]
+        assert results["n-samples"][task]["effective"] == LIMIT
+        assert got["acc,none"] == pytest.approx(sum(acc) / LIMIT)
+        if task != "winogrande":
+            assert got["acc_norm,none"] == pytest.approx(sum(acc_norm) / LIMIT)
+
+
+def test_lm_eval_cli_with_a_bad_data_dir_is_one_sentence(tmp_path, capsys):
+    (tmp_path / "piqa.jsonl").write_text(json.dumps({"goal": "g"}) + "\n")
+    with pytest.raises(SystemExit) as exit_info:
+        lm_eval_cli.main(["--model", "grape", "--model_args", "ckpt=none", "--tasks", "piqa,sciq",
+                          f"--data-dir={tmp_path}"])
+    assert exit_info.value.code == 2
+    message = capsys.readouterr().err
+    assert message.startswith("error: ") and "lacks the fields ['sol1', 'sol2', 'label']" in message
+    assert str(Path(tmp_path) / "sciq.jsonl") in message and "Traceback" not in message
