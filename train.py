@@ -195,7 +195,7 @@ def parse_args(argv: list[str]) -> tuple[str, bool, list[str], list[str]]:
 
 
 def check_resume_compatible(ckpt: dict, model_cfg: dict, train_cfg: TrainConfig, path: str,
-                            allowed: list[str]) -> list[dict]:
+                            allowed: tuple[str, ...] | list[str] = ()) -> list[dict]:
     """Refuse a resume whose model or trajectory settings differ from the checkpoint's, except the keys in
     `allowed`; return those deliberate changes as [{"key", "from", "to"}]."""
     from model import GPTConfig

@@ -268,11 +268,10 @@ def test_a_full_disk_while_checkpointing_keeps_the_previous_checkpoint(config_fi
             small_run.mkdir()
             for name in os.listdir(run_dir):
                 (small_run / name).write_bytes((run_dir / name).read_bytes())
-            with open(mount / "filler", "wb") as f:
+            with open(mount / "filler", "wb", buffering=0) as f:  # unbuffered: closing it flushes nothing
                 try:
-                    while True:
-                        f.write(b"\0" * 65536)
-                        f.flush()
+                    while f.write(b"\0" * 65536):
+                        pass
                 except OSError:
                     pass
             os.truncate(mount / "filler", os.path.getsize(mount / "filler") - 65536)
