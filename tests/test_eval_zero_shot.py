@@ -110,12 +110,19 @@ def test_report_average_json_and_markdown(evaluated):
     assert f"**{report['average']:.2f}** | {rope['avg']:.2f} |" in table
 
 
-def test_paper_results_copy_matches_shared_reference():
-    shared = Path(__file__).resolve().parents[2] / "shared" / "reference" / "paper_results.json"
-    if not shared.exists():
-        pytest.skip("no shared/reference beside this checkout")
-    ours = Path(zero_shot.__file__).parent / "paper_results.json"
-    assert json.loads(ours.read_text()) == json.loads(shared.read_text())
+def test_paper_results_are_consistent_and_name_a_config_per_row():
+    """eval/paper_results.json is the project's copy of the paper's Tables 1-2: each row's Avg is the mean of its
+    7 task scores up to the table's rounding (a mistyped score moves it by more), its tasks are the columns,
+    and every row is a config under configs/<size>/ (the medium table has 13 rows, the large one 10)."""
+    paper = json.loads((Path(zero_shot.__file__).parent / "paper_results.json").read_text())
+    assert paper["columns"] == paper["tasks"] + ["avg"] and paper["tasks"] == list(ZERO_SHOT_TASKS)
+    configs = Path(zero_shot.__file__).resolve().parents[1] / "configs"
+    for table, size, n_rows in (("medium_353M", "medium", 13), ("large_770M", "large", 10)):
+        assert len(paper[table]) == n_rows
+        for row, scores in paper[table].items():
+            assert len(scores) == 8 and all(0 < s < 100 for s in scores), row
+            assert abs(sum(scores[:7]) / 7 - scores[7]) <= 0.005 + 1e-9, (table, row)
+            assert (configs / size / f"{row}.toml").is_file(), (table, row)
 
 
 def test_offline_without_data_dir_says_how_to_supply_it(tmp_path, monkeypatch, capsys):
