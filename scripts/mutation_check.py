@@ -82,6 +82,8 @@ BREAKS = [
      ["tests/test_train_references.py"]),
     ("flops_attention_term_halved", "model.py", "+ 12 * cfg.n_layer", "+ 6 * cfg.n_layer",
      ["tests/test_references.py"]),
+    ("mfu_peak_h100_sxm_first", "train.py", 'GPU_PEAK_FLOPS = {"H100 PCIe": 756e12, "H100 NVL": 835e12, "H100": 989e12,',
+     'GPU_PEAK_FLOPS = {"H100": 989e12, "H100 PCIe": 756e12, "H100 NVL": 835e12,', ["tests/test_train_references.py"]),
     ("attention_sees_only_itself", "model.py", "y = y[..., :self.head_dim]", "y = v[..., :self.head_dim]",
      ["tests/test_train_references.py::test_loss_falls_below_what_the_current_token_alone_allows"]),
     # plots and evaluation reports

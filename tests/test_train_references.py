@@ -214,3 +214,13 @@ def test_loss_falls_below_what_the_current_token_alone_allows(config_file, data_
     assert abs(out["losses"][0] - math.log(320)) < 0.3  # uniform over the vocabulary at init
     bigram = conditional_entropy_given_current_token(data_dir)
     assert sum(out["losses"][-5:]) / 5 < bigram - 0.5, (out["losses"][-5:], bigram)
+
+
+def test_mfu_peak_is_the_named_gpus_bf16_dense_peak(monkeypatch):
+    """The peak behind MFU for the device name CUDA reports: a PCIe or NVL H100 must not get the SXM peak."""
+    names = {"NVIDIA H100 PCIe": 756e12, "NVIDIA H100 NVL": 835e12, "NVIDIA H100 80GB HBM3": 989e12,
+             "NVIDIA H200": 989e12, "NVIDIA A100-SXM4-80GB": 312e12, "Tesla V100-SXM2-16GB": None}
+    for name, peak in names.items():
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None, name=name: name)
+        assert train.gpu_peak_flops(torch.device("cuda", 0)) == peak, name
+    assert train.gpu_peak_flops(torch.device("cpu")) is None
