@@ -34,7 +34,8 @@ BREAKS = [
     ("rotation_sign_flipped", "positional.py", "x1 * sin + x2 * cos", "-x1 * sin + x2 * cos",
      ["tests/test_positional.py"]),
     ("grape_ap_rotation_base_2", "positional.py", "angles = fp32(positions)[:, None].expand",
-     "angles = 0.5 * fp32(positions)[:, None].expand", ["tests/test_positional.py", "tests/test_references.py"]),
+     "angles = 0.5 * fp32(positions)[:, None].expand",
+     ["tests/test_positional.py", "tests/test_references.py", "tests/test_model.py"]),
     # norm order and gains
     ("qk_norm_after_rotation", "model.py",
      "        q, k = self.q_norm(q), self.k_norm(k)\n",
