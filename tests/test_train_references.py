@@ -139,7 +139,8 @@ def test_bf16_dtype_runs_under_bf16_autocast(config_file, data_dir, tmp_path):
 
 
 def test_two_processes_with_two_accumulation_steps_match_the_reference_loop(config_file, data_dir, tmp_path):
-    """The paper's layout has processes > 1 and accumulation > 1 (8 GPUs x 15 micro-steps): here 2 x 2 x 2."""
+    """The paper's layout has processes > 1 and accumulation > 1 (8 GPUs x 15 micro-steps): here 2 sequences x
+    2 micro-steps x 2 processes = the global batch of 8 that the reference reads at once."""
     ref_losses, ref_norms = reference_run(data_dir, 4, grad_clip=0.3)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
@@ -147,7 +148,6 @@ def test_two_processes_with_two_accumulation_steps_match_the_reference_loop(conf
                              f"--out_dir={tmp_path / 'ddp'}"], cwd=REPO, env=env, capture_output=True, text=True,
                             timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "2 x 2 accum x 2" in result.stdout
     assert logged(tmp_path / "ddp", "loss") == pytest.approx(ref_losses, rel=2e-5)
     assert logged(tmp_path / "ddp", "grad_norm") == pytest.approx(ref_norms, rel=1e-4)
 
