@@ -111,15 +111,23 @@ def test_cli_on_tiny_model_writes_sane_outputs(tmp_path):
     prepare(files_source(str(corpus)), str(data_dir), tokenizer="byte", val_tokens=3000, workers=1,
             progress_bar=False)
     run = tmp_path / "run"
-    save_run(tiny_model(pos="rope", block_size=64, seed=2), run, step=3)
+    model = tiny_model(pos="rope", block_size=64, seed=2)
+    save_run(model, run, step=3)
     out = tmp_path / "out"
     results = ex.main(["--ckpt", str(run), "--data-dir", str(data_dir), "--out", str(out), "--factors", "1,2",
                        "--windows", "4", "--passkey-factors", "3,6", "--depths", "0,1", "--passkey-trials", "2"])
     (r,) = results
     assert set(r["contexts"]) == {"64", "128"} and r["train_context"] == 64 and r["val_tokens"] == 4 * 128 + 1
-    for c in r["contexts"].values():
-        for mean in (c["nonoverlapping"]["mean"], c["sliding"]["mean"]):
-            assert 0 < mean < 2 * np.log(320)  # a random model: near log(vocab), finite
+    # reference: the mean cross-entropy over consecutive windows of the first val_tokens validation tokens
+    from data.loader import load_split_tokens
+    val = torch.from_numpy(load_split_tokens(str(data_dir), "val")[:r["val_tokens"]].astype(np.int64))
+    for context in (64, 128):
+        windows = val[:(len(val) - 1) // context * context + 1]
+        inputs, targets = windows[:-1].view(-1, context), windows[1:].view(-1, context)
+        with torch.no_grad():
+            logits, _ = model(inputs)
+        expected = F.cross_entropy(logits.flatten(0, 1).double(), targets.flatten()).item()
+        assert r["contexts"][str(context)]["nonoverlapping"]["mean"] == pytest.approx(expected, rel=1e-5)
     acc = np.array(r["passkey"]["accuracy"])
     assert acc.shape == (2, 2) and ((acc >= 0) & (acc <= 1)).all()
     assert json.loads((out / "extrapolation.json").read_text()) == results

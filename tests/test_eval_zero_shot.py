@@ -135,14 +135,19 @@ def test_metric_choice_picks_the_averaged_metric_per_task(metric):
     assert averages["acc"] == pytest.approx(30.0) and averages["convention"] == pytest.approx(30 + 15 / 7)
 
 
-def test_paper_results_averages_are_the_means_of_their_seven_tasks():
-    """Catches a mistyped cell: each row's Avg is the mean of its 7 task columns, to the paper's rounding."""
+def test_paper_results_are_consistent_and_name_a_config_per_row():
+    """eval/paper_results.json is the project's copy of the paper's Tables 1-2: each row's Avg is the mean of its
+    7 task scores up to the table's rounding (a mistyped score moves it by more), its tasks are the columns,
+    and every row is a config under configs/<size>/ (the medium table has 13 rows, the large one 10)."""
     paper = json.loads((Path(zero_shot.__file__).parent / "paper_results.json").read_text())
-    assert paper["columns"] == list(ZERO_SHOT_TASKS) + ["avg"]
-    rows = [row for size in ("medium_353M", "large_770M") for row in paper[size].values()]
-    assert len(rows) == 13 + 10
-    for row in rows:
-        assert sum(row[:7]) / 7 == pytest.approx(row[7], abs=0.0051)
+    assert paper["columns"] == paper["tasks"] + ["avg"] and paper["tasks"] == list(ZERO_SHOT_TASKS)
+    configs = Path(zero_shot.__file__).resolve().parents[1] / "configs"
+    for table, size, n_rows in (("medium_353M", "medium", 13), ("large_770M", "large", 10)):
+        assert len(paper[table]) == n_rows
+        for row, scores in paper[table].items():
+            assert len(scores) == 8 and all(0 < s < 100 for s in scores), row
+            assert abs(sum(scores[:7]) / 7 - scores[7]) <= 0.005 + 1e-9, (table, row)
+            assert (configs / size / f"{row}.toml").is_file(), (table, row)
 
 
 def test_offline_without_data_dir_says_how_to_supply_it(tmp_path, monkeypatch, capsys):

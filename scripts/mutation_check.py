@@ -1,0 +1,175 @@
+"""Mutation check for developers (not CI): do the tests catch the bugs that matter?
+
+    python scripts/mutation_check.py                 # every break in BREAKS, a few minutes each on 2 cores
+    python scripts/mutation_check.py --only kv_shift # the breaks whose name contains "kv_shift"
+    python scripts/mutation_check.py --list
+
+Each break is a realistic one-line bug (file, exact old text, new text) and the test files that should catch
+it. The repository's tracked and untracked-but-not-ignored files are copied once to a scratch folder; each break
+is applied there alone, its test files are run with pytest -x (with a timeout), and the file is restored. A break
+is "caught" when pytest fails, "missed" when it passes. A break whose old text is no longer in the file is
+reported as "stale" (update the list), never silently skipped. Prints one line per break and the catch rate.
+
+Why not mutmut: it mutates operators at random and runs the whole suite per mutant (minutes each here); this
+list names the bugs the README's claims depend on and gives each only its relevant tests.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# (name, file, old, new, test files): old must occur exactly once in file.
+BREAKS = [
+    # rotation spectra
+    ("rope_base_ignored", "model.py", "base=config.rope_base,", "base=10000.0,", ["tests/test_references.py"]),
+    ("spectrum_exponent_halved", "positional.py", "* 2 / head_dim) * math.log(base)", "/ head_dim) * math.log(base)",
+     ["tests/test_references.py"]),
+    ("rotation_sign_flipped", "positional.py", "x1 * sin + x2 * cos", "-x1 * sin + x2 * cos",
+     ["tests/test_positional.py"]),
+    ("grape_ap_rotation_base_2", "positional.py", "angles = fp32(positions)[:, None].expand",
+     "angles = 0.5 * fp32(positions)[:, None].expand",
+     ["tests/test_positional.py", "tests/test_references.py", "tests/test_model.py"]),
+    # norm order and gains
+    ("qk_norm_after_rotation", "model.py",
+     "        q, k = self.q_norm(q), self.k_norm(k)\n",
+     "", ["tests/test_references.py"]),  # with the matching insertion below (a two-part break)
+    ("k_normed_with_q_gain", "model.py", "self.k_norm(k)", "self.q_norm(k)", ["tests/test_references.py"]),
+    # KV-shift
+    ("kv_shift_gates_swapped", "positional.py", "a * torch.cat((previous, t[:, :, :-1]), dim=2) + (1 - a) * t",
+     "(1 - a) * torch.cat((previous, t[:, :, :-1]), dim=2) + a * t", ["tests/test_references.py"]),
+    ("kv_shift_v_uses_k_gate", "positional.py", '("prev_v", v, a_v)', '("prev_v", v, a_k)',
+     ["tests/test_references.py"]),
+    ("kv_shift_state_not_carried", "positional.py", "state[name] = t[:, :, -1:]", "pass",
+     ["tests/test_model.py"]),
+    # additive biases
+    ("alibi_slope_off_by_one", "positional.py", "2.0 ** (-8.0 * (h + 1) / n)", "2.0 ** (-8.0 * h / n)",
+     ["tests/test_positional.py"]),
+    ("fox_exclusive_cumsum", "positional.py", "c = previous[..., None] + torch.cumsum(log_f, dim=-1)",
+     "c = previous[..., None] + torch.cumsum(log_f, dim=-1) - log_f", ["tests/test_positional.py"]),
+    ("fox_gate_bias_init_ignored", "positional.py", "nn.init.constant_(self.gate.bias, bias_init)",
+     "nn.init.zeros_(self.gate.bias)", ["tests/test_references.py"]),
+    ("grape_a_omega_init_ignored", "positional.py", "inverse_softplus(omega_init)", "inverse_softplus(1.0)",
+     ["tests/test_references.py"]),
+    ("ctx_temperature_ignored", "model.py", "ctx_temperature=config.ctx_temperature,", "ctx_temperature=16.0,",
+     ["tests/test_references.py"]),
+    # sampling
+    ("sample_next_ignores_temperature", "eval/lm_adapter.py", "    logits = logits / temperature\n", "",
+     ["tests/test_references.py", "tests/test_eval_sample.py"]),
+    ("sample_next_keeps_k_minus_1", "eval/lm_adapter.py", "logits.masked_fill(logits < kth",
+     "logits.masked_fill(logits <= kth", ["tests/test_references.py", "tests/test_eval_sample.py"]),
+    ("generate_ignores_temperature", "model.py", "next_logits = next_logits / temperature",
+     "next_logits = next_logits", ["tests/test_references.py", "tests/test_model.py"]),
+    ("generate_keeps_k_minus_1", "model.py", "next_logits.masked_fill(next_logits < kth",
+     "next_logits.masked_fill(next_logits <= kth", ["tests/test_references.py", "tests/test_model.py"]),
+    # training settings
+    ("grad_clip_ignored", "train.py", "cfg.grad_clip if cfg.grad_clip > 0 else float(\"inf\")", "float(\"inf\")",
+     ["tests/test_train_references.py"]),
+    ("micro_batch_loss_summed", "train.py", "(loss / grad_accum).backward()", "loss.backward()",
+     ["tests/test_train_references.py"]),
+    ("ddp_sync_on_first_micro_batch", "train.py", "micro == grad_accum - 1 else", "micro == 0 else",
+     ["tests/test_train_references.py"]),
+    ("bf16_ignored_on_cpu", "train.py", "use_bf16 = cfg.dtype == \"bf16\" or", "use_bf16 = False and",
+     ["tests/test_train_references.py"]),
+    ("resume_ignores_model_config", "train.py", "if ckpt[\"model_config\"] != model_cfg:", "if False:",
+     ["tests/test_train_references.py"]),
+    ("second_ctrl_c_ignored", "train.py", "if signum == signal.SIGINT and term_requested.is_set():", "if False:",
+     ["tests/test_train_references.py"]),
+    ("flops_attention_term_halved", "model.py", "+ 12 * cfg.n_layer", "+ 6 * cfg.n_layer",
+     ["tests/test_references.py"]),
+    ("mfu_peak_h100_sxm_first", "train.py", 'GPU_PEAK_FLOPS = {"H100 PCIe": 756e12, "H100 NVL": 835e12, "H100": 989e12,',
+     'GPU_PEAK_FLOPS = {"H100": 989e12, "H100 PCIe": 756e12, "H100 NVL": 835e12,', ["tests/test_train_references.py"]),
+    ("attention_sees_only_itself", "model.py", "y = y[..., :self.head_dim]", "y = v[..., :self.head_dim]",
+     ["tests/test_train_references.py::test_loss_falls_below_what_the_current_token_alone_allows"]),
+    # plots and evaluation reports
+    ("plot_val_curve_from_train", "scripts/plot_runs.py", "tokens, losses = zip(*curve[\"val\"])",
+     "tokens, losses = zip(*curve[\"train\"])", ["tests/test_plots.py"]),
+    ("plot_unsmoothed", "scripts/plot_runs.py", "smooth(list(losses), args.smooth)", "list(losses)",
+     ["tests/test_plots.py"]),
+    ("extrapolation_targets_unshifted", "eval/extrapolation.py", "windows[:, :-1], windows[:, 1:], device",
+     "windows[:, :-1], windows[:, :-1], device", ["tests/test_eval_extrapolation.py"]),
+    ("paper_score_mistyped", "eval/paper_results.json", "[56.36, 30.38", "[65.36, 30.38",
+     ["tests/test_eval_zero_shot.py::test_paper_results_are_consistent_and_name_a_config_per_row"]),
+    ("extrapolation_plots_shortest_context", "eval/extrapolation.py", "longest = max(r[\"contexts\"], key=int)",
+     "longest = min(r[\"contexts\"], key=int)", ["tests/test_plots.py"]),
+]
+# A break may need a second edit elsewhere in the same file (moving a line): name -> (old, new).
+COMPANION = {
+    "qk_norm_after_rotation": ("            q, k = self.rotation(q, k, x, positions, state)\n",
+                               "            q, k = self.rotation(q, k, x, positions, state)\n"
+                               "        q, k = self.q_norm(q), self.k_norm(k)\n"),
+}
+
+
+def copy_repository(dest: str) -> None:
+    files = subprocess.run(["git", "-C", REPO, "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+                           capture_output=True, text=True, check=True).stdout.split("\0")
+    for rel in filter(None, files):
+        src = os.path.join(REPO, rel)
+        if os.path.isfile(src):
+            os.makedirs(os.path.dirname(os.path.join(dest, rel)) or dest, exist_ok=True)
+            shutil.copy2(src, os.path.join(dest, rel))
+
+
+def replace_once(text: str, old: str, new: str) -> str | None:
+    return text.replace(old, new, 1) if text.count(old) == 1 else None
+
+
+def run_break(scratch: str, name: str, rel: str, old: str, new: str, tests: list[str], timeout: float) -> str:
+    path = os.path.join(scratch, rel)
+    with open(path) as f:
+        original = f.read()
+    broken = replace_once(original, old, new)
+    if broken is not None and name in COMPANION:
+        broken = replace_once(broken, *COMPANION[name])
+    if broken is None:
+        return "stale"
+    with open(path, "w") as f:
+        f.write(broken)
+    try:
+        result = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
+                                cwd=scratch, capture_output=True, text=True, timeout=timeout,
+                                env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+        return "missed" if result.returncode == 0 else "caught"
+    except subprocess.TimeoutExpired:
+        return "caught (timeout)"
+    finally:
+        with open(path, "w") as f:
+            f.write(original)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", default="", help="run only the breaks whose name contains this text")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds per break (default 600)")
+    parser.add_argument("--list", action="store_true", help="list the breaks and exit")
+    args = parser.parse_args(argv)
+    selected = [b for b in BREAKS if args.only in b[0]]
+    if args.list:
+        for name, rel, _, _, tests in selected:
+            print(f"{name:40s} {rel:24s} {' '.join(tests)}")
+        return 0
+    if not selected:
+        print(f"error: no break name contains {args.only!r}; see --list", file=sys.stderr)
+        return 2
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="mutation_check_") as scratch:
+        copy_repository(scratch)
+        for name, rel, old, new, tests in selected:
+            start = time.perf_counter()
+            results[name] = run_break(scratch, name, rel, old, new, tests, args.timeout)
+            print(f"{results[name]:16s} {name:40s} {time.perf_counter() - start:6.1f} s", flush=True)
+    caught = sum(r.startswith("caught") for r in results.values())
+    stale = sum(r == "stale" for r in results.values())
+    print(f"caught {caught} of {len(results) - stale} breaks" + (f" ({stale} stale: update BREAKS)" if stale else ""))
+    return 0 if caught == len(results) - stale and not stale else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
