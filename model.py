@@ -272,15 +272,7 @@ class GPT(nn.Module):
         logits, _ = self(idx, cache=cache)
         out = [idx]
         for step in range(max_new_tokens):
-            next_logits = logits[:, -1]
-            if temperature == 0:
-                next_token = next_logits.argmax(dim=-1, keepdim=True)
-            else:
-                next_logits = next_logits / temperature
-                if top_k is not None:
-                    kth = torch.topk(next_logits, min(top_k, next_logits.shape[-1])).values[:, -1:]
-                    next_logits = next_logits.masked_fill(next_logits < kth, float("-inf"))
-                next_token = torch.multinomial(torch.softmax(next_logits, dim=-1), 1, generator=generator)
+            next_token = sample_next(logits[:, -1].float(), temperature, top_k, generator)[:, None]
             out.append(next_token)
             if step + 1 < max_new_tokens:
                 logits, _ = self(next_token, cache=cache)
@@ -298,4 +290,17 @@ class GPT(nn.Module):
         return model, ckpt
 
 
-__all__ = ["GPT", "GPTConfig", "KVCache", "BIASES"]
+def sample_next(logits, temperature=0.0, top_k=None, generator=None):
+    """Next token per row from (B, vocab) fp32 logits: greedy at temperature 0, else softmax
+    sampling at that temperature, restricted to the top_k most likely tokens when given."""
+    if temperature <= 0:
+        return logits.argmax(-1)
+    logits = logits / temperature
+    if top_k:
+        kth = torch.topk(logits, min(int(top_k), logits.shape[-1]), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = F.softmax(logits, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator)[:, 0]
+
+
+__all__ = ["GPT", "GPTConfig", "KVCache", "BIASES", "sample_next"]

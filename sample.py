@@ -14,7 +14,7 @@ import time
 import torch
 
 from eval.checkpoint import UserError, autocast_context, load_model, pick_device
-from eval.lm_adapter import sample_next
+from model import sample_next
 
 
 @torch.no_grad()

@@ -27,6 +27,7 @@ from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
 from eval.checkpoint import autocast_context, load_model, pick_device
+from model import sample_next
 
 
 def plan_windows(n_tokens, first_target, window, stride):
@@ -244,16 +245,3 @@ class GrapeLM(TemplateLM):
                 text = text.split(stop)[0]
             texts.append(text)
         return texts
-
-
-def sample_next(logits, temperature=0.0, top_k=None, generator=None):
-    """Next token per row from (B, vocab) fp32 logits: greedy at temperature 0, else softmax
-    sampling at that temperature, restricted to the top_k most likely tokens when given."""
-    if temperature <= 0:
-        return logits.argmax(-1)
-    logits = logits / temperature
-    if top_k:
-        kth = torch.topk(logits, min(int(top_k), logits.shape[-1]), dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = F.softmax(logits, dim=-1)
-    return torch.multinomial(probs, 1, generator=generator)[:, 0]

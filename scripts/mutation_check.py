@@ -60,14 +60,12 @@ BREAKS = [
     ("ctx_temperature_ignored", "model.py", "ctx_temperature=config.ctx_temperature,", "ctx_temperature=16.0,",
      ["tests/test_references.py"]),
     # sampling
-    ("sample_next_ignores_temperature", "eval/lm_adapter.py", "    logits = logits / temperature\n", "",
+    ("sample_next_ignores_temperature", "model.py", "    logits = logits / temperature\n", "",
      ["tests/test_references.py", "tests/test_eval_sample.py"]),
-    ("sample_next_keeps_k_minus_1", "eval/lm_adapter.py", "logits.masked_fill(logits < kth",
+    ("sample_next_keeps_k_minus_1", "model.py", "logits.masked_fill(logits < kth",
      "logits.masked_fill(logits <= kth", ["tests/test_references.py", "tests/test_eval_sample.py"]),
-    ("generate_ignores_temperature", "model.py", "next_logits = next_logits / temperature",
-     "next_logits = next_logits", ["tests/test_references.py", "tests/test_model.py"]),
-    ("generate_keeps_k_minus_1", "model.py", "next_logits.masked_fill(next_logits < kth",
-     "next_logits.masked_fill(next_logits <= kth", ["tests/test_references.py", "tests/test_model.py"]),
+    ("generate_greedy_only", "model.py", "sample_next(logits[:, -1].float(), temperature, top_k, generator)",
+     "sample_next(logits[:, -1].float(), 0.0, top_k, generator)", ["tests/test_references.py", "tests/test_model.py"]),
     # training settings
     ("grad_clip_ignored", "train.py", "cfg.grad_clip if cfg.grad_clip > 0 else float(\"inf\")", "float(\"inf\")",
      ["tests/test_train_references.py"]),

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from eval.lm_adapter import sample_next
+from model import sample_next
 from model import GPT, GPTConfig
 from positional import parse_pos
 
