@@ -26,32 +26,10 @@ from data import prepare as prep
 from data.loader import verify_shards
 from data.shards import DataError, HEADER_BYTES, write_shard
 from model import GPT
+from tests.helpers import tiny_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIG = """
-[model]
-n_layer = 2
-n_head = 2
-n_embd = 32
-head_dim = 16
-vocab_size = 320
-block_size = 32
-pos = "rope"
-
-[train]
-data_dir = "{data_dir}"
-batch_size = 4
-global_batch_size = 4
-max_iters = 6
-lr = 1e-2
-min_lr = 1e-3
-warmup_iters = 2
-log_interval = 1
-eval_interval = 0
-eval_windows = 8
-ckpt_interval = 1
-device = "cpu"
-"""
+pytestmark = pytest.mark.usefixtures("one_thread")
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": REPO}
 
 
@@ -68,14 +46,6 @@ def write_corpus(path, docs):
 
 
 PREPARE_SETTINGS = {"tokenizer": "byte", "val_tokens": 2048, "shard_tokens": 6000, "workers": 1}
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +65,7 @@ def data_dir(tmp_path_factory, corpus):
 @pytest.fixture
 def config_file(tmp_path, data_dir):
     path = tmp_path / "tiny.toml"
-    path.write_text(CONFIG.format(data_dir=data_dir))
+    path.write_text(tiny_config(data_dir, model={"pos": "rope"}, ckpt_interval=1))
     return str(path)
 
 
@@ -395,7 +365,7 @@ def test_damaged_shards_are_refused_and_the_named_command_rewrites_exactly_them(
     prep.main(prepare_args(corpus, out))
     reference = directory_bytes(out)
     config = tmp_path / "c.toml"
-    config.write_text(CONFIG.format(data_dir=out))
+    config.write_text(tiny_config(out, model={"pos": "rope"}, ckpt_interval=1))
     manifest = json.loads(reference["manifest.json"])
     names = [s["file"] for s in manifest["shards"]]
     # A flipped token, a shard cut short with a header that agrees with its new size, a deleted shard.

@@ -20,34 +20,11 @@ import torch
 import train
 from eval import extrapolation, zero_shot
 from scripts import study
-from tests.test_train import synthetic_text
+from tests.helpers import prepare_byte_corpus, synthetic_text, tiny_config
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures" / "zero_shot"
 ENCODINGS, SEEDS = ["rope", "alibi"], [1, 2]
-BASE = """
-[model]
-n_layer = 2
-n_head = 2
-n_embd = 32
-head_dim = 16
-vocab_size = 320
-block_size = 32
-
-[train]
-data_dir = "{data_dir}"
-batch_size = 4
-global_batch_size = 4
-max_iters = 6
-lr = 1e-2
-min_lr = 1e-3
-warmup_iters = 2
-log_interval = 1
-eval_interval = 3
-eval_windows = 4
-ckpt_interval = 0
-device = "cpu"
-"""
 EVALS = f"""
 [eval.extrapolation]
 factors = [1, 2]
@@ -72,14 +49,9 @@ def study_file(root, encodings=ENCODINGS, seeds=SEEDS, evals=EVALS, extra=""):
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory):
     """A byte-tokenised corpus and the base config; the study's paths are relative to the directory it runs in."""
-    from data.prepare import files_source, prepare
     root = tmp_path_factory.mktemp("study")
-    with open(root / "corpus.jsonl", "w") as f:
-        for doc in range(20):
-            f.write(json.dumps({"text": synthetic_text(doc, 600)}) + "\n")
-    prepare(files_source(str(root / "corpus.jsonl")), str(root / "data"), tokenizer="byte", val_tokens=4096,
-            shard_tokens=50_000, workers=1, progress_bar=False)
-    (root / "base.toml").write_text(BASE.format(data_dir=root / "data"))
+    data = prepare_byte_corpus(root, [synthetic_text(doc, 600) for doc in range(20)])
+    (root / "base.toml").write_text(tiny_config(data, eval_interval=3, eval_windows=4))
     return root
 
 

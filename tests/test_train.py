@@ -6,7 +6,6 @@ package, for a few dozen steps, so the whole file stays fast on 2 CPU cores.
 import json
 import math
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -18,73 +17,21 @@ import torch
 import train
 from config import ConfigError, TrainConfig, resolve
 from model import GPT, GPTConfig
+from tests.helpers import prepare_byte_corpus, synthetic_text, tiny_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY_CONFIG = """
-[model]
-n_layer = 2
-n_head = 2
-n_embd = 32
-head_dim = 16
-vocab_size = 320
-block_size = 32
-pos = "rope"
-
-[train]
-data_dir = "{data_dir}"
-batch_size = 4
-global_batch_size = 4
-max_iters = 40
-lr = 1e-2
-min_lr = 1e-3
-warmup_iters = 4
-log_interval = 1
-eval_interval = 0
-eval_windows = 8
-ckpt_interval = 0
-device = "cpu"
-"""
-
-
-def synthetic_text(seed: int, n_words: int) -> str:
-    """English-like text from a small vocabulary: a byte model can learn its words quickly."""
-    rng = random.Random(seed)
-    words = ("the model reads every token and learns which word comes next in a sentence about "
-             "positions rotations gates and biases of attention heads").split()
-    sentences = []
-    while n_words > 0:
-        length = rng.randint(4, 12)
-        sentences.append(" ".join(rng.choice(words) for _ in range(length)).capitalize() + ".")
-        n_words -= length
-    return " ".join(sentences)
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The tiny model gains nothing from a second thread, and on a shared machine spinning threads slow it down."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-    from data.prepare import files_source, prepare
-    root = tmp_path_factory.mktemp("train_data")
-    with open(root / "corpus.jsonl", "w") as f:
-        for doc in range(40):
-            f.write(json.dumps({"text": synthetic_text(doc, 800)}) + "\n")
-    out = root / "prepared"
-    prepare(files_source(str(root / "corpus.jsonl")), str(out), tokenizer="byte", val_tokens=4096,
-            shard_tokens=50_000, workers=1, progress_bar=False)
-    return str(out)
+    return prepare_byte_corpus(tmp_path_factory.mktemp("train_data"), [synthetic_text(doc, 800) for doc in range(40)])
 
 
 @pytest.fixture
 def config_file(tmp_path, data_dir):
     path = tmp_path / "tiny.toml"
-    path.write_text(TINY_CONFIG.format(data_dir=data_dir))
+    path.write_text(tiny_config(data_dir, model={"pos": "rope"}, max_iters=40, warmup_iters=4))
     return str(path)
 
 

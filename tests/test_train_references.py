@@ -22,30 +22,13 @@ import torch
 import train
 from data.loader import TrainBatches
 from model import GPT, GPTConfig
+from tests.helpers import TINY_MODEL, prepare_byte_corpus, tiny_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MODEL = dict(n_layer=2, n_head=4, n_embd=32, head_dim=8, vocab_size=320, block_size=32, pos="fox")
-CONFIG = """
-[model]
-{model}
-
-[train]
-data_dir = "{data_dir}"
-seed = 5
-batch_size = 4
-global_batch_size = 8
-max_iters = 6
-lr = 1e-2
-min_lr = 1e-2
-warmup_iters = 0
-weight_decay = 0.0
-grad_clip = 0.3
-log_interval = 1
-eval_interval = 0
-eval_windows = 8
-ckpt_interval = 0
-device = "cpu"
-"""
+pytestmark = pytest.mark.usefixtures("one_thread")
+MODEL = {**TINY_MODEL, "n_head": 4, "head_dim": 8, "pos": "fox"}
+# constant lr, no weight decay (the reference needs no schedule or parameter groups), clipping active
+TRAIN = dict(seed=5, global_batch_size=8, min_lr=1e-2, warmup_iters=0, weight_decay=0.0, grad_clip=0.3)
 ALPHABET = "abcdefgh"
 
 
@@ -61,31 +44,16 @@ def copy_text(seed: int, n_segments: int) -> str:
     return " ".join(segments)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-    from data.prepare import files_source, prepare
-    root = tmp_path_factory.mktemp("copy_data")
-    with open(root / "corpus.jsonl", "w") as f:
-        for doc in range(30):
-            f.write(json.dumps({"text": copy_text(doc, 120)}) + "\n")
-    prepare(files_source(str(root / "corpus.jsonl")), str(root / "prepared"), tokenizer="byte", val_tokens=4096,
-            shard_tokens=40_000, workers=1, progress_bar=False)
-    return str(root / "prepared")
+    return prepare_byte_corpus(tmp_path_factory.mktemp("copy_data"), [copy_text(doc, 120) for doc in range(30)],
+                               shard_tokens=40_000)
 
 
 @pytest.fixture
 def config_file(tmp_path, data_dir):
     path = tmp_path / "tiny.toml"
-    model = "\n".join(f"{k} = {json.dumps(v)}" for k, v in MODEL.items())
-    path.write_text(CONFIG.format(model=model, data_dir=data_dir))
+    path.write_text(tiny_config(data_dir, model=MODEL, **TRAIN))
     return str(path)
 
 
@@ -94,7 +62,8 @@ def logged(run_dir, key):
         return [r[key] for r in map(json.loads, f) if r["type"] == "train"]
 
 
-def reference_run(data_dir, steps, grad_clip, bf16=False, lr=1e-2, global_batch=8, seed=5):
+def reference_run(data_dir, steps, grad_clip, bf16=False, lr=TRAIN["min_lr"], global_batch=TRAIN["global_batch_size"],
+                  seed=TRAIN["seed"]):
     """(losses, pre-clip grad norms) of the loop train.py should run, written out plainly."""
     torch.manual_seed(seed)
     model = GPT(GPTConfig(**MODEL))
