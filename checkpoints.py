@@ -101,6 +101,9 @@ def load(path: str, required=("model", "model_config"), map_location="cpu",
             raise CheckpointError(f"cannot read checkpoint {path}: {error.strerror}") from None
         kind = "its archive is damaged" if zipfile.is_zipfile(path) else "it is not a complete torch.save archive"
         raise CheckpointError(f"checkpoint {path} is corrupt or truncated ({kind}); {restore}") from None
+    except Exception:  # flipped bytes in the pickled object data can fail in many ways (IndexError, AssertionError, ...)
+        raise CheckpointError(f"checkpoint {path} is corrupt or truncated (its object data cannot be read); "
+                              f"{restore}") from None
     if not isinstance(ckpt, dict):
         raise CheckpointError(f"{path} holds a {type(ckpt).__name__}, not a checkpoint dict; it was not written by "
                               "this project's train.py")

@@ -46,6 +46,12 @@ from data.shards import DataError
 TRAJECTORY_KEYS = ("data_dir", "seed", "global_batch_size", "max_iters", "lr", "min_lr",
                    "warmup_iters", "weight_decay", "beta1", "beta2", "grad_clip", "dtype",
                    "decay_params", "lr_schedule")
+# Trajectory keys that no resume may change, with the reason.
+FIXED_FOR_A_RUN = {
+    "global_batch_size": "the training windows are numbered by step x global batch, so another size would repeat "
+                         "or skip data",
+    "decay_params": "the optimizer's parameter groups, and the Adam moments saved with them, are built from it",
+}
 # The values of keys that checkpoints written before the key existed were trained with.
 TRAJECTORY_KEYS_BEFORE_RECIPES = {"decay_params": "matrices", "lr_schedule": "clean"}
 CHECKPOINT_KEYS = ("model", "model_config", "tokenizer", "train_config", "step", "optimizer", "rng")
@@ -179,7 +185,12 @@ def parse_args(argv: list[str]) -> tuple[str, bool, list[str], list[str]]:
             unknown = [key for key in allowed if key not in TRAJECTORY_KEYS]
             if unknown or not allowed:
                 raise ConfigError(f"--allow_changes takes a comma-separated list of the settings a resume may change "
-                                  f"({', '.join(TRAJECTORY_KEYS)}), not {arg.partition('=')[2]!r}.")
+                                  f"({', '.join(k for k in TRAJECTORY_KEYS if k not in FIXED_FOR_A_RUN)}), "
+                                  f"not {arg.partition('=')[2]!r}.")
+            fixed = [key for key in allowed if key in FIXED_FOR_A_RUN]
+            if fixed:
+                raise ConfigError(f"--allow_changes cannot change {fixed[0]}: {FIXED_FOR_A_RUN[fixed[0]]}; start a "
+                                  f"new run in another --out_dir to change it.")
         elif arg.startswith("--"):
             overrides.append(arg)
         elif config_path is None:
@@ -236,6 +247,8 @@ def trim_metrics(path: str, step: int) -> None:
                 record = json.loads(line)
             except json.JSONDecodeError:
                 continue  # a line cut by a kill
+            if record.get("type") == "change" and record.get("iter", 0) >= step:
+                continue  # a resume at this step writes its own deliberate changes again
             if record.get("iter", 0) <= step and record.get("type") != "summary":
                 kept.append(json.dumps(record) + "\n")
     atomic_write_text(path, "".join(kept))
@@ -367,6 +380,9 @@ def run(argv: list[str]) -> dict:
     if ckpt is not None:
         raw_model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
+        for group, decay in zip(optimizer.param_groups, (cfg.weight_decay, 0.0)):
+            # load_state_dict restores the checkpoint's values; a change allowed on resume must take effect
+            group["weight_decay"], group["betas"] = decay, (cfg.beta1, cfg.beta2)
         step = ckpt["step"]
         torch.set_rng_state(ckpt["rng"]["torch"])
         if ddp.device.type == "cuda" and ckpt["rng"].get("cuda") is not None:
@@ -615,7 +631,7 @@ def main() -> None:
             dist.destroy_process_group()
         sys.exit(code)
     except RuntimeError as e:  # DistBackendError and gloo's own errors are RuntimeErrors
-        if not (dist.is_available() and dist.is_initialized()):
+        if not (dist.is_available() and dist.is_initialized()) or not is_collective_failure(e):
             raise
         first_line = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         # Every rank says it: the main process may be the one that died or froze.
@@ -625,6 +641,16 @@ def main() -> None:
         sys.exit(1)  # without destroy_process_group, which could wait on the dead process
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def is_collective_failure(error: RuntimeError) -> bool:
+    """A failed collective (a peer died or froze), not an out-of-memory error or a bug on this process."""
+    if isinstance(error, torch.OutOfMemoryError):
+        return False
+    if isinstance(error, getattr(dist, "DistError", ())):
+        return True
+    text = str(error).lower()
+    return any(word in text for word in ("gloo", "nccl", "connection", "timed out", "timeout", "socket", "peer"))
 
 
 if __name__ == "__main__":

@@ -62,7 +62,7 @@ class Run:
     seed: int
     run_dir: str
     train_args: list[str]          # train.py arguments without --resume
-    max_iters: int
+    final_iter: int  # the iteration train.py ends at: max_iters, or max_iters + 1 under the official schedule
     evals: dict[str, list[str]]    # evaluation name -> its CLI arguments
 
 
@@ -186,7 +186,7 @@ def load_study(path: str) -> Study:
                 argv += [arg for key, value in options.items() for arg in as_cli(key, value, dash="-", bool_flags=True)]
                 check_eval_args(eval_name, argv, path)
                 evals[eval_name] = argv
-            runs.append(Run(encoding, seed, run_dir, train_args, train_cfg.max_iters, evals))
+            runs.append(Run(encoding, seed, run_dir, train_args, train_cfg.num_steps, evals))
     return Study(name, os.path.abspath(path), base, out_dir, list(encodings), list(seeds), reference, overrides,
                  mode, gpus, gpus_per_run, runs)
 
@@ -206,10 +206,10 @@ def read_records(run_dir: str) -> list[dict]:
 
 
 def run_finished(run: Run) -> bool:
-    """train.py wrote its end-of-run summary at max_iters (a resumed run drops older summaries) and the checkpoint."""
+    """train.py wrote its end-of-run summary at the final iteration (a resumed run drops older summaries) and the checkpoint."""
     summaries = [r for r in read_records(run.run_dir) if r.get("type") == "summary"]
     return (os.path.isfile(os.path.join(run.run_dir, "ckpt.pt")) and bool(summaries)
-            and summaries[-1].get("stopped") == "done" and summaries[-1].get("iter") == run.max_iters)
+            and summaries[-1].get("stopped") == "done" and summaries[-1].get("iter") == run.final_iter)
 
 
 def eval_marker(run: Run, name: str) -> str:
@@ -224,7 +224,7 @@ def eval_finished(run: Run, name: str) -> bool:
         json.loads(Path(output).read_text())
     except (OSError, json.JSONDecodeError):
         return False
-    return marker == {"argv": run.evals[name], "step": run.max_iters}
+    return marker == {"argv": run.evals[name], "step": run.final_iter}
 
 
 def add_wall_clock(run: Run, key: str, seconds: float) -> None:
@@ -349,7 +349,7 @@ class Runner:
                     summary = next((r for r in reversed(read_records(run.run_dir)) if r.get("type") == "summary"), {})
                     if self.stop.is_set() or summary.get("stopped") == "sigterm":
                         raise StudyInterrupted
-                    error = (f"training stopped at iteration {summary.get('iter')} of {run.max_iters} "
+                    error = (f"training stopped at iteration {summary.get('iter')} of {run.final_iter} "
                              f"({summary.get('stopped')})")
                 if error is not None:
                     status.update(status="failed", errors=[f"training: {error}"])
@@ -369,7 +369,7 @@ class Runner:
                     status["errors"].append(f"{name}: {error}")
                     print(f"[study] FAILED {label}: {name}: {error}", flush=True)
                     continue
-                marker = {"argv": argv, "step": run.max_iters}
+                marker = {"argv": argv, "step": run.final_iter}
                 train.atomic_write_text(eval_marker(run, name), json.dumps(marker) + "\n")
         except (StudyInterrupted, KeyboardInterrupt):
             status.update(status="interrupted")
@@ -483,7 +483,7 @@ def run_row(run: Run, status: dict) -> dict:
         "status": status.get("status", "done" if finished else "not run"), "errors": status.get("errors", []),
         "finished": finished, "iter": trains[-1]["iter"] if trains else 0,
         "tokens": trains[-1]["tokens"] if trains else 0,
-        "final_val_loss": vals[-1]["val_loss"] if finished and vals and vals[-1]["iter"] == run.max_iters else None,
+        "final_val_loss": vals[-1]["val_loss"] if finished and vals and vals[-1]["iter"] == run.final_iter else None,
         "val_curve": curves["val"], "wall_clock_s": times, "gpus": gpus,
         "gpu_hours": wall / 3600 * gpus, "peak_memory_gb": summary.get("peak_memory_gb"),
     }

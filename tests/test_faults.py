@@ -609,3 +609,55 @@ def test_sampling_past_memory_or_the_training_context_is_said(tmp_path, capsys):
     err = capsys.readouterr().err
     assert info.value.code == 2 and "does not fit in cpu memory; use a smaller --max-new-tokens" in err
     assert "Traceback" not in err
+
+
+def test_allowed_optimizer_changes_take_effect_and_fixed_keys_are_refused(config_file, tmp_path):
+    # The optimizer's state dict carries its own weight decay and betas: an allowed change must override them.
+    run_dir = tmp_path / "run"
+    train.run([config_file, "--stop_iter=2", f"--out_dir={run_dir}"])
+    train.run([config_file, "--stop_iter=3", f"--out_dir={run_dir}", "--resume",
+               "--allow_changes=weight_decay,beta2", "--weight_decay=0.5", "--beta2=0.9"])
+    groups = checkpoints.load(str(run_dir / "ckpt.pt"))["optimizer"]["param_groups"]
+    assert [g["weight_decay"] for g in groups] == [0.5, 0.0]
+    assert [tuple(g["betas"]) for g in groups] == [(0.9, 0.9), (0.9, 0.9)]
+    for key, why in (("decay_params", "parameter groups"), ("global_batch_size", "repeat or skip data")):
+        with pytest.raises(ConfigError, match=f"cannot change {key}: .*{why}"):
+            train.parse_args([config_file, "--resume", f"--allow_changes={key}"])
+
+
+def test_a_resume_rewrites_the_change_records_of_its_step(config_file, tmp_path):
+    # A resume killed before its next checkpoint, then resumed again without the change: the log must not keep
+    # the first resume's change record.
+    run_dir = tmp_path / "run"
+    train.run([config_file, "--stop_iter=2", f"--out_dir={run_dir}"])
+    checkpoint = (run_dir / "ckpt.pt").read_bytes()
+    train.run([config_file, "--stop_iter=3", f"--out_dir={run_dir}", "--resume", "--allow_changes=lr", "--lr=5e-3"])
+    with open(run_dir / "metrics.jsonl") as f:
+        assert [r["key"] for r in map(json.loads, f) if r["type"] == "change"] == ["lr"]
+    (run_dir / "ckpt.pt").write_bytes(checkpoint)  # as if killed before the checkpoint at iteration 3
+    train.run([config_file, "--stop_iter=3", f"--out_dir={run_dir}", "--resume"])
+    with open(run_dir / "metrics.jsonl") as f:
+        assert [r for r in map(json.loads, f) if r["type"] == "change"] == []
+
+
+@pytest.mark.parametrize("failure", [IndexError("pop from empty list"), AssertionError("saved_id must be a tuple")])
+def test_any_unpickling_failure_is_one_sentence(tmp_path, monkeypatch, failure):
+    # Flipped bytes in a checkpoint's pickled data raised these from torch.load (5 of 300 random flips).
+    path = tmp_path / "ckpt.pt"
+    checkpoints.save(str(path), {"model": {}, "model_config": {}})
+
+    def damaged_load(*args, **kwargs):
+        raise failure
+    monkeypatch.setattr(checkpoints.torch, "load", damaged_load)
+    with pytest.raises(checkpoints.CheckpointError, match="is corrupt or truncated"):
+        checkpoints.load(str(path))
+
+
+def test_only_failed_collectives_are_reported_as_a_lost_process():
+    # Under DDP an out-of-memory error or a bug on this process must keep its own traceback, not be called a
+    # dead peer; the messages below are gloo's and torch's own.
+    assert train.is_collective_failure(RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection "
+                                                    "closed by peer [127.0.0.1]:29500"))
+    assert train.is_collective_failure(RuntimeError("Timed out waiting 4000ms for recv operation to complete"))
+    assert not train.is_collective_failure(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert not train.is_collective_failure(RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x32 and 16x32)"))

@@ -239,6 +239,23 @@ def test_a_failed_run_is_reported_and_the_others_go_on(workspace, tmp_path, monk
     assert "1 run(s) failed" in capsys.readouterr().out
 
 
+def test_a_run_under_the_official_schedule_counts_as_finished(workspace, tmp_path, monkeypatch):
+    # The official recipe trains iterations 0..max_iters (one step more than clean): its summary ends at
+    # max_iters + 1, and the study must take that as done (the paper studies all use the official recipe).
+    shutil.copy(workspace / "base.toml", tmp_path / "base.toml")
+    path = study_file(tmp_path, encodings=["rope"], seeds=[1], evals="", extra='[overrides]\nrecipe = "official"\n')
+    monkeypatch.chdir(tmp_path)
+    report = study.main([path])
+    summary = records("out/rope/seed1", "summary")[-1]
+    assert summary["iter"] == 7 and summary["stopped"] == "done"  # max_iters 6
+    run = report["runs"][0]
+    assert run["status"] == "done" and run["final_val_loss"] == records("out/rope/seed1", "val")[-1]["val_loss"]
+    calls = []
+    monkeypatch.setattr(train, "run", lambda argv: calls.append(argv))
+    study.main([path])  # everything is finished: nothing is trained again
+    assert calls == []
+
+
 @pytest.mark.parametrize("interruption", ["ctrl-c during training", "second ctrl-c"])
 def test_ctrl_c_stops_the_study_with_one_sentence(workspace, tmp_path, monkeypatch, capsys, interruption):
     shutil.copy(workspace / "base.toml", tmp_path / "base.toml")
