@@ -499,6 +499,8 @@ def run(argv: list[str]) -> dict:
     vote_each_micro_batch = grad_accum > 1 and (not ddp.enabled or grad_accum >= 8)
 
     def stop_votes() -> float:
+        if not ddp.enabled:  # one process: no tensor, so no GPU sync per micro-batch
+            return float(term_requested.is_set())
         return ddp.all_reduce_sum(torch.tensor(float(term_requested.is_set()), device=ddp.device)).item()
 
     def stop_with_checkpoint() -> None:
