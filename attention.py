@@ -2,38 +2,69 @@
 
 * ``sdpa``: fused causal ``scaled_dot_product_attention`` (no additive bias);
 * ``lifted``: separable additive biases as extra q/k columns (the homogeneous lift), then the same
-  fused SDPA: O(T) memory, FlashAttention on GPU;
+  fused SDPA: O(T) memory, exact in bf16 (kernels/lift.py), any device. The CPU default;
+* ``tile``: separable additive biases added inside the tile in fp32 by a Triton FlashAttention kernel
+  (kernels/separable.py): q, k, v keep their 128-wide heads, which the lift widens to 136-144 and so
+  sends to slower fused kernels. The CUDA default;
 * ``path_integral``: GRAPE-AP, whose bias is not separable: ``kernels.grape_ap_attention`` (a Triton
   FlashAttention-style kernel on CUDA, a chunked PyTorch version with O(T·block) memory elsewhere);
 * ``dense``: the readable reference that materialises the (B, H, Tq, Tk) logits exactly as the
   formulas read. Tests compare every fast path against it.
+
+``attn_backend`` in the model config picks how a separable bias is applied ("lifted", "tile", or
+"auto": tile on CUDA when Triton imports, else lifted) or asks for "dense"; encodings without a bias
+always run fused SDPA and GRAPE-AP always its own kernel.
 """
 from __future__ import annotations
+
+import functools
+import os
 
 import torch
 import torch.nn.functional as F
 
 from kernels import grape_ap_attention
 from kernels.lift import PARTS, split_lifted_columns
+from kernels.separable import separable_attention
 from positional import AdditiveBias
 
-BACKENDS = ("auto", "dense")
+BACKENDS = ("auto", "lifted", "tile", "dense")
 
 
-def resolve_backend(requested: str, bias: AdditiveBias | None) -> str:
+@functools.cache
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def resolve_backend(requested: str, bias: AdditiveBias | None, device: torch.device | None = None) -> str:
+    """The backend one layer runs on ``device`` (None: only validate the name)."""
     if requested not in BACKENDS:
         raise ValueError(f"unknown attn_backend {requested!r}; valid: {', '.join(BACKENDS)}")
     if requested == "dense":
         return "dense"
     if bias is None:
         return "sdpa"
-    return "lifted" if bias.separable else "path_integral"
+    if not bias.separable:
+        return "path_integral"
+    on_triton_device = device is not None and (device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")
+    if requested == "auto":
+        return "tile" if on_triton_device and triton_available() else "lifted"
+    if requested == "tile" and device is not None and not (on_triton_device and triton_available()):
+        raise ValueError("attn_backend='tile' runs a Triton kernel: it needs a CUDA device and the triton package "
+                         f"(this model is on {device.type}{'' if triton_available() else ', triton is not installed'}); "
+                         "use attn_backend='auto' or 'lifted' here")
+    return requested
 
 
 def describe_backend(backend: str) -> str:
     return {
         "sdpa": "fused causal SDPA",
         "lifted": "fused causal SDPA on lifted q/k columns (homogeneous lift)",
+        "tile": "Triton FlashAttention with the separable bias added in the tile (fp32)",
         "path_integral": "GRAPE-AP path-integral attention (Triton kernel on CUDA, chunked elsewhere; O(T) memory)",
         "dense": "dense reference (materialised logits and bias)",
     }[backend]
@@ -70,6 +101,10 @@ def attend(q, k, v, *, backend: str, scale: float, q_pos, k_pos, bias=None, qf=N
     query q_pos[i] may attend to keys with k_pos <= q_pos[i]."""
     if backend == "path_integral":  # queries are the last Tq of the Tk cached keys (training: Tq == Tk)
         return grape_ap_attention(q, k, v, qf["p"], kf["r"], bias.slopes, scale).to(v.dtype)
+    if backend == "tile" and q.shape[2] > 1:  # one decoding query takes the dense row below: O(Tk), fp32
+        q_features, k_features = bias.tile_features(qf, kf)
+        return separable_attention(q, k, v, q_features, k_features, scale, has_rate=bias.has_rate,
+                                   has_sum=bias.has_sum)
     if backend in ("sdpa", "lifted"):
         if q.shape[2] == k.shape[2]:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)

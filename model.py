@@ -32,7 +32,7 @@ class GPTConfig:
     block_size: int = 1024  # training context; the model itself runs at any length
     pos: str = "rope"  # an encoding of positional.ENCODINGS, or "rotation+additive"
     kv_shift: bool = False
-    attn_backend: str = "auto"  # "auto" (fast path) or "dense" (reference)
+    attn_backend: str = "auto"  # separable biases: "auto" (tile on CUDA, lifted elsewhere), "lifted", "tile"; or "dense" (reference)
     norm_eps: float = 1e-5
     qk_norm: str = "before"  # QK RMSNorm "before" the rotation (exact relative law) or "after" it (official code)
     # multiplicative encodings
@@ -141,7 +141,10 @@ class CausalSelfAttention(nn.Module):
                                p_norm_eps=config.p_norm_eps)
         self.norm_after_rotation = config.qk_norm == "after"
         self.kv_shift = KVShift(H, C) if config.kv_shift else None
-        self.backend = resolve_backend(config.attn_backend, self.bias)
+        self.requested_backend = config.attn_backend
+
+    def backend(self, device: torch.device) -> str:
+        return resolve_backend(self.requested_backend, self.bias, device)
 
     def forward(self, x, positions, cache: LayerCache | None = None, k_positions=None):
         B, T, _ = x.shape
@@ -158,7 +161,8 @@ class CausalSelfAttention(nn.Module):
             qf, kf = self.bias.features(x, q, k, positions, state) if self.bias is not None else ({}, {})
             if not self.norm_after_rotation:
                 q, k = self.rotation(q, k, x, positions, state)
-        if self.backend == "lifted":  # the lifted keys carry the bias: no key features to cache
+        backend = self.backend(x.device)
+        if backend == "lifted":  # the lifted keys carry the bias: no key features to cache
             q, k = lift_qk(q, k, qf, kf, self.bias, self.scale)
             # v zero-padded to the lifted width (see lift_qk), before the cache: each value once,
             # not the whole cache at every decoding step
@@ -167,7 +171,7 @@ class CausalSelfAttention(nn.Module):
             stored = cache.append({"k": k, "v": v, **{f"feature_{n}": f for n, f in kf.items()}})
             k, v = stored["k"], stored["v"]
             kf = {n: stored[f"feature_{n}"] for n in kf}
-        y = attend(q, k, v, backend=self.backend, scale=self.scale, q_pos=positions,
+        y = attend(q, k, v, backend=backend, scale=self.scale, q_pos=positions,
                    k_pos=positions if k_positions is None else k_positions, bias=self.bias, qf=qf, kf=kf)
         y = y[..., :self.head_dim]  # drop the zero-padded lifted value columns
         return self.proj(y.transpose(1, 2).reshape(B, T, -1))
@@ -221,13 +225,14 @@ class GPT(nn.Module):
                 nn.init.normal_(linear.weight, std=std / math.sqrt(cfg.n_layer))
 
     def extra_repr(self):
-        backend = self.blocks[0].attn.backend
+        backend = self.attention_backend
         return (f"pos={self.config.pos}, kv_shift={self.config.kv_shift}, "
                 f"attention backend={backend} ({describe_backend(backend)})")
 
     @property
     def attention_backend(self) -> str:
-        return self.blocks[0].attn.backend
+        """The backend the attention layers run on the model's current device."""
+        return self.blocks[0].attn.backend(self.wte.weight.device)
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -214,6 +214,22 @@ class AdditiveBias(nn.Module):
         bf16 lift (kernels/lift.py) splits only the inexact ones into several parts."""
         return (True,)
 
+    # The in-tile kernel's form (kernels/separable.py): b(t, j) = -(t - j)(a_t + b_j) + (c_t - c_j),
+    # with the terms an encoding has (rate: a or b, sum: c).
+    has_rate = False
+    has_sum = False
+
+    def tile_features(self, qf: dict, kf: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-query (t, a_t, c_t) and per-key (j, b_j, c_j), fp32, (.., T, 3) each."""
+        raise NotImplementedError
+
+
+def _tile_columns(pos, rate, total) -> torch.Tensor:
+    """Stack one side's (position, rate, running sum) into (.., T, 3); a 0 stands for an absent term."""
+    columns = [torch.as_tensor(c, dtype=torch.float32, device=pos.device) for c in (pos, rate, total)]
+    shape = torch.broadcast_shapes(*(c.shape for c in columns))
+    return torch.stack([c.expand(shape) for c in columns], dim=-1)
+
 
 def _positions_feature(positions: torch.Tensor) -> torch.Tensor:
     return fp32(positions)[None, None, :]  # (1, 1, T)
@@ -241,6 +257,12 @@ class ALiBi(AdditiveBias):
         q_cols = torch.ones_like(qf["pos"])[..., None]
         k_cols = (self.slopes[:, None] * kf["pos"])[..., None]  # (1, H, Tk, 1)
         return q_cols, k_cols
+
+    has_rate = True
+
+    def tile_features(self, qf, kf):
+        return (_tile_columns(qf["pos"], self.slopes[:, None].float(), 0.0),
+                _tile_columns(kf["pos"], 0.0, 0.0))
 
 
 class GatedSlope(AdditiveBias):
@@ -271,7 +293,9 @@ class GatedSlope(AdditiveBias):
 
     def _gate(self, weight, x):
         unit = F.normalize(fp32(weight), dim=-1)
-        return F.softplus(torch.einsum("bhtd,hd->bht", fp32(x), unit) / math.sqrt(self.head_dim))
+        # (B, H, T, d) @ (H, d, 1): a contiguous (B, H, T) result. (An einsum returned it head-major, whose
+        # strides the compiled backward then predicted wrongly: a failed view in aot_eager, torch 2.13.)
+        return F.softplus((fp32(x) @ unit[:, :, None]).squeeze(-1) / math.sqrt(self.head_dim))
 
     def features(self, x, q, k, positions, state):
         pos = _positions_feature(positions)
@@ -309,6 +333,14 @@ class GatedSlope(AdditiveBias):
         return (torch.stack([c.expand(shape_q) for c in q_cols], dim=-1),
                 torch.stack([c.expand(shape_k) for c in k_cols], dim=-1))
 
+    has_rate = True
+
+    def tile_features(self, qf, kf):
+        omega = self.omega()[:, None]
+        q_rate = omega * qf["lam"] if "q" in self.gates else 0.0
+        k_rate = omega * kf["lam"] if "k" in self.gates else 0.0
+        return _tile_columns(qf["pos"], q_rate, 0.0), _tile_columns(kf["pos"], k_rate, 0.0)
+
 
 class ForgetGate(AdditiveBias):
     """FoX: f_t = sigmoid(w_h·x_t + b_h), b(t, j) = Σ_{ℓ=j+1}^{t} log f_ℓ = c_t - c_j with the running
@@ -332,6 +364,13 @@ class ForgetGate(AdditiveBias):
 
     def lift(self, qf, kf):
         return torch.ones_like(qf["c"])[..., None], -kf["c"][..., None]
+
+    has_sum = True
+
+    def tile_features(self, qf, kf):
+        # no distance term, so the position column stays 0
+        return (_tile_columns(torch.zeros_like(qf["c"]), 0.0, qf["c"]),
+                _tile_columns(torch.zeros_like(kf["c"]), 0.0, kf["c"]))
 
 
 class PathIntegral(AdditiveBias):

@@ -41,3 +41,42 @@ def prepare_byte_corpus(root, texts, *, val_tokens=4096, shard_tokens=50_000) ->
     prepare(files_source(str(root / "corpus.jsonl")), str(out), tokenizer="byte", val_tokens=val_tokens,
             shard_tokens=shard_tokens, workers=1, progress_bar=False)
     return str(out)
+
+
+def tiny_model_logits_and_grads(pos, kv_shift, backend, wrap=lambda model: model):
+    """A 1-layer model's logits on 21 tokens at start position 3 and every parameter's gradient of the
+    loss, with its positional parameters moved off their init (so each one matters)."""
+    import torch
+    from model import GPT, GPTConfig
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, head_dim=16, vocab_size=29, block_size=24, pos=pos,
+                          kv_shift=kv_shift, attn_backend=backend))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "bias." in name or "kv_shift" in name:
+                p.add_(0.3 * torch.randn(p.shape, generator=torch.Generator().manual_seed(5)))
+    idx = torch.randint(0, 29, (2, 21), generator=torch.Generator().manual_seed(1))
+    logits, loss = wrap(model)(idx, idx, start_pos=3)
+    loss.backward()
+    return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def run_under_triton_interpreter(test_file, path):
+    """Run `python test_file path` with TRITON_INTERPRET=1 and return what it saved to path.
+    TRITON_INTERPRET must be set before triton itself is imported (its own library functions are decorated
+    at import), so interpreted kernels run in a child process; the comparisons happen in the parent."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+
+    import pytest
+    import torch
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    child = subprocess.run([sys.executable, os.path.abspath(test_file), str(path)], cwd=root, env=env,
+                           capture_output=True, text=True, timeout=900)
+    assert child.returncode == 0, f"the interpreted Triton kernels failed:\n{child.stderr[-4000:]}"
+    return torch.load(path)

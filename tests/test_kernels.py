@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from kernels import grape_ap_attention
 from kernels.grape_ap import grape_ap_chunked
+from tests.helpers import run_under_triton_interpreter, tiny_model_logits_and_grads
 
 
 def dense_grape_ap(q, k, v, p, r, slopes, scale):
@@ -156,8 +157,8 @@ def test_compiled_model_is_one_graph_and_equals_eager():
     # (The inductor backend gives the same result, max difference 2e-7, but compiles for minutes on 2 CPU
     # cores; aot_eager runs the same traced forward and backward graphs without code generation.)
     torch._dynamo.reset()
-    eager_logits, eager_grads = model_logits_and_grads("rope+grape_ap", True, "auto")
-    compiled_logits, compiled_grads = model_logits_and_grads(
+    eager_logits, eager_grads = tiny_model_logits_and_grads("rope+grape_ap", True, "auto")
+    compiled_logits, compiled_grads = tiny_model_logits_and_grads(
         "rope+grape_ap", True, "auto", wrap=lambda m: torch.compile(m, fullgraph=True, backend="aot_eager"))
     torch.testing.assert_close(compiled_logits, eager_logits, atol=1e-6, rtol=1e-6)
     for name, ref in eager_grads.items():
@@ -217,26 +218,11 @@ def run_triton_cases(path):
     # the model calls attention.grape_ap_attention; on CPU tensors "auto" would pick the chunked path
     attention.grape_ap_attention = lambda *a, **kw: grape_ap_attention(*a, **kw, backend="triton")
     for pos, kv_shift in MODEL_CASES:
-        results.append(model_logits_and_grads(pos, kv_shift, "auto"))
+        results.append(tiny_model_logits_and_grads(pos, kv_shift, "auto"))
     torch.save(results, path)
 
 
 MODEL_CASES = [("grape_ap", False), ("rope+grape_ap", True)]
-
-
-def model_logits_and_grads(pos, kv_shift, backend, wrap=lambda model: model):
-    from model import GPT, GPTConfig
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, head_dim=16, vocab_size=29, block_size=24, pos=pos,
-                          kv_shift=kv_shift, attn_backend=backend))
-    with torch.no_grad():  # positional parameters away from their init
-        for name, p in model.named_parameters():
-            if "bias." in name or "kv_shift" in name:
-                p.add_(0.3 * torch.randn(p.shape, generator=torch.Generator().manual_seed(5)))
-    idx = torch.randint(0, 29, (2, 21), generator=torch.Generator().manual_seed(1))
-    logits, loss = wrap(model)(idx, idx, start_pos=3)
-    loss.backward()
-    return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
 def triton_grad_out(case):
@@ -246,15 +232,7 @@ def triton_grad_out(case):
 
 @pytest.fixture(scope="module")
 def triton_results(tmp_path_factory):
-    if importlib.util.find_spec("triton") is None:
-        pytest.skip("triton is not installed")
-    path = tmp_path_factory.mktemp("triton") / "results.pt"
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    child = subprocess.run([sys.executable, os.path.abspath(__file__), str(path)], cwd=root, env=env,
-                           capture_output=True, text=True, timeout=600)
-    assert child.returncode == 0, f"the interpreted Triton kernels failed:\n{child.stderr[-4000:]}"
-    return torch.load(path)
+    return run_under_triton_interpreter(__file__, tmp_path_factory.mktemp("triton") / "results.pt")
 
 
 @pytest.mark.parametrize("index", range(len(TRITON_CASES)), ids=[
@@ -295,7 +273,7 @@ def test_triton_fp16_path_gradients_as_accurate_as_attention_gradients(triton_re
 def test_triton_interpreter_in_the_model_matches_dense_backend(triton_results, index):
     pos, kv_shift = MODEL_CASES[index]
     logits, grads = triton_results[len(TRITON_CASES) + 1 + index]
-    ref_logits, ref_grads = model_logits_and_grads(pos, kv_shift, "dense")
+    ref_logits, ref_grads = tiny_model_logits_and_grads(pos, kv_shift, "dense")
     torch.testing.assert_close(logits, ref_logits, atol=1e-5, rtol=1e-5)
     for name, ref in ref_grads.items():
         torch.testing.assert_close(grads[name], ref, atol=1e-5, rtol=1e-4, msg=lambda m, name=name: f"{name}: {m}")

@@ -1,0 +1,81 @@
+"""Attention with a separable additive bias added inside the tile (the GPU path of ALiBi, GRAPE-A, FoX).
+
+    logit(i, j) = scale·q_i·k_j - (t_i - s_j)·(a_i + b_j) + (c_i - c_j),   j <= Tk - Tq + i
+
+``q_features`` (B|1, H|1, Tq, 3) holds (t, a, c) per query, ``k_features`` (B|1, H|1, Tk, 3) holds
+(s, b, c) per key, in fp32 (``AdditiveBias.tile_features`` builds them). The kernel is Triton
+(``kernels/separable_triton.py``), wrapped in the custom operators ``grape::separable_attention`` and
+its backward, each with a shape-only fake implementation, so ``torch.compile`` traces through it.
+"""
+from __future__ import annotations
+
+import torch
+
+
+@torch.library.custom_op("grape::separable_attention", mutates_args=())
+def _separable_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qf: torch.Tensor, kf: torch.Tensor,
+                  scale: float, flags: list[int], config: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    from kernels.separable_triton import triton_forward
+    return triton_forward(q, k, v, qf, kf, scale, flags, config)
+
+
+@_separable_op.register_fake
+def _(q, k, v, qf, kf, scale, flags, config):
+    B, H, Tq, _ = q.shape
+    return q.new_empty((B, H, Tq, v.shape[3]), dtype=v.dtype), q.new_empty((B, H, Tq), dtype=torch.float32)
+
+
+@torch.library.custom_op("grape::separable_attention_backward", mutates_args=())
+def _separable_backward_op(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           qf: torch.Tensor, kf: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, scale: float,
+                           flags: list[int], config: list[int]
+                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    from kernels.separable_triton import triton_backward
+    grads = triton_backward(grad_out.contiguous(), q, k, v, qf, kf, out, lse, scale, flags, config)
+    return tuple(g.to(x.dtype) for g, x in zip(grads, (q, k, v, qf, kf)))
+
+
+@_separable_backward_op.register_fake
+def _(grad_out, q, k, v, qf, kf, out, lse, scale, flags, config):
+    return tuple(torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v, qf, kf))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, qf, kf, scale, flags, config = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, qf, kf, out, lse)
+    ctx.scale, ctx.flags, ctx.config = scale, flags, config
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, grad_out, _grad_lse):
+    q, k, v, qf, kf, out, lse = ctx.saved_tensors
+    grads = _separable_backward_op(grad_out, q, k, v, qf, kf, out, lse, ctx.scale, ctx.flags, ctx.config)
+    return (*grads, None, None, None)
+
+
+_separable_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def separable_attention(q, k, v, q_features, k_features, scale: float, *, has_rate: bool, has_sum: bool,
+                        config=None) -> torch.Tensor:
+    """q (B,H,Tq,D), k (B,H,Tk,D), v (B,H,Tk,Dv) -> (B,H,Tq,Dv) in v's dtype; queries are the last Tq
+    of the Tk keys. Gradients flow to q, k, v and both feature tensors. has_rate / has_sum say which
+    bias terms are present (an absent one is skipped, its feature gradient is zero). config: see
+    ``kernels.separable_triton.default_config``."""
+    from kernels.separable_triton import default_config
+    B, H, Tq, D = q.shape
+    Tk = k.shape[2]
+    if k.shape[:2] != (B, H) or k.shape[3] != D or v.shape[:3] != (B, H, Tk) or Tq > Tk:
+        raise ValueError(f"separable_attention: q{tuple(q.shape)}, k{tuple(k.shape)}, v{tuple(v.shape)} must be "
+                         "(B, H, Tq, D), (B, H, Tk, D), (B, H, Tk, Dv) with Tq <= Tk")
+    if q_features.shape[-2:] != (Tq, 3) or k_features.shape[-2:] != (Tk, 3):
+        raise ValueError(f"separable_attention: features {tuple(q_features.shape)}, {tuple(k_features.shape)} must "
+                         f"end in ({Tq}, 3) and ({Tk}, 3)")
+    dtype = v.dtype  # under autocast q, k may come out of fp32 positional code: one dtype for the kernel
+    # contiguous copies made here, so that autograd saves them for the backward pass
+    q, k, v = (x.to(dtype).contiguous() for x in (q, k, v))
+    qf = q_features.float().expand(B, H, Tq, 3).contiguous()
+    kf = k_features.float().expand(B, H, Tk, 3).contiguous()
+    config = [int(c) for c in (config or default_config(D))]
+    return _separable_op(q, k, v, qf, kf, float(scale), [int(has_rate), int(has_sum)], config)[0]

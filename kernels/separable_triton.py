@@ -1,0 +1,314 @@
+"""Triton FlashAttention with a separable additive bias added inside the tile, in fp32 (forward and
+backward, O(T) memory). The GPU path of ALiBi, GRAPE-A (q, k, qk gates) and FoX.
+
+Every separable bias of this codebase has the form (docs/derivations.md §2)
+
+    bias(i, j) = -(t_i - s_j)·(a_i + b_j) + (c_i - c_j)
+
+with per-query features (t, a, c) and per-key features (s, b, c): positions t, s; rates a, b (ALiBi: a
+= its slope; GRAPE-A: a = ω·λ_q, b = ω·λ_k); running sums c (FoX: Σ log f). Two constexpr switches,
+HAS_RATE and HAS_SUM, leave out the term an encoding does not have. The kernel reads the six numbers
+per token and builds the bias next to q·kᵀ in fp32 registers, so q, k, v keep their own width (128,
+the width the fast kernels are tuned for). The homogeneous lift (attention.lift_qk) reaches the same
+bias through extra q/k columns instead: exact and portable, but 136 or 144 columns wide.
+
+Why not drop the row constant here as the lift does: with c_i - c_j the kernel adds two fp32 numbers
+of the row's scale (FoX: |c| up to thousands) and keeps the bias itself, small where the attention is.
+
+Backward, with dS = P∘(dO·vᵀ - D) the gradient of the logits:
+    da_i = -Σ_j dS(i, j)·(t_i - s_j),   dc_i (query side) = Σ_j dS(i, j),
+    db_j = -Σ_i dS(i, j)·(t_i - s_j),   dc_j (key side)   = -Σ_i dS(i, j).
+Two kernels without atomics (deterministic): ``_bwd_query`` (query-major: dq, da, dc_query) and
+``_bwd_key`` (key-major: dk, dv, db, dc_key). Queries are the last Tq of the Tk keys (training: Tq = Tk).
+
+Tiles wholly below the diagonal skip the causal mask (the MASKED constexpr); only diagonal tiles and a
+ragged last query tile pay for it. Accumulation is fp32; inputs bf16, fp16 or fp32. Under
+TRITON_INTERPRET=1 the kernels run on the CPU in fp32/fp16 for the tests (the interpreter's bf16 dot is
+wrong, so bf16 is checked on a GPU by scripts/gpu_check.sh).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+FEATURES = 3  # per token: position, rate, running sum
+
+
+@triton.jit
+def _load_tile(ptr, bh, n_rows, rows, row_ok, cols, width):
+    """The (rows, cols) tile of a contiguous (B·H, n_rows, width) tensor, zeros outside it."""
+    return tl.load(ptr + bh * n_rows * width + rows[:, None] * width + cols[None, :],
+                   mask=row_ok[:, None] & (cols[None, :] < width), other=0.0)
+
+
+@triton.jit
+def _store_tile(ptr, value, bh, n_rows, rows, row_ok, cols, width):
+    tl.store(ptr + bh * n_rows * width + rows[:, None] * width + cols[None, :], value,
+             mask=row_ok[:, None] & (cols[None, :] < width))
+
+
+@triton.jit
+def _load_features(ptr, bh, n_rows, rows, row_ok):
+    """(position, rate, running sum) of each row: a contiguous (B·H, n_rows, 3) fp32 tensor."""
+    base = ptr + (bh * n_rows + rows) * 3
+    return (tl.load(base, mask=row_ok, other=0.0), tl.load(base + 1, mask=row_ok, other=0.0),
+            tl.load(base + 2, mask=row_ok, other=0.0))
+
+
+@triton.jit
+def _store_feature_grads(ptr, d_rate, d_sum, bh, n_rows, rows, row_ok):
+    base = ptr + (bh * n_rows + rows) * 3
+    tl.store(base, tl.zeros_like(d_rate), mask=row_ok)  # positions take no gradient
+    tl.store(base + 1, d_rate, mask=row_ok)
+    tl.store(base + 2, d_sum, mask=row_ok)
+
+
+@triton.jit
+def _logits(q, k, scale, q_pos, q_rate, q_sum, k_pos, k_rate, k_sum,
+            HAS_RATE: tl.constexpr, HAS_SUM: tl.constexpr, PRECISION: tl.constexpr):
+    """scale·q·kᵀ + bias for one tile, and the distances t_i - s_j (the rate terms' gradient weight)."""
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+    dist = q_pos[:, None] - k_pos[None, :]
+    if HAS_RATE:
+        s -= dist * (q_rate[:, None] + k_rate[None, :])
+    if HAS_SUM:
+        s += q_sum[:, None] - k_sum[None, :]
+    return s, dist
+
+
+@triton.jit
+def _fwd_tiles(acc, m_i, l_i, q, q_pos, q_rate, q_sum, t, K, V, KF, bh, Tk, scale, lo, hi, d, dv, D, DV,
+               BLOCK_N: tl.constexpr, HAS_RATE: tl.constexpr, HAS_SUM: tl.constexpr,
+               MASKED: tl.constexpr, PRECISION: tl.constexpr):
+    for kb in range(lo, hi):
+        cols = kb * BLOCK_N + tl.arange(0, BLOCK_N)
+        col_ok = cols < Tk
+        k = _load_tile(K, bh, Tk, cols, col_ok, d, D)
+        v = _load_tile(V, bh, Tk, cols, col_ok, dv, DV)
+        k_pos, k_rate, k_sum = _load_features(KF, bh, Tk, cols, col_ok)
+        s, _ = _logits(q, k, scale, q_pos, q_rate, q_sum, k_pos, k_rate, k_sum, HAS_RATE, HAS_SUM, PRECISION)
+        if MASKED:
+            s = tl.where((cols[None, :] <= t[:, None]) & col_ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp(m_i - m_new)
+        probs = tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(probs, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(probs.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _fwd(Q, K, V, QF, KF, OUT, LSE, scale, Tq, Tk, D, DV,
+         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+         HAS_RATE: tl.constexpr, HAS_SUM: tl.constexpr, PRECISION: tl.constexpr):
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    offset = Tk - Tq
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < Tq
+    t = rows + offset  # key index of each query
+    d = tl.arange(0, BLOCK_D)
+    dv = tl.arange(0, BLOCK_DV)
+    q = _load_tile(Q, bh, Tq, rows, row_ok, d, D)
+    q_pos, q_rate, q_sum = _load_features(QF, bh, Tq, rows, row_ok)
+    m_i = tl.full([BLOCK_M], -1e30, tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+    first_t = offset + pid_m * BLOCK_M
+    n_full = (first_t + 1) // BLOCK_N  # key tiles every query of this tile sees whole
+    n_tiles = (tl.minimum(first_t + BLOCK_M - 1, Tk - 1)) // BLOCK_N + 1
+    acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, q_pos, q_rate, q_sum, t, K, V, KF, bh, Tk, scale, 0, n_full,
+                               d, dv, D, DV, BLOCK_N, HAS_RATE, HAS_SUM, False, PRECISION)
+    acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, q_pos, q_rate, q_sum, t, K, V, KF, bh, Tk, scale, n_full, n_tiles,
+                               d, dv, D, DV, BLOCK_N, HAS_RATE, HAS_SUM, True, PRECISION)
+    _store_tile(OUT, (acc / l_i[:, None]).to(OUT.dtype.element_ty), bh, Tq, rows, row_ok, dv, DV)
+    tl.store(LSE + bh * Tq + rows, m_i + tl.log(l_i), mask=row_ok)
+
+
+@triton.jit
+def _bwd_query_tiles(dq, d_rate, d_sum, q, do, lse, delta, q_pos, q_rate, q_sum, t, K, V, KF, bh, Tk, scale,
+                     lo, hi, d, dv, D, DV, BLOCK_N: tl.constexpr, HAS_RATE: tl.constexpr,
+                     HAS_SUM: tl.constexpr, MASKED: tl.constexpr, PRECISION: tl.constexpr):
+    for kb in range(lo, hi):
+        cols = kb * BLOCK_N + tl.arange(0, BLOCK_N)
+        col_ok = cols < Tk
+        k = _load_tile(K, bh, Tk, cols, col_ok, d, D)
+        v = _load_tile(V, bh, Tk, cols, col_ok, dv, DV)
+        k_pos, k_rate, k_sum = _load_features(KF, bh, Tk, cols, col_ok)
+        s, dist = _logits(q, k, scale, q_pos, q_rate, q_sum, k_pos, k_rate, k_sum, HAS_RATE, HAS_SUM, PRECISION)
+        probs = tl.exp(s - lse[:, None])
+        if MASKED:
+            probs = tl.where((cols[None, :] <= t[:, None]) & col_ok[None, :], probs, 0.0)
+        ds = probs * (tl.dot(do, tl.trans(v), input_precision=PRECISION) - delta[:, None])
+        dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
+        if HAS_RATE:
+            d_rate -= tl.sum(ds * dist, axis=1)
+        if HAS_SUM:
+            d_sum += tl.sum(ds, axis=1)
+    return dq, d_rate, d_sum
+
+
+@triton.jit
+def _bwd_query(Q, K, V, QF, KF, DO, LSE, DELTA, DQ, DQF, scale, Tq, Tk, D, DV,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+               HAS_RATE: tl.constexpr, HAS_SUM: tl.constexpr, PRECISION: tl.constexpr):
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    offset = Tk - Tq
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < Tq
+    t = rows + offset
+    d = tl.arange(0, BLOCK_D)
+    dv = tl.arange(0, BLOCK_DV)
+    q = _load_tile(Q, bh, Tq, rows, row_ok, d, D)
+    do = _load_tile(DO, bh, Tq, rows, row_ok, dv, DV)
+    lse = tl.load(LSE + bh * Tq + rows, mask=row_ok, other=0.0)
+    delta = tl.load(DELTA + bh * Tq + rows, mask=row_ok, other=0.0)
+    q_pos, q_rate, q_sum = _load_features(QF, bh, Tq, rows, row_ok)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    d_rate = tl.zeros([BLOCK_M], tl.float32)
+    d_sum = tl.zeros([BLOCK_M], tl.float32)
+    first_t = offset + pid_m * BLOCK_M
+    n_full = (first_t + 1) // BLOCK_N
+    n_tiles = (tl.minimum(first_t + BLOCK_M - 1, Tk - 1)) // BLOCK_N + 1
+    dq, d_rate, d_sum = _bwd_query_tiles(dq, d_rate, d_sum, q, do, lse, delta, q_pos, q_rate, q_sum, t, K, V, KF,
+                                         bh, Tk, scale, 0, n_full, d, dv, D, DV, BLOCK_N, HAS_RATE, HAS_SUM,
+                                         False, PRECISION)
+    dq, d_rate, d_sum = _bwd_query_tiles(dq, d_rate, d_sum, q, do, lse, delta, q_pos, q_rate, q_sum, t, K, V, KF,
+                                         bh, Tk, scale, n_full, n_tiles, d, dv, D, DV, BLOCK_N, HAS_RATE,
+                                         HAS_SUM, True, PRECISION)
+    _store_tile(DQ, dq * scale, bh, Tq, rows, row_ok, d, D)
+    _store_feature_grads(DQF, d_rate, d_sum, bh, Tq, rows, row_ok)
+
+
+@triton.jit
+def _bwd_key_tiles(dk, dv_acc, d_rate, d_sum, k, v, k_pos, k_rate, k_sum, cols, col_ok, Q, DO, QF, LSE, DELTA,
+                   bh, Tq, offset, scale, lo, hi, d, dv, D, DV, BLOCK_M: tl.constexpr, HAS_RATE: tl.constexpr,
+                   HAS_SUM: tl.constexpr, MASKED: tl.constexpr, PRECISION: tl.constexpr):
+    for mb in range(lo, hi):
+        rows = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = rows < Tq
+        q = _load_tile(Q, bh, Tq, rows, row_ok, d, D)
+        do = _load_tile(DO, bh, Tq, rows, row_ok, dv, DV)
+        lse = tl.load(LSE + bh * Tq + rows, mask=row_ok, other=0.0)
+        delta = tl.load(DELTA + bh * Tq + rows, mask=row_ok, other=0.0)
+        q_pos, q_rate, q_sum = _load_features(QF, bh, Tq, rows, row_ok)
+        s, dist = _logits(q, k, scale, q_pos, q_rate, q_sum, k_pos, k_rate, k_sum, HAS_RATE, HAS_SUM, PRECISION)
+        probs = tl.exp(s - lse[:, None])
+        if MASKED:
+            visible = (cols[None, :] <= rows[:, None] + offset) & col_ok[None, :] & row_ok[:, None]
+            probs = tl.where(visible, probs, 0.0)
+        ds = probs * (tl.dot(do, tl.trans(v), input_precision=PRECISION) - delta[:, None])
+        dv_acc += tl.dot(tl.trans(probs.to(do.dtype)), do, input_precision=PRECISION)
+        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
+        if HAS_RATE:
+            d_rate -= tl.sum(ds * dist, axis=0)
+        if HAS_SUM:
+            d_sum -= tl.sum(ds, axis=0)
+    return dk, dv_acc, d_rate, d_sum
+
+
+@triton.jit
+def _bwd_key(Q, K, V, QF, KF, DO, LSE, DELTA, DK, DV_OUT, DKF, scale, Tq, Tk, D, DV,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+             HAS_RATE: tl.constexpr, HAS_SUM: tl.constexpr, PRECISION: tl.constexpr):
+    kb = tl.program_id(0)
+    bh = tl.program_id(1)
+    offset = Tk - Tq
+    cols = kb * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < Tk
+    d = tl.arange(0, BLOCK_D)
+    dv = tl.arange(0, BLOCK_DV)
+    k = _load_tile(K, bh, Tk, cols, col_ok, d, D)
+    v = _load_tile(V, bh, Tk, cols, col_ok, dv, DV)
+    k_pos, k_rate, k_sum = _load_features(KF, bh, Tk, cols, col_ok)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv_acc = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
+    d_rate = tl.zeros([BLOCK_N], tl.float32)
+    d_sum = tl.zeros([BLOCK_N], tl.float32)
+    # query tiles: [first, full) straddle the diagonal, [full, complete) see the whole key tile, and
+    # [complete, last) is the ragged end of the queries (rows past Tq must be masked out)
+    first = tl.maximum(kb * BLOCK_N - offset, 0) // BLOCK_M
+    last = tl.cdiv(Tq, BLOCK_M)
+    full = tl.minimum(tl.maximum(tl.cdiv(tl.maximum(kb * BLOCK_N + BLOCK_N - 1 - offset, 0), BLOCK_M), first), last)
+    complete = tl.maximum(Tq // BLOCK_M, full)
+    dk, dv_acc, d_rate, d_sum = _bwd_key_tiles(dk, dv_acc, d_rate, d_sum, k, v, k_pos, k_rate, k_sum, cols, col_ok,
+                                               Q, DO, QF, LSE, DELTA, bh, Tq, offset, scale, first, full, d, dv,
+                                               D, DV, BLOCK_M, HAS_RATE, HAS_SUM, True, PRECISION)
+    dk, dv_acc, d_rate, d_sum = _bwd_key_tiles(dk, dv_acc, d_rate, d_sum, k, v, k_pos, k_rate, k_sum, cols, col_ok,
+                                               Q, DO, QF, LSE, DELTA, bh, Tq, offset, scale, full, complete, d, dv,
+                                               D, DV, BLOCK_M, HAS_RATE, HAS_SUM, False, PRECISION)
+    dk, dv_acc, d_rate, d_sum = _bwd_key_tiles(dk, dv_acc, d_rate, d_sum, k, v, k_pos, k_rate, k_sum, cols, col_ok,
+                                               Q, DO, QF, LSE, DELTA, bh, Tq, offset, scale, complete, last, d, dv,
+                                               D, DV, BLOCK_M, HAS_RATE, HAS_SUM, True, PRECISION)
+    _store_tile(DK, dk * scale, bh, Tk, cols, col_ok, d, D)
+    _store_tile(DV_OUT, dv_acc, bh, Tk, cols, col_ok, dv, DV)
+    _store_feature_grads(DKF, d_rate, d_sum, bh, Tk, cols, col_ok)
+
+
+# --------------------------------------------------------------------------------------------------
+# Launchers. config = (fwd BLOCK_M, fwd BLOCK_N, fwd warps, fwd stages, bwd short tile, bwd long tile,
+# bwd warps, bwd stages): the backward kernels iterate over the short side and keep the long one
+# resident (the query-major kernel holds BLOCK_M = long query rows, the key-major one BLOCK_N = long keys).
+
+
+def _pow2(n: int) -> int:
+    return max(16, triton.next_power_of_2(n))  # tl.dot needs every dimension >= 16
+
+
+def _precision(dtype: torch.dtype) -> str:
+    """fp32 inputs get true fp32 dots (Triton's fp32 default is TF32); bf16/fp16 ignore the setting.
+    The interpreter only knows "ieee"."""
+    return "ieee" if (INTERPRET or dtype == torch.float32) else "tf32"
+
+
+def _common(q, v, flags) -> dict:
+    has_rate, has_sum = flags
+    return dict(BLOCK_D=_pow2(q.shape[3]), BLOCK_DV=_pow2(v.shape[3]), HAS_RATE=bool(has_rate),
+                HAS_SUM=bool(has_sum), PRECISION=_precision(q.dtype))
+
+
+def triton_forward(q, k, v, qf, kf, scale: float, flags, config):
+    """(out in v's dtype, lse fp32 (B, H, Tq)). q, k, v contiguous in one dtype; qf (B, H, Tq, 3) and
+    kf (B, H, Tk, 3) contiguous fp32."""
+    B, H, Tq, D = q.shape
+    Tk, DV = k.shape[2], v.shape[3]
+    block_m, block_n, warps, stages = config[:4]
+    out = torch.empty(B, H, Tq, DV, device=q.device, dtype=v.dtype)
+    lse = torch.empty(B, H, Tq, device=q.device, dtype=torch.float32)
+    _fwd[(triton.cdiv(Tq, block_m), B * H)](q, k, v, qf, kf, out, lse, scale, Tq, Tk, D, DV, BLOCK_M=block_m,
+                                            BLOCK_N=block_n, num_warps=warps, num_stages=stages,
+                                            **_common(q, v, flags))
+    return out, lse
+
+
+def triton_backward(grad_out, q, k, v, qf, kf, out, lse, scale: float, flags, config):
+    """(dq, dk, dv, dqf, dkf) in fp32."""
+    B, H, Tq, D = q.shape
+    Tk, DV = k.shape[2], v.shape[3]
+    short, long, warps, stages = config[4:8]
+    delta = (grad_out.float() * out.float()).sum(-1)  # D_i = dO_i·O_i
+    dq = torch.empty(q.shape, device=q.device, dtype=torch.float32)
+    dk, dv = (torch.empty(x.shape, device=q.device, dtype=torch.float32) for x in (k, v))
+    dqf, dkf = torch.empty_like(qf), torch.empty_like(kf)
+    common = dict(num_warps=warps, num_stages=stages, **_common(q, v, flags))
+    _bwd_query[(triton.cdiv(Tq, long), B * H)](q, k, v, qf, kf, grad_out, lse, delta, dq, dqf, scale, Tq, Tk, D, DV,
+                                               BLOCK_M=long, BLOCK_N=short, **common)
+    _bwd_key[(triton.cdiv(Tk, long), B * H)](q, k, v, qf, kf, grad_out, lse, delta, dk, dv, dkf, scale, Tq, Tk, D, DV,
+                                             BLOCK_M=short, BLOCK_N=long, **common)
+    return dq, dk, dv, dqf, dkf
+
+
+def default_config(head_dim: int) -> tuple[int, ...]:
+    """Tile sizes (scripts/gpu_check.sh sweeps alternatives on the GPU). The interpreter uses tiny tiles
+    so the tests are fast."""
+    if INTERPRET:
+        return (16, 16, 1, 1, 16, 32, 1, 1)
+    if head_dim <= 64:
+        return (128, 64, 4, 3, 32, 64, 4, 3)
+    return (128, 64, 8, 3, 32, 64, 4, 3)
