@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 import checkpoints
 from attention import attend, describe_backend, lift_qk, resolve_backend
-from positional import BIASES, KVShift, Rotation, build_bias, parse_pos
+from positional import BIASES, SKEW_EXP_MAX_NORM, KVShift, Rotation, build_bias, parse_pos
 
 
 @dataclass(kw_only=True)
@@ -233,6 +233,19 @@ class GPT(nn.Module):
     def attention_backend(self) -> str:
         """The backend the attention layers run on the model's current device."""
         return self.blocks[0].attn.backend(self.wte.weight.device)
+
+    def nonfinite_cause(self) -> str:
+        """A clause naming a known cause of a NaN loss in the weights, or "" if none is found."""
+        for i, block in enumerate(self.blocks):
+            rotation = block.attn.rotation
+            if hasattr(rotation, "basis_generator"):
+                with torch.no_grad():
+                    generator = rotation.basis_generator.float()
+                    norm = (generator - generator.T).abs().sum(0).max().item()
+                if not norm <= SKEW_EXP_MAX_NORM:
+                    return (f" (layer {i}'s learned basis generator A - Aᵀ has 1-norm {norm:.3g}, beyond the "
+                            f"{SKEW_EXP_MAX_NORM:g} up to which exp(A - Aᵀ) is computed)")
+        return ""
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -557,8 +557,9 @@ def run(argv: list[str]) -> dict:
                 else:
                     remedy = (f"the last good checkpoint {ckpt_path} (iteration {saved_step}) is kept: {remedy} and "
                               f"continue from it with --resume --allow_changes=lr,warmup_iters and the new values")
+                cause = raw_model.nonfinite_cause()
                 raise TrainError(f"loss is {loss_value} (grad norm {grad_norm_value}) at iteration {step}: training "
-                                 f"diverged and stopped without updating the weights; {remedy}.")
+                                 f"diverged and stopped without updating the weights{cause}; {remedy}.")
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1

@@ -32,13 +32,12 @@ bf16 dot is wrong, so bf16 is checked on a GPU (scripts/gpu_check.sh).
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+from kernels.triton_common import INTERPRET, load_tile, pow2, store_tile
+
 
 
 @triton.jit
@@ -48,19 +47,6 @@ def _logsigmoid_and_slope(z):
     log_sig = tl.minimum(z, 0.0) - tl.log(1.0 + e)
     sig_neg = tl.where(z >= 0, e, 1.0) / (1.0 + e)
     return log_sig, sig_neg
-
-
-@triton.jit
-def _load_tile(ptr, bh, n_rows, rows, row_ok, cols, width):
-    """The (rows, cols) tile of a contiguous (B·H, n_rows, width) tensor, zeros outside it."""
-    return tl.load(ptr + bh * n_rows * width + rows[:, None] * width + cols[None, :],
-                   mask=row_ok[:, None] & (cols[None, :] < width), other=0.0)
-
-
-@triton.jit
-def _store_tile(ptr, value, bh, n_rows, rows, row_ok, cols, width):
-    tl.store(ptr + bh * n_rows * width + rows[:, None] * width + cols[None, :], value,
-             mask=row_ok[:, None] & (cols[None, :] < width))
 
 
 @triton.jit
@@ -108,8 +94,8 @@ def _fwd(Q, K, V, P, R, SLOPES, OUT, LSE, scale, Tq, Tk, H, D, DV, DP,
     d = tl.arange(0, BLOCK_D)
     dv = tl.arange(0, BLOCK_DV)
     dp = tl.arange(0, BLOCK_DP)
-    q = _load_tile(Q, bh, Tq, rows, row_ok, d, D)
-    p = _load_tile(P, bh, Tq, rows, row_ok, dp, DP)
+    q = load_tile(Q, bh, Tq, rows, row_ok, d, D)
+    p = load_tile(P, bh, Tq, rows, row_ok, dp, DP)
 
     m_i = tl.full([BLOCK_M], -1e30, tl.float32)  # finite: a row may see no key in its first tiles
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -121,9 +107,9 @@ def _fwd(Q, K, V, P, R, SLOPES, OUT, LSE, scale, Tq, Tk, H, D, DV, DP,
         kb = n_tiles - 1 - it  # right to left: the suffix sums are then running sums
         cols = kb * BLOCK_N + tl.arange(0, BLOCK_N)
         col_ok = cols < Tk
-        k = _load_tile(K, bh, Tk, cols, col_ok, d, D)
-        v = _load_tile(V, bh, Tk, cols, col_ok, dv, DV)
-        r = _load_tile(R, bh, Tk, cols, col_ok, dp, DP)
+        k = load_tile(K, bh, Tk, cols, col_ok, d, D)
+        v = load_tile(V, bh, Tk, cols, col_ok, dv, DV)
+        r = load_tile(R, bh, Tk, cols, col_ok, dp, DP)
         visible = (cols[None, :] <= t[:, None]) & col_ok[None, :]
         bias, tile_total, _ = _path_bias(p, r, slope, carry, visible, Z_PRECISION)
         s = tl.dot(q, tl.trans(k), input_precision=QK_PRECISION) * scale + bias
@@ -136,7 +122,7 @@ def _fwd(Q, K, V, P, R, SLOPES, OUT, LSE, scale, Tq, Tk, H, D, DV, DP,
         m_i = m_new
         carry += tile_total
     out = acc / l_i[:, None]
-    _store_tile(OUT, out.to(OUT.dtype.element_ty), bh, Tq, rows, row_ok, dv, DV)
+    store_tile(OUT, out.to(OUT.dtype.element_ty), bh, Tq, rows, row_ok, dv, DV)
     tl.store(LSE + bh * Tq + rows, m_i + tl.log(l_i), mask=row_ok)
 
 
@@ -156,9 +142,9 @@ def _bwd_query(Q, K, V, P, R, SLOPES, DO, LSE, DELTA, DQ, DPATH, DS_TOTAL, CARRY
     d = tl.arange(0, BLOCK_D)
     dv = tl.arange(0, BLOCK_DV)
     dp = tl.arange(0, BLOCK_DP)
-    q = _load_tile(Q, bh, Tq, rows, row_ok, d, D)
-    p = _load_tile(P, bh, Tq, rows, row_ok, dp, DP)
-    do = _load_tile(DO, bh, Tq, rows, row_ok, dv, DV)
+    q = load_tile(Q, bh, Tq, rows, row_ok, d, D)
+    p = load_tile(P, bh, Tq, rows, row_ok, dp, DP)
+    do = load_tile(DO, bh, Tq, rows, row_ok, dv, DV)
     lse = tl.load(LSE + bh * Tq + rows, mask=row_ok, other=0.0)
     delta = tl.load(DELTA + bh * Tq + rows, mask=row_ok, other=0.0)
 
@@ -173,9 +159,9 @@ def _bwd_query(Q, K, V, P, R, SLOPES, DO, LSE, DELTA, DQ, DPATH, DS_TOTAL, CARRY
         kb = n_tiles - 1 - it
         cols = kb * BLOCK_N + tl.arange(0, BLOCK_N)
         col_ok = cols < Tk
-        k = _load_tile(K, bh, Tk, cols, col_ok, d, D)
-        v = _load_tile(V, bh, Tk, cols, col_ok, dv, DV)
-        r = _load_tile(R, bh, Tk, cols, col_ok, dp, DP)
+        k = load_tile(K, bh, Tk, cols, col_ok, d, D)
+        v = load_tile(V, bh, Tk, cols, col_ok, dv, DV)
+        r = load_tile(R, bh, Tk, cols, col_ok, dp, DP)
         # the key-major kernel restarts from these boundary values
         boundary = (bh * N_KTILES + kb) * PASS_ROWS + pass_rows
         tl.store(CARRY_PSI + boundary, carry, mask=row_ok)
@@ -192,15 +178,15 @@ def _bwd_query(Q, K, V, P, R, SLOPES, DO, LSE, DELTA, DQ, DPATH, DS_TOTAL, CARRY
         carry_ds += ds_total
     row_total = carry_ds  # E_i = Σ_j dS(i, j)
     tl.store(DS_TOTAL + bh * Tq + rows, row_total, mask=row_ok)
-    _store_tile(DQ, dq * scale, bh, Tq, rows, row_ok, d, D)
-    _store_tile(DPATH, row_total[:, None] * dpath_weight - dpath_suffix, bh, Tq, rows, row_ok, dp, DP)
+    store_tile(DQ, dq * scale, bh, Tq, rows, row_ok, d, D)
+    store_tile(DPATH, row_total[:, None] * dpath_weight - dpath_suffix, bh, Tq, rows, row_ok, dp, DP)
 
 
 @triton.jit
 def _accumulate_tile(ptr, value, bh, n_rows, rows, row_ok, cols, width, ACCUMULATE: tl.constexpr):
     if ACCUMULATE:  # a later pass adds its share to what the earlier passes stored
-        value += _load_tile(ptr, bh, n_rows, rows, row_ok, cols, width)
-    _store_tile(ptr, value, bh, n_rows, rows, row_ok, cols, width)
+        value += load_tile(ptr, bh, n_rows, rows, row_ok, cols, width)
+    store_tile(ptr, value, bh, n_rows, rows, row_ok, cols, width)
 
 
 @triton.jit
@@ -218,9 +204,9 @@ def _bwd_key(Q, K, V, P, R, SLOPES, DO, LSE, DELTA, DK, DV_OUT, DR, DS_TOTAL, CA
     d = tl.arange(0, BLOCK_D)
     dv = tl.arange(0, BLOCK_DV)
     dp = tl.arange(0, BLOCK_DP)
-    k = _load_tile(K, bh, Tk, cols, col_ok, d, D)
-    v = _load_tile(V, bh, Tk, cols, col_ok, dv, DV)
-    r = _load_tile(R, bh, Tk, cols, col_ok, dp, DP)
+    k = load_tile(K, bh, Tk, cols, col_ok, d, D)
+    v = load_tile(V, bh, Tk, cols, col_ok, dv, DV)
+    r = load_tile(R, bh, Tk, cols, col_ok, dp, DP)
 
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv_acc = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
@@ -231,9 +217,9 @@ def _bwd_key(Q, K, V, P, R, SLOPES, DO, LSE, DELTA, DK, DV_OUT, DR, DS_TOTAL, CA
         rows = mb * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = rows < end_row
         t = rows + offset
-        q = _load_tile(Q, bh, Tq, rows, row_ok, d, D)
-        p = _load_tile(P, bh, Tq, rows, row_ok, dp, DP)
-        do = _load_tile(DO, bh, Tq, rows, row_ok, dv, DV)
+        q = load_tile(Q, bh, Tq, rows, row_ok, d, D)
+        p = load_tile(P, bh, Tq, rows, row_ok, dp, DP)
+        do = load_tile(DO, bh, Tq, rows, row_ok, dv, DV)
         lse = tl.load(LSE + bh * Tq + rows, mask=row_ok, other=0.0)
         delta = tl.load(DELTA + bh * Tq + rows, mask=row_ok, other=0.0)
         row_total = tl.load(DS_TOTAL + bh * Tq + rows, mask=row_ok, other=0.0)
@@ -254,10 +240,6 @@ def _bwd_key(Q, K, V, P, R, SLOPES, DO, LSE, DELTA, DK, DV_OUT, DR, DS_TOTAL, CA
     _accumulate_tile(DR, dr, bh, Tk, cols, col_ok, dp, DP, ACCUMULATE)
 
 
-def _pow2(n: int) -> int:
-    return max(16, triton.next_power_of_2(n))  # tl.dot needs every dimension >= 16
-
-
 def _precisions(dtype: torch.dtype) -> tuple[str, str]:
     """Dot precisions (path, q·k): the d_p-wide path dot in 3xTF32 on the GPU (about fp32 accuracy at a
     small fraction of the q·k cost); fp32 q, k, v get true fp32 dots (Triton's fp32 default is TF32),
@@ -270,8 +252,8 @@ def _precisions(dtype: torch.dtype) -> tuple[str, str]:
 def _launch_sizes(q, v, p, config, dtype) -> dict:
     block_m, block_n, num_warps, num_stages = config[:4]
     path, qk = _precisions(dtype)
-    return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=_pow2(q.shape[3]), BLOCK_DV=_pow2(v.shape[3]),
-                BLOCK_DP=_pow2(p.shape[3]), Z_PRECISION=path, QK_PRECISION=qk, num_warps=num_warps,
+    return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=pow2(q.shape[3]), BLOCK_DV=pow2(v.shape[3]),
+                BLOCK_DP=pow2(p.shape[3]), Z_PRECISION=path, QK_PRECISION=qk, num_warps=num_warps,
                 num_stages=num_stages)
 
 

@@ -28,27 +28,13 @@ wrong, so bf16 is checked on a GPU by scripts/gpu_check.sh).
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+from kernels.triton_common import INTERPRET, load_tile, pow2, store_tile
+
 FEATURES = 3  # per token: position, rate, running sum
-
-
-@triton.jit
-def _load_tile(ptr, bh, n_rows, rows, row_ok, cols, width):
-    """The (rows, cols) tile of a contiguous (B·H, n_rows, width) tensor, zeros outside it."""
-    return tl.load(ptr + bh * n_rows * width + rows[:, None] * width + cols[None, :],
-                   mask=row_ok[:, None] & (cols[None, :] < width), other=0.0)
-
-
-@triton.jit
-def _store_tile(ptr, value, bh, n_rows, rows, row_ok, cols, width):
-    tl.store(ptr + bh * n_rows * width + rows[:, None] * width + cols[None, :], value,
-             mask=row_ok[:, None] & (cols[None, :] < width))
 
 
 @triton.jit
@@ -87,8 +73,8 @@ def _fwd_tiles(acc, m_i, l_i, q, q_pos, q_rate, q_sum, t, K, V, KF, bh, Tk, scal
     for kb in range(lo, hi):
         cols = kb * BLOCK_N + tl.arange(0, BLOCK_N)
         col_ok = cols < Tk
-        k = _load_tile(K, bh, Tk, cols, col_ok, d, D)
-        v = _load_tile(V, bh, Tk, cols, col_ok, dv, DV)
+        k = load_tile(K, bh, Tk, cols, col_ok, d, D)
+        v = load_tile(V, bh, Tk, cols, col_ok, dv, DV)
         k_pos, k_rate, k_sum = _load_features(KF, bh, Tk, cols, col_ok)
         s, _ = _logits(q, k, scale, q_pos, q_rate, q_sum, k_pos, k_rate, k_sum, HAS_RATE, HAS_SUM, PRECISION)
         if MASKED:
@@ -114,7 +100,7 @@ def _fwd(Q, K, V, QF, KF, OUT, LSE, scale, Tq, Tk, D, DV,
     t = rows + offset  # key index of each query
     d = tl.arange(0, BLOCK_D)
     dv = tl.arange(0, BLOCK_DV)
-    q = _load_tile(Q, bh, Tq, rows, row_ok, d, D)
+    q = load_tile(Q, bh, Tq, rows, row_ok, d, D)
     q_pos, q_rate, q_sum = _load_features(QF, bh, Tq, rows, row_ok)
     m_i = tl.full([BLOCK_M], -1e30, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -126,7 +112,7 @@ def _fwd(Q, K, V, QF, KF, OUT, LSE, scale, Tq, Tk, D, DV,
                                d, dv, D, DV, BLOCK_N, HAS_RATE, HAS_SUM, False, PRECISION)
     acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, q_pos, q_rate, q_sum, t, K, V, KF, bh, Tk, scale, n_full, n_tiles,
                                d, dv, D, DV, BLOCK_N, HAS_RATE, HAS_SUM, True, PRECISION)
-    _store_tile(OUT, (acc / l_i[:, None]).to(OUT.dtype.element_ty), bh, Tq, rows, row_ok, dv, DV)
+    store_tile(OUT, (acc / l_i[:, None]).to(OUT.dtype.element_ty), bh, Tq, rows, row_ok, dv, DV)
     tl.store(LSE + bh * Tq + rows, m_i + tl.log(l_i), mask=row_ok)
 
 
@@ -137,8 +123,8 @@ def _bwd_query_tiles(dq, d_rate, d_sum, q, do, lse, delta, q_pos, q_rate, q_sum,
     for kb in range(lo, hi):
         cols = kb * BLOCK_N + tl.arange(0, BLOCK_N)
         col_ok = cols < Tk
-        k = _load_tile(K, bh, Tk, cols, col_ok, d, D)
-        v = _load_tile(V, bh, Tk, cols, col_ok, dv, DV)
+        k = load_tile(K, bh, Tk, cols, col_ok, d, D)
+        v = load_tile(V, bh, Tk, cols, col_ok, dv, DV)
         k_pos, k_rate, k_sum = _load_features(KF, bh, Tk, cols, col_ok)
         s, dist = _logits(q, k, scale, q_pos, q_rate, q_sum, k_pos, k_rate, k_sum, HAS_RATE, HAS_SUM, PRECISION)
         probs = tl.exp(s - lse[:, None])
@@ -165,8 +151,8 @@ def _bwd_query(Q, K, V, QF, KF, DO, LSE, DELTA, DQ, DQF, scale, Tq, Tk, D, DV,
     t = rows + offset
     d = tl.arange(0, BLOCK_D)
     dv = tl.arange(0, BLOCK_DV)
-    q = _load_tile(Q, bh, Tq, rows, row_ok, d, D)
-    do = _load_tile(DO, bh, Tq, rows, row_ok, dv, DV)
+    q = load_tile(Q, bh, Tq, rows, row_ok, d, D)
+    do = load_tile(DO, bh, Tq, rows, row_ok, dv, DV)
     lse = tl.load(LSE + bh * Tq + rows, mask=row_ok, other=0.0)
     delta = tl.load(DELTA + bh * Tq + rows, mask=row_ok, other=0.0)
     q_pos, q_rate, q_sum = _load_features(QF, bh, Tq, rows, row_ok)
@@ -182,7 +168,7 @@ def _bwd_query(Q, K, V, QF, KF, DO, LSE, DELTA, DQ, DQF, scale, Tq, Tk, D, DV,
     dq, d_rate, d_sum = _bwd_query_tiles(dq, d_rate, d_sum, q, do, lse, delta, q_pos, q_rate, q_sum, t, K, V, KF,
                                          bh, Tk, scale, n_full, n_tiles, d, dv, D, DV, BLOCK_N, HAS_RATE,
                                          HAS_SUM, True, PRECISION)
-    _store_tile(DQ, dq * scale, bh, Tq, rows, row_ok, d, D)
+    store_tile(DQ, dq * scale, bh, Tq, rows, row_ok, d, D)
     _store_feature_grads(DQF, d_rate, d_sum, bh, Tq, rows, row_ok)
 
 
@@ -193,8 +179,8 @@ def _bwd_key_tiles(dk, dv_acc, d_rate, d_sum, k, v, k_pos, k_rate, k_sum, cols, 
     for mb in range(lo, hi):
         rows = mb * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = rows < Tq
-        q = _load_tile(Q, bh, Tq, rows, row_ok, d, D)
-        do = _load_tile(DO, bh, Tq, rows, row_ok, dv, DV)
+        q = load_tile(Q, bh, Tq, rows, row_ok, d, D)
+        do = load_tile(DO, bh, Tq, rows, row_ok, dv, DV)
         lse = tl.load(LSE + bh * Tq + rows, mask=row_ok, other=0.0)
         delta = tl.load(DELTA + bh * Tq + rows, mask=row_ok, other=0.0)
         q_pos, q_rate, q_sum = _load_features(QF, bh, Tq, rows, row_ok)
@@ -224,8 +210,8 @@ def _bwd_key(Q, K, V, QF, KF, DO, LSE, DELTA, DK, DV_OUT, DKF, scale, Tq, Tk, D,
     col_ok = cols < Tk
     d = tl.arange(0, BLOCK_D)
     dv = tl.arange(0, BLOCK_DV)
-    k = _load_tile(K, bh, Tk, cols, col_ok, d, D)
-    v = _load_tile(V, bh, Tk, cols, col_ok, dv, DV)
+    k = load_tile(K, bh, Tk, cols, col_ok, d, D)
+    v = load_tile(V, bh, Tk, cols, col_ok, dv, DV)
     k_pos, k_rate, k_sum = _load_features(KF, bh, Tk, cols, col_ok)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv_acc = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
@@ -246,8 +232,8 @@ def _bwd_key(Q, K, V, QF, KF, DO, LSE, DELTA, DK, DV_OUT, DKF, scale, Tq, Tk, D,
     dk, dv_acc, d_rate, d_sum = _bwd_key_tiles(dk, dv_acc, d_rate, d_sum, k, v, k_pos, k_rate, k_sum, cols, col_ok,
                                                Q, DO, QF, LSE, DELTA, bh, Tq, offset, scale, complete, last, d, dv,
                                                D, DV, BLOCK_M, HAS_RATE, HAS_SUM, True, PRECISION)
-    _store_tile(DK, dk * scale, bh, Tk, cols, col_ok, d, D)
-    _store_tile(DV_OUT, dv_acc, bh, Tk, cols, col_ok, dv, DV)
+    store_tile(DK, dk * scale, bh, Tk, cols, col_ok, d, D)
+    store_tile(DV_OUT, dv_acc, bh, Tk, cols, col_ok, dv, DV)
     _store_feature_grads(DKF, d_rate, d_sum, bh, Tk, cols, col_ok)
 
 
@@ -255,10 +241,6 @@ def _bwd_key(Q, K, V, QF, KF, DO, LSE, DELTA, DK, DV_OUT, DKF, scale, Tq, Tk, D,
 # Launchers. config = (fwd BLOCK_M, fwd BLOCK_N, fwd warps, fwd stages, bwd short tile, bwd long tile,
 # bwd warps, bwd stages): the backward kernels iterate over the short side and keep the long one
 # resident (the query-major kernel holds BLOCK_M = long query rows, the key-major one BLOCK_N = long keys).
-
-
-def _pow2(n: int) -> int:
-    return max(16, triton.next_power_of_2(n))  # tl.dot needs every dimension >= 16
 
 
 def _precision(dtype: torch.dtype) -> str:
@@ -269,7 +251,7 @@ def _precision(dtype: torch.dtype) -> str:
 
 def _common(q, v, flags) -> dict:
     has_rate, has_sum = flags
-    return dict(BLOCK_D=_pow2(q.shape[3]), BLOCK_DV=_pow2(v.shape[3]), HAS_RATE=bool(has_rate),
+    return dict(BLOCK_D=pow2(q.shape[3]), BLOCK_DV=pow2(v.shape[3]), HAS_RATE=bool(has_rate),
                 HAS_SUM=bool(has_sum), PRECISION=_precision(q.dtype))
 
 

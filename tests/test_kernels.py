@@ -7,10 +7,7 @@ The reference sums over ℓ with an explicit 0/1 matrix [j < ℓ] and a 0/1 mask
 cumulative sums, no row-constant tricks), so it shares nothing with the kernels but the formula. Values and gradients
 (q, k, v, p, r) are compared in fp64 (chunked path) and fp32/fp16 (Triton under TRITON_INTERPRET=1,
 tiny shapes: the interpreter is slow)."""
-import importlib.util
 import math
-import os
-import subprocess
 import sys
 
 import pytest

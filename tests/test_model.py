@@ -182,3 +182,13 @@ def test_bf16_autocast_keeps_positional_sums_in_fp32(pos):
                                                          for t in range(150, 200)]
     assert (full - reference).abs().max() < 0.015
     assert (torch.cat(steps, dim=1) - full).abs().max() < 0.01
+
+
+def test_basis_generator_beyond_the_exp_range_gives_nan_and_a_named_cause():
+    model = make("grape_m_basis", False)
+    assert model.nonfinite_cause() == ""
+    with torch.no_grad():
+        model.blocks[1].attn.rotation.basis_generator[0, 1] = 5000.0
+    logits, _ = model(torch.randint(0, VOCAB, (1, 8)))
+    assert torch.isnan(logits).all()
+    assert "layer 1's learned basis generator" in model.nonfinite_cause()
