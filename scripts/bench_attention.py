@@ -8,8 +8,14 @@ Two tables, every number measured in the same run as its baseline:
    rotation / lift, attention, output projection) per encoding with attn_backend="auto", as a ratio
    to the RoPE layer (fused causal SDPA); additive encodings also against their own attn_backend="dense"
    layer (the official code's dense-bias path);
-2. the GRAPE-AP kernel alone (kernels.grape_ap_attention on raw q, k, v, p, r) against plain causal
-   SDPA on the same q, k, v and against the dense bias.
+   On a GPU the separable additive encodings run twice: "auto" (the in-tile Triton kernel, kernels/
+   separable.py) and "lifted" (extra q/k columns through fused SDPA), measured in the same rounds;
+2. attention kernels alone against plain causal SDPA on the same q, k, v: the GRAPE-AP kernel
+   (kernels.grape_ap_attention on raw q, k, v, p, r; also against the dense bias), and FoX attention
+   (when fox is among --encodings) through the in-tile kernel, the lift and, on a GPU,
+   FlexAttention's score_mod with the per-token log-gate sums as captured tensors (compiled);
+3. with --profile ENC on a GPU: the CUDA kernels of one ENC layer step and of one RoPE layer step, by
+   time (torch.profiler), to see where an encoding's extra time goes.
 Times are medians over --repeats rounds; each round runs the baseline and every case back to back and
 the ratio is taken within the round, which cancels most of the noise of a shared machine. Peak memory
 is the high-water mark above the memory held before the step (CPU: the process's resident set, reset
@@ -36,10 +42,12 @@ import torch.nn.functional as F  # noqa: E402
 
 from attention import attend  # noqa: E402
 from kernels import grape_ap_attention  # noqa: E402
+from attention import lift_qk  # noqa: E402
 from model import CausalSelfAttention, GPTConfig  # noqa: E402
 from positional import BIASES, ENCODINGS, PathIntegral  # noqa: E402
 
 LAYER_CASES = list(ENCODINGS) + ["rope+kv_shift", "rope+grape_ap"]
+SEPARABLE = ["alibi", "grape_a_q", "grape_a_k", "grape_a_qk", "fox"]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -202,14 +210,60 @@ def kernel_steps(T: int, args, device, dtype, with_dense: bool):
                 t.grad = None
             fn().backward(grad)
         return step
-    steps = {"sdpa": run(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)),
-             "grape_ap": run(lambda: grape_ap_attention(q, k, v, p, r, slopes, scale))}
+    steps = {"sdpa": run(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale))}
+    if "grape_ap" in args.encodings:
+        steps["grape_ap"] = run(lambda: grape_ap_attention(q, k, v, p, r, slopes, scale))
+    if "fox" in args.encodings:
+        steps.update(fox_kernel_steps(q, k, v, scale, run, device, args.flex))
+    if "grape_ap" not in args.encodings:
+        return steps
     if args.ablation:
         steps["grape_ap checkpointed blocks"] = run(lambda: checkpointed_grape_ap(q, k, v, p, r, slopes, scale))
     if with_dense:
         steps["grape_ap dense"] = run(lambda: attend(q, k, v, backend="dense", scale=scale, q_pos=positions,
                                                      k_pos=positions, bias=bias, qf={"p": p, "pos": pos_feature},
                                                      kf={"r": r, "pos": pos_feature}))
+    return steps
+
+
+def fox_kernel_steps(q, k, v, scale, run, device, flex: bool) -> dict:
+    """FoX attention alone, c = running sums of log forget gates (about -0.05 per token on average, so
+    |c| reaches hundreds to thousands), with gradients to q, k, v and c: the in-tile kernel, the bf16
+    lift through SDPA, and (CUDA) FlexAttention with c captured by its score_mod."""
+    from kernels.separable import separable_attention
+    from positional import ForgetGate
+    B, H, T, D = q.shape
+    g = torch.Generator(device="cpu").manual_seed(1)
+    log_gates = F.logsigmoid(torch.randn(B, H, T, generator=g) + 3.0)
+    c = torch.cumsum(log_gates, dim=-1).to(device).requires_grad_(True)
+    gate = ForgetGate(H, 8, 0.0).to(device)
+    steps = {}
+
+    def tile():
+        features = torch.stack((torch.zeros_like(c), torch.zeros_like(c), c), dim=-1)
+        return separable_attention(q, k, v, features, features, scale, has_rate=False, has_sum=True)
+
+    def lifted():
+        q_l, k_l = lift_qk(q, k, {"c": c}, {"c": c}, gate, scale)
+        v_l = F.pad(v, (0, q_l.shape[-1] - v.shape[-1]))
+        return F.scaled_dot_product_attention(q_l, k_l, v_l, is_causal=True, scale=scale)[..., :D]
+    if device.type == "cuda":
+        steps["fox tile"] = run(tile)
+    steps["fox lifted"] = run(lifted)
+    if device.type == "cuda" and flex:
+        try:
+            from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+            compiled_flex = torch.compile(flex_attention)
+            block_mask = create_block_mask(lambda b, h, i, j: j <= i, None, None, T, T, device=device)
+
+            def flex():
+                def score_mod(score, b, h, i, j):
+                    return score + c[b, h, i] - c[b, h, j]
+                return compiled_flex(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
+            flex()  # compiles here, so a failure is reported as one row, not a crash
+            steps["fox flex"] = run(flex)
+        except Exception as error:  # an older torch: no FlexAttention, or no gradients into captured tensors
+            print(f"FlexAttention FoX not measured: {type(error).__name__}: {str(error)[:200]}", flush=True)
     return steps
 
 
@@ -231,31 +285,78 @@ def checkpointed_grape_ap(q, k, v, p, r, slopes, scale, block=64):
     return torch.cat(outs, dim=2)
 
 
-TILE_CONFIGS = [(64, 64, 4, 2), (64, 32, 4, 2), (64, 64, 4, 3), (128, 64, 8, 2), (128, 32, 4, 2), (32, 64, 4, 2),
-                (64, 128, 8, 2), (128, 128, 8, 2)]
+GRAPE_AP_TILES = [(64, 64, 4, 2), (64, 32, 4, 2), (64, 64, 4, 3), (128, 64, 8, 2), (128, 32, 4, 2), (32, 64, 4, 2),
+                  (64, 128, 8, 2), (128, 128, 8, 2)]
+# (fwd BLOCK_M, BLOCK_N, warps, stages, bwd short tile, long tile, warps, stages)
+SEPARABLE_TILES = [(128, 64, 8, 3, 32, 64, 4, 3), (128, 128, 8, 3, 32, 64, 4, 3), (64, 64, 4, 3, 32, 64, 4, 3),
+                   (128, 64, 4, 3, 32, 64, 4, 3), (128, 64, 8, 2, 32, 64, 4, 2), (128, 64, 8, 3, 16, 64, 4, 3),
+                   (128, 64, 8, 3, 32, 128, 8, 3), (128, 64, 8, 3, 64, 64, 4, 3), (128, 64, 8, 3, 32, 64, 4, 4)]
 
 
 def sweep_tiles(T: int, args, device, dtype) -> list[tuple]:
-    """GPU only: the Triton kernel's forward+backward time per (BLOCK_M, BLOCK_N, warps, stages)."""
-    from kernels.grape_ap_triton import default_config, grape_ap_triton
+    """GPU only: forward+backward time of each Triton kernel per tile configuration: GRAPE-AP (when among
+    --encodings) and the in-tile separable kernel (FoX's form, when fox is among them).
+    Rows: (kernel, config, seconds or None, True for the default / an error note)."""
+    from kernels import grape_ap_triton, separable, separable_triton
     g = torch.Generator(device="cpu").manual_seed(0)
     B, H, D, dp = args.batch, args.heads, args.head_dim, args.p_head_dim
     q, k, v = ((torch.randn(B, H, T, D, generator=g)).to(device, dtype).requires_grad_(True) for _ in range(3))
     p = (torch.randn(B, H, T, dp, generator=g) / dp).to(device).requires_grad_(True)
     r = torch.randn(B, H, T, dp, generator=g).to(device).requires_grad_(True)
+    features = torch.randn(B, H, T, 3, generator=g).cumsum(2).to(device).requires_grad_(True)
     slopes = torch.rand(H, device=device)
     grad = torch.randn(B, H, T, D, generator=g).to(device, dtype)
+    kernels = []
+    if "grape_ap" in args.encodings:
+        kernels.append(("grape_ap", GRAPE_AP_TILES, grape_ap_triton.default_config(D)[:4],
+                        lambda c: grape_ap_triton.grape_ap_triton(q, k, v, p, r, slopes, 1 / math.sqrt(D), config=c)))
+    if "fox" in args.encodings:
+        kernels.append(("separable", SEPARABLE_TILES, separable_triton.default_config(D),
+                        lambda c: separable.separable_attention(q, k, v, features, features, 1 / math.sqrt(D),
+                                                                has_rate=True, has_sum=True, config=c)))
     rows = []
-    for config in TILE_CONFIGS:
-        def step():
-            grape_ap_triton(q, k, v, p, r, slopes, 1 / math.sqrt(D), config=config).backward(grad)
-        try:
-            step()
-            times = sorted(timed(step, device) for _ in range(max(3, args.repeats)))
-            rows.append((config, times[len(times) // 2], config == default_config(D)[:4]))
-        except Exception as error:  # e.g. out of shared memory for large tiles
-            rows.append((config, None, f"{type(error).__name__}: {str(error)[:80]}"))
+    for name, configs, default, attention in kernels:
+        for config in configs:
+            def step():
+                attention(config).backward(grad)
+            try:
+                step()
+                times = sorted(timed(step, device) for _ in range(max(3, args.repeats)))
+                rows.append((name, config, times[len(times) // 2], tuple(config) == tuple(default)))
+            except Exception as error:  # e.g. out of shared memory for large tiles
+                rows.append((name, config, None, f"{type(error).__name__}: {str(error)[:80]}"))
     return rows
+
+
+def profile_layers(pos: str, T: int, args, device, dtype) -> list[str]:
+    """Markdown: the ops and kernels of one `pos` layer step and of one RoPE layer step, by their own
+    device time (CPU time on the CPU), per step, from torch.profiler over 5 steps."""
+    from torch.profiler import ProfilerActivity, profile
+    on_gpu = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+    lines = [f"## Where the time goes: `{pos}` against `rope` (one layer, T = {T}, forward+backward)", "",
+             "Self time per step of each op or kernel (torch.profiler, 5 steps after 3 warm-up steps), largest first.", ""]
+    for name in ("rope", pos):
+        step = layer_step(name, "auto", T, args, device, dtype)
+        for _ in range(3):
+            step()
+        sync(device)
+        with profile(activities=activities) as prof:
+            for _ in range(5):
+                step()
+            sync(device)
+        events = prof.key_averages()
+        key = next((k for k in ("self_device_time_total", "self_cuda_time_total") if on_gpu and hasattr(events[0], k)),
+                   "self_cpu_time_total")
+        total = sum(getattr(e, key) for e in events) / 5
+        lines += [f"`{name}`: {total / 1e3:.2f} ms of {'GPU' if on_gpu else 'CPU'} time per step.", "",
+                  "| op / kernel | µs per step | share | calls per step |", "|---|---|---|---|"]
+        for event in sorted(events, key=lambda e: getattr(e, key), reverse=True)[:15]:
+            own = getattr(event, key) / 5
+            label = event.key if len(event.key) <= 90 else event.key[:87] + "..."
+            lines.append(f"| `{label.replace('|', '/')}` | {own:.1f} | {own / max(total, 1e-9):.1%} | {event.count / 5:g} |")
+        lines.append("")
+    return lines
 
 
 # --------------------------------------------------------------------------------------------------
@@ -297,9 +398,11 @@ def targets_section(layer, kernel, Ts, device, batch=1) -> list[str]:
     on_gpu = device.type == "cuda"
     T_check = 4096 if on_gpu else 2048
     limits = {"grape_ap": None if on_gpu else 4.0}  # on the GPU GRAPE-AP's target is its kernel's, below
-    for pos in ("alibi", "grape_a_q", "grape_a_k", "grape_a_qk", "fox"):
-        limits[pos] = 1.15 if on_gpu else 1.3
-    if T_check in Ts:
+    for pos in SEPARABLE + ["grape_m_basis"]:
+        limits[pos] = 1.15 if on_gpu else (1.3 if pos in SEPARABLE else None)
+    for T_check in ((4096, 8192) if on_gpu else (2048,)):
+        if T_check not in Ts:
+            continue
         where = "GPU bf16" if on_gpu else "CPU fp32"
         lines.append(f"Time at T = {T_check} ({where}, forward+backward, ratio to RoPE):")
         lines.append("")
@@ -313,10 +416,11 @@ def targets_section(layer, kernel, Ts, device, batch=1) -> list[str]:
         lines.append("")
     if on_gpu:  # the GPU fills only at T = 8192 for B·H = 8, or at T = 4096 with 4x the batch
         for T in sorted(kernel):
-            if T >= 8192 or (batch >= 4 and T >= 4096):
-                ratio = kernel[T]["grape_ap"][1]
-                lines.append(f"- `grape_ap` kernel alone vs causal SDPA at T = {T}, B = {batch}: {ratio:.2f}× "
-                             f"(target ≤ 2.0×): {'holds' if ratio <= 2.0 else 'MISSED'}")
+            for name, limit in (("grape_ap", 2.0), ("fox tile", 1.3)):
+                if name in kernel[T] and (T >= 8192 or (batch >= 4 and T >= 4096)):
+                    ratio = kernel[T][name][1]
+                    lines.append(f"- `{name}` attention alone vs causal SDPA at T = {T}, B = {batch}: {ratio:.2f}× "
+                                 f"(target ≤ {limit}×): {'holds' if ratio <= limit else 'MISSED'}")
         lines.append("")
     else:
         gpu_doc = os.path.join(ROOT, "docs", "benchmarks_gpu.md")
@@ -341,7 +445,7 @@ def targets_section(layer, kernel, Ts, device, batch=1) -> list[str]:
     return lines
 
 
-def write_report(path, png, layer, kernel, Ts, args, device, dtype, argv, sweep=None):
+def write_report(path, png, layer, kernel, Ts, args, device, dtype, argv, sweep=None, profile=None):
     dense_Ts = [T for T in Ts if any(b == "dense" for _, b in layer[T])]
     lines = [
         "# Attention benchmarks", "",
@@ -391,19 +495,34 @@ def write_report(path, png, layer, kernel, Ts, args, device, dtype, argv, sweep=
                 cells.append(f"{auto[1] / dense[1]:.2f} | {auto[2] / max(1, dense[2]):.2f}")
             lines.append(f"| `{pos}` | " + " | ".join(cells) + " |")
         lines.append("")
+    lifted_Ts = [T for T in Ts if any(b == "lifted" for _, b in layer[T])]
+    if lifted_Ts:
+        lines += ["### Separable biases: in-tile kernel (auto) against the lift", "",
+                  "Each encoding's layer time as a ratio to the RoPE layer, with the bias added inside the Triton tile "
+                  "(`attn_backend=\"tile\"`, what `auto` runs on CUDA) and through lifted q/k columns "
+                  "(`attn_backend=\"lifted\"`), measured in the same rounds.", "",
+                  "| encoding | " + " | ".join(f"T={T} tile | T={T} lifted" for T in lifted_Ts) + " |",
+                  "|" + "---|" * (2 * len(lifted_Ts) + 1)]
+        for pos in SEPARABLE:
+            if (pos, "lifted") in layer[lifted_Ts[0]]:
+                lines.append(f"| `{pos}` | " + " | ".join(
+                    f"{layer[T][(pos, 'auto')][1]:.2f}× | {layer[T][(pos, 'lifted')][1]:.2f}×" for T in lifted_Ts) + " |")
+        lines.append("")
     if kernel:
         kTs = sorted(kernel)
-        lines += ["## GRAPE-AP kernel alone", "",
-                  f"`kernels.grape_ap_attention` ({'Triton' if device.type == 'cuda' else 'chunked PyTorch'}) on raw "
-                  "q, k, v, p, r against causal SDPA on the same q, k, v (ratios within each round), and the dense bias "
-                  "(`attention.attend(backend=\"dense\")`).", "",
-                  "| T | SDPA ms | grape_ap ms | grape_ap / SDPA | dense / SDPA | grape_ap mem / SDPA mem | dense mem / SDPA mem |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += ["## Attention kernels alone", "",
+                  "On raw inputs with gradients to all of them, against causal SDPA on the same q, k, v (ratios within "
+                  f"each round). `grape_ap`: `kernels.grape_ap_attention` ({'Triton' if device.type == 'cuda' else 'chunked PyTorch'}); "
+                  "`grape_ap dense`: the dense bias (`attention.attend(backend=\"dense\")`); `fox tile`: the in-tile "
+                  "kernel; `fox lifted`: the bf16 lift through SDPA; `fox flex`: FlexAttention's score_mod (compiled).", "",
+                  "| T | kernel | ms | / SDPA time | / SDPA memory |", "|---|---|---|---|---|"]
         for T in kTs:
-            s, g = kernel[T]["sdpa"], kernel[T]["grape_ap"]
-            d = kernel[T].get("grape_ap dense")
-            lines.append(f"| {T} | {s[0] * 1e3:.1f} | {g[0] * 1e3:.1f} | {g[1]:.2f}× | {fmt_ratio(d and d[1])} | "
-                         f"{g[2] / max(1, s[2]):.2f}× | {fmt_ratio(d and d[2] / max(1, s[2]))} |")
+            sdpa = kernel[T]["sdpa"]
+            lines.append(f"| {T} | sdpa | {sdpa[0] * 1e3:.2f} | 1.00× | 1.00× |")
+            for name, values in kernel[T].items():
+                if name != "sdpa" and name != "grape_ap checkpointed blocks":
+                    lines.append(f"| {T} | {name} | {values[0] * 1e3:.2f} | {values[1]:.2f}× | "
+                                 f"{values[2] / max(1, sdpa[2]):.2f}× |")
         lines.append("")
         ablation = [T for T in kTs if "grape_ap checkpointed blocks" in kernel[T]]
         if ablation:
@@ -415,12 +534,13 @@ def write_report(path, png, layer, kernel, Ts, args, device, dtype, argv, sweep=
                 lines.append(f"| {T} | {c[1]:.2f}× | {g[1]:.2f}× | {c[2] / max(1, s[2]):.2f}× |")
             lines.append("")
     if sweep:
-        lines += [f"## Triton tile sweep (GRAPE-AP kernel, T = {sweep[0]}, forward+backward)", "",
-                  "| BLOCK_M, BLOCK_N, warps, stages | ms | note |", "|---|---|---|"]
-        for config, seconds, note in sweep[1]:
+        lines += [f"## Triton tile sweep (T = {sweep[0]}, forward+backward)", "",
+                  "| kernel | tiles | ms | note |", "|---|---|---|---|"]
+        for name, config, seconds, note in sweep[1]:
             note = "default" if note is True else ("" if note is False else note)
-            lines.append(f"| {config} | {'—' if seconds is None else f'{seconds * 1e3:.2f}'} | {note} |")
+            lines.append(f"| {name} | {config} | {'—' if seconds is None else f'{seconds * 1e3:.2f}'} | {note} |")
         lines.append("")
+    lines += profile or []
     if png:
         lines += [f"![time and memory ratios]({os.path.basename(png)})", ""]
     tmp = path + ".tmp"
@@ -497,7 +617,11 @@ def parse_args(argv):
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     ap.add_argument("--ablation", action="store_true",
                     help="also time GRAPE-AP with torch.utils.checkpoint per block instead of the hand-written backward")
-    ap.add_argument("--sweep", action="store_true", help="GPU: also time the Triton kernel's tile configurations at the largest T")
+    ap.add_argument("--sweep", action="store_true", help="GPU: also time the Triton kernels' tile configurations at the largest T")
+    ap.add_argument("--flex", action="store_true",
+                    help="GPU: also time FoX attention through FlexAttention (compiles for tens of seconds per T)")
+    ap.add_argument("--profile", default=None, metavar="ENC",
+                    help="also profile one ENC layer step against one RoPE layer step at the largest T")
     ap.add_argument("--render", default=None, metavar="JSON", help="only re-render the report from a previous run's .json")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "benchmarks.md"))
     ap.add_argument("--png", default=None, help="plot path (default: --out with .png)")
@@ -535,10 +659,12 @@ def main(argv=None):
     layer, kernel = {}, {}
     MACHINE["line"] = machine_line(device)
 
-    def report(done, sweep=None):  # after every T, so a run cut short by a time limit still leaves its numbers
+    extra = {}
+
+    def report(done):  # after every T, so a run cut short by a time limit still leaves its numbers
         save_raw(os.path.splitext(args.out)[0] + ".json", layer, kernel, done, argv)
         plot(png, layer, done)
-        write_report(args.out, png, layer, kernel, done, args, device, dtype, argv, sweep)
+        write_report(args.out, png, layer, kernel, done, args, device, dtype, argv, **extra)
 
     for T in Ts:
         cases = {}
@@ -547,28 +673,34 @@ def main(argv=None):
             additive = any(part in BIASES for part in pos.removesuffix("+kv_shift").split("+"))
             if additive and T <= dense_max_T:
                 cases[(pos, "dense")] = layer_step(pos, "dense", T, args, device, dtype)
+            if device.type == "cuda" and pos in SEPARABLE:  # the in-tile kernel (auto) against the lift
+                cases[(pos, "lifted")] = layer_step(pos, "lifted", T, args, device, dtype)
         layer[T] = measure(cases, ("rope", "auto"), args.repeats, device)
         del cases
-        if "grape_ap" in args.encodings:
+        if "grape_ap" in args.encodings or "fox" in args.encodings:
             steps = kernel_steps(T, args, device, dtype, with_dense=T <= dense_max_T)
             kernel[T] = measure(steps, "sdpa", args.repeats, device)
             del steps
         rope = layer[T][("rope", "auto")]
         print(f"T={T}: RoPE layer {rope[0] * 1e3:.1f} ms; " + ", ".join(
-            f"{pos}{'' if b == 'auto' else ' dense'} {r:.2f}×" for (pos, b), (_, r, _) in layer[T].items()
+            f"{pos}{'' if b == 'auto' else ' ' + b} {r:.2f}×" for (pos, b), (_, r, _) in layer[T].items()
             if (pos, b) != ("rope", "auto")), flush=True)
         if T in kernel:
-            print(f"       kernel: " + ", ".join(f"{n} {v[0] * 1e3:.1f} ms ({v[1]:.2f}×)" for n, v in kernel[T].items()),
+            print("       kernel: " + ", ".join(f"{n} {v[0] * 1e3:.1f} ms ({v[1]:.2f}×)" for n, v in kernel[T].items()),
                   flush=True)
         report(Ts[:Ts.index(T) + 1])
     if args.sweep:
         if device.type != "cuda":
             print("--sweep needs a GPU (Triton tiles); skipped")
         else:
-            sweep = (max(Ts), sweep_tiles(max(Ts), args, device, dtype))
-            for config, seconds, note in sweep[1]:
-                print(f"tiles {config}: {'failed ' + note if seconds is None else f'{seconds * 1e3:.2f} ms'}", flush=True)
-            report(Ts, sweep)
+            extra["sweep"] = sweep = (max(Ts), sweep_tiles(max(Ts), args, device, dtype))
+            for name, config, seconds, note in sweep[1]:
+                print(f"{name} tiles {config}: {'failed ' + note if seconds is None else f'{seconds * 1e3:.2f} ms'}", flush=True)
+            report(Ts)
+    if args.profile:
+        extra["profile"] = profile_layers(args.profile, max(Ts), args, device, dtype)
+        print("\n".join(extra["profile"]), flush=True)
+        report(Ts)
     print(f"wrote {args.out} and {png}")
 
 

@@ -6,9 +6,13 @@
    inputs: output and the five gradients, T not multiples of the tiles, Tq < Tk, head dims 64 and 128.
    bf16 out/dq/dk/dv are judged against bf16 causal SDPA's own error on the same q, k, v (the floor of
    bf16 attention); dp and dr relative to their size within 4x of the kernel's own worst of dq/dk/dv.
-2. The bf16 lifted columns through FlashAttention (forced with sdpa_kernel) against fp32 at T = 4096.
-3. Whole models in bf16 autocast: attn_backend="auto" against "dense" (logits), and KV-cache decoding
-   against the full forward, for grape_ap and the lifted encodings.
+2. The in-tile separable-bias Triton kernel (attn_backend="tile", what "auto" runs on CUDA for ALiBi,
+   GRAPE-A and FoX) in bf16 against fp64 at T = 4096 with FoX-sized running sums (|c| in the
+   thousands) and GRAPE-A-sized rates, Tq < Tk and decode: out/dq/dk/dv against bf16 SDPA's own error,
+   the feature gradients relative to their size within 4x of the kernel's worst of dq/dk/dv.
+3. The bf16 lifted columns through FlashAttention (forced with sdpa_kernel) against fp32 at T = 4096.
+4. Whole models in bf16 autocast: attn_backend="auto" (and "lifted" for the separable encodings)
+   against "dense" (logits), and KV-cache decoding against the full forward.
 Prints one line per check and writes a markdown table; exits 1 if any check fails.
 """
 from __future__ import annotations
@@ -114,6 +118,60 @@ def check_triton_kernel(device, deadline):
                        f"(max |ref| {sizes[i]:.2e})")
 
 
+def check_tile_kernel(device, deadline):
+    from kernels.separable import separable_attention
+    g = torch.Generator().manual_seed(0)
+    # (B, H, Tq, Tk, D, has_rate, has_sum): FoX, GRAPE-A (both gates), both terms with a KV cache, decode
+    shapes = [(1, 4, 4096, 4096, 128, 0, 1), (1, 4, 4096, 4096, 128, 1, 0), (2, 2, 777, 2100, 128, 1, 1),
+              (1, 4, 1, 3000, 64, 1, 1)]
+    low_dtype = torch.bfloat16
+    if SMOKE:
+        shapes, low_dtype = [(1, 2, 21, 37, 16, 1, 1)], torch.float16
+    for B, H, Tq, Tk, D, has_rate, has_sum in shapes:
+        name = f"triton tile rate{has_rate} sum{has_sum} B{B} H{H} Tq{Tq} Tk{Tk} D{D}"
+        if time.monotonic() > deadline:
+            record(name, float("nan"), 0.0, "not run: time budget spent")
+            continue
+        q, k, v = (torch.randn(B, H, T, D, generator=g) for T in (Tq, Tk, Tk))
+        q, k = F.normalize(q, dim=-1) * math.sqrt(D), F.normalize(k, dim=-1) * math.sqrt(D)
+        pos = torch.arange(Tk, dtype=torch.float32)
+        sums = F.logsigmoid(torch.randn(B, H, Tk, generator=g) + 2.0).cumsum(-1)  # FoX: c_T ~ -0.15 T
+        rates = 0.05 * torch.rand(B, H, Tk, generator=g)
+        kf = torch.stack((pos.expand(B, H, Tk), rates, sums), -1)
+        qf = torch.stack((pos[Tk - Tq:].expand(B, H, Tq), 0.05 * torch.rand(B, H, Tq, generator=g), sums[..., Tk - Tq:]), -1)
+        scale = 1 / math.sqrt(D)
+        grad_out = torch.randn(B, H, Tq, D, generator=g).to(device)
+        mask = causal_mask(torch.arange(Tk - Tq, Tk, device=device), torch.arange(Tk, device=device))
+        low = [x.to(device=device, dtype=low_dtype) for x in (q, k, v)]
+        features = [x.to(device) for x in (qf, kf)]
+
+        def reference(q, k, v, qf, kf):
+            logits = scale * q @ k.transpose(-1, -2)
+            if has_rate:
+                logits = logits - (qf[..., 0, None] - kf[..., None, :, 0]) * (qf[..., 1, None] + kf[..., None, :, 1])
+            if has_sum:
+                logits = logits + qf[..., 2, None] - kf[..., None, :, 2]
+            return torch.softmax(logits.masked_fill(~mask, float("-inf")), -1) @ v
+        ref = grads_of(reference, [x.double() for x in low + features], grad_out.double())
+        got = grads_of(lambda *a: separable_attention(*a, scale, has_rate=bool(has_rate), has_sum=bool(has_sum)),
+                       low + features, grad_out)
+        got[4], got[5], ref[4], ref[5] = got[4][..., 1:], got[5][..., 1:], ref[4][..., 1:], ref[5][..., 1:]
+        errors = [(got[i].double() - ref[i]).abs().max().item() for i in range(6)]
+        sizes = [ref[i].abs().max().item() for i in range(6)]
+        sdpa = grads_of(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, attn_mask=mask, scale=scale), low, grad_out)
+        sdpa_ref = grads_of(lambda a, b, c: torch.softmax(
+            (scale * a @ b.transpose(-1, -2)).masked_fill(~mask, float("-inf")), -1) @ c,
+            [x.double() for x in low], grad_out.double())
+        attention_rel = max(errors[i] / max(sizes[i], 1e-30) for i in (1, 2, 3))
+        for i, part in enumerate(["out", "dq", "dk", "dv", "d query features", "d key features"]):
+            if i < 4:
+                floor = (sdpa[i].double() - sdpa_ref[i]).abs().max().item()
+                limit = 3 * floor + 1e-3 * sizes[i]
+            else:  # the query-side running-sum gradient is a row sum of dS: zero up to rounding
+                limit = 4 * attention_rel * max(sizes[4 if i == 4 else 5], sizes[5]) + 1e-6
+            record(f"{name} {str(low_dtype)[6:]} {part}", errors[i], limit, f"(max |ref| {sizes[i]:.2e})")
+
+
 def check_lift_flash(device, deadline):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     T, H, D, C = (256, 2, 16, 32) if SMOKE else (4096, 4, 128, 256)
@@ -144,20 +202,29 @@ def check_lift_flash(device, deadline):
 
 
 def check_models(device, deadline):
-    for pos in ["grape_ap", "rope+grape_ap", "alibi", "grape_a_qk", "fox"]:
+    cases = [(pos, "auto") for pos in ["grape_ap", "rope+grape_ap", "alibi", "grape_a_q", "grape_a_k", "grape_a_qk", "fox"]]
+    cases += [(pos, "lifted") for pos in ["alibi", "grape_a_qk", "fox"]]
+    for pos, backend in cases:
+        if time.monotonic() > deadline + 20:  # the models are quick: a little past the kernel checks' budget
+            record(f"model bf16 {pos} {backend}", float("nan"), 0.0, "not run: time budget spent")
+            continue
+        T, prefill = (40, 33) if SMOKE else (600, 550)
         torch.manual_seed(0)
-        cfg = GPTConfig(n_layer=2, n_head=4, n_embd=128, head_dim=64, vocab_size=97, block_size=600, pos=pos, kv_shift=True)
+        cfg = GPTConfig(n_layer=2, n_head=4, n_embd=128, head_dim=64, vocab_size=97, block_size=T, pos=pos, kv_shift=True,
+                        attn_backend=backend)
         fast = GPT(cfg).to(device)
         dense = GPT(dataclasses.replace(cfg, attn_backend="dense")).to(device)
         dense.load_state_dict(fast.state_dict())
-        idx = torch.randint(0, 97, (2, 600), device=device)
-        with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16):
+        idx = torch.randint(0, 97, (2, T), device=device)
+        low = torch.float16 if SMOKE else torch.bfloat16  # the interpreter's bf16 dot is wrong
+        with torch.no_grad(), torch.autocast(device.type, dtype=low):
             a, b = fast(idx)[0], dense(idx)[0]
-            cache = fast.new_cache(2, 600)
-            steps = [fast(idx[:, :550], cache=cache)[0]] + [fast(idx[:, t:t + 1], cache=cache)[0] for t in range(550, 600)]
+            cache = fast.new_cache(2, T)
+            steps = [fast(idx[:, :prefill], cache=cache)[0]] + [fast(idx[:, t:t + 1], cache=cache)[0] for t in range(prefill, T)]
         spread = b.float().std().item()
-        record(f"model bf16 {pos}: auto vs dense logits", (a.float() - b.float()).abs().max().item(), 0.05 * spread + 0.02)
-        record(f"model bf16 {pos}: KV-cache decode vs full forward", (torch.cat(steps, 1).float() - a.float()).abs().max().item(),
+        name = f"model {str(low)[6:]} {pos} {backend} ({fast.attention_backend})"
+        record(f"{name}: logits vs dense", (a.float() - b.float()).abs().max().item(), 0.05 * spread + 0.02)
+        record(f"{name}: KV-cache decode vs full forward", (torch.cat(steps, 1).float() - a.float()).abs().max().item(),
                0.05 * spread + 0.02)
 
 
@@ -173,7 +240,7 @@ def main():
     device = torch.device("cpu" if SMOKE else "cuda")
     start = time.monotonic()
     deadline = start + args.seconds
-    for check in (check_triton_kernel, check_lift_flash, check_models):
+    for check in (check_triton_kernel, check_tile_kernel, check_lift_flash, check_models):
         begun = time.monotonic()
         try:
             check(device, deadline)

@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # Everything that needs a GPU, in one call with a hard time limit (default 300 s on an H200):
-#   1. correctness (<= 60 s): the bf16 Triton GRAPE-AP kernel against fp64 (values and the five
-#      gradients, D = 64 and 128, Tq < Tk, decode, T = 4096), the bf16 lifted columns through
-#      FlashAttention, whole models in bf16 (auto vs dense, KV-cache decoding)  -> docs/gpu_check.md
-#   2. one attention layer per encoding at T = 4096 and 8192 (medium's head shape, bf16) and the
-#      GRAPE-AP kernel alone against causal SDPA, with peak memory            -> docs/benchmarks_gpu.md
-#   3. the GRAPE-AP kernel alone at T = 4096 with batch 4                     -> docs/benchmarks_gpu_b4.md
-#   4. training tokens/s, MFU and memory, medium config, torch.compile as train.py runs it
+#   1. correctness (<= 60 s): the bf16 Triton kernels (GRAPE-AP and the in-tile separable bias) against
+#      fp64 (values and all gradients, Tq < Tk, decode, T = 4096), the bf16 lifted columns through
+#      FlashAttention, whole models in bf16 (auto / lifted vs dense, KV-cache decoding)  -> docs/gpu_check.md
+#   2. one attention layer per encoding at T = 4096 and 8192 (medium's head shape, bf16; separable
+#      biases in-tile and lifted), the GRAPE-AP kernel and FoX attention alone against causal SDPA, and a
+#      profile of the grape_m_basis layer against RoPE's                         -> docs/benchmarks_gpu.md
+#   3. the kernels alone with batch 4 at T = 4096, 8192 and 16384 (GRAPE-AP; FoX in-tile and lifted)
+#                                                                             -> docs/benchmarks_gpu_b4.md
+#   4. training tokens/s, MFU and memory, medium config at T = 4096, torch.compile as train.py runs it
 #                                                                             -> docs/benchmarks_train_gpu.md
-#   5. long context: a 2-layer medium-width model at T = 32768, one training step, peak memory
+#   5. long context: a 4-layer medium-width model at T = 16384 (attention dominates), compiled
 #                                                                             -> docs/benchmarks_long_gpu.md
-#   6. if time is left: the Triton tile sweep at T = 8192 (appended to docs/benchmarks_gpu_sweep.md)
+#   6. if time is left: FoX through FlexAttention, and the Triton tile sweeps at T = 8192
+#                                                                             -> docs/benchmarks_gpu_extra.md
 # Needs only what the GPU image has (python3 with torch, triton, numpy, matplotlib); installs nothing.
 # Each stage runs under `timeout` within what is left of GPU_CHECK_SECONDS, so a hang cannot eat the
 # others; the benchmarks rewrite their report after every T / encoding, so a cut-short stage keeps what
@@ -28,7 +31,7 @@ status=0
 save() {
     if [ -n "${OUT:-}" ]; then
         cp -f docs/gpu_check.md docs/benchmarks_gpu.md docs/benchmarks_gpu.json docs/benchmarks_gpu_b4.md \
-            docs/benchmarks_train_gpu.md docs/benchmarks_long_gpu.md docs/benchmarks_gpu_sweep.md "$OUT"/ 2>/dev/null || true
+            docs/benchmarks_train_gpu.md docs/benchmarks_long_gpu.md docs/benchmarks_gpu_extra.md "$OUT"/ 2>/dev/null || true
     fi
 }
 
@@ -73,16 +76,17 @@ optional_stage() {  # a stage whose absence (time ran out) or failure does not f
 }
 
 medium="--heads 8 --head_dim 128 --n_embd 1024 --dense_max_T 1 --repeats 5"
-stage correctness 60 python3 scripts/gpu_check.py --seconds 40 --out docs/gpu_check.md
-stage attention 50 python3 scripts/bench_attention.py --T 4096,8192 $medium --out docs/benchmarks_gpu.md
-stage kernel-batch4 30 python3 scripts/bench_attention.py --T 4096 --batch 4 --encodings grape_ap $medium \
-    --out docs/benchmarks_gpu_b4.md
-stage training 90 python3 scripts/bench_train.py --config configs/base/medium.toml --steps 3 --rounds 2 --warmup 2 \
-    --encodings rope,grape_ap,alibi,fox --out docs/benchmarks_train_gpu.md
-stage long-context 45 python3 scripts/bench_train.py --config configs/base/medium.toml --n_layer=2 --block_size=32768 \
-    --batch_size=1 --no-compile --steps 1 --rounds 1 --warmup 1 --encodings rope,grape_ap --out docs/benchmarks_long_gpu.md
-optional_stage tile-sweep 30 python3 scripts/bench_attention.py --T 8192 --encodings grape_ap $medium --repeats 3 --sweep \
-    --out docs/benchmarks_gpu_sweep.md
+stage correctness 60 python3 scripts/gpu_check.py --seconds 35 --out docs/gpu_check.md
+stage attention 55 python3 scripts/bench_attention.py --T 4096,8192 $medium --profile grape_m_basis \
+    --out docs/benchmarks_gpu.md
+stage kernels-batch4 35 python3 scripts/bench_attention.py --T 4096,8192,16384 --batch 4 --encodings grape_ap,fox \
+    $medium --repeats 3 --out docs/benchmarks_gpu_b4.md
+stage training 100 python3 scripts/bench_train.py --config configs/base/medium.toml --steps 3 --rounds 2 --warmup 2 \
+    --encodings rope,alibi,grape_a_qk,fox --out docs/benchmarks_train_gpu.md
+stage long-context 45 python3 scripts/bench_train.py --config configs/base/medium.toml --n_layer=4 --block_size=16384 \
+    --batch_size=1 --steps 2 --rounds 2 --warmup 2 --encodings rope,fox,grape_a_qk,grape_ap --out docs/benchmarks_long_gpu.md
+optional_stage extra 30 python3 scripts/bench_attention.py --T 8192 --encodings grape_ap,fox $medium --repeats 3 \
+    --flex --sweep --out docs/benchmarks_gpu_extra.md
 echo "== done in ${SECONDS} s, status $status; log: $log" | tee -a "$log"
 save
 exit $status

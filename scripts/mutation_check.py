@@ -106,6 +106,19 @@ BREAKS = [
     ("grape_ap_graph_break", "kernels/grape_ap.py", "\ndef grape_ap_attention(",
      "\n@torch.compiler.disable\ndef grape_ap_attention(",
      ["tests/test_kernels.py::test_compiled_model_is_one_graph_and_equals_eager"]),
+    # the in-tile separable-bias kernel
+    ("separable_key_sum_gradient_sign", "kernels/separable_triton.py", "            d_sum -= tl.sum(ds, axis=0)",
+     "            d_sum += tl.sum(ds, axis=0)", ["tests/test_kernels_separable.py"]),
+    ("separable_unmasked_diagonal_tiles", "kernels/separable_triton.py",
+     "tl.cdiv(tl.maximum(kb * BLOCK_N + BLOCK_N - 1 - offset, 0), BLOCK_M)",
+     "tl.cdiv(tl.maximum(kb * BLOCK_N - offset, 0), BLOCK_M)", ["tests/test_kernels_separable.py"]),
+    ("separable_rate_term_dropped_in_query_backward", "kernels/separable_triton.py",
+     "            d_rate -= tl.sum(ds * dist, axis=1)", "            d_rate -= 0.0 * tl.sum(ds * dist, axis=1)",
+     ["tests/test_kernels_separable.py"]),
+    ("tile_features_gate_without_omega", "positional.py", 'q_rate = omega * qf["lam"] if', 'q_rate = qf["lam"] if',
+     ["tests/test_kernels_separable.py::test_tile_features_give_the_paper_bias"]),
+    ("skew_exp_one_squaring_short", "positional.py", "        result = torch.where((steps > i)[..., None, None]",
+     "        result = torch.where((steps > i + 1)[..., None, None]", ["tests/test_positional.py"]),
 ]
 
 
