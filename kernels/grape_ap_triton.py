@@ -36,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_common import INTERPRET, load_tile, pow2, store_tile
+from kernels.triton_common import INTERPRET, load_tile, pow2, query_tile, store_tile
 
 
 
@@ -84,13 +84,8 @@ def _path_grad_parts(ds, carry_ds, visible, cols, slope, sig_neg):
 def _fwd(Q, K, V, P, R, SLOPES, OUT, LSE, scale, Tq, Tk, H, D, DV, DP,
          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
          BLOCK_DP: tl.constexpr, Z_PRECISION: tl.constexpr, QK_PRECISION: tl.constexpr):
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
+    bh, rows, row_ok, t = query_tile(Tq, Tk, BLOCK_M)
     slope = tl.load(SLOPES + bh % H)
-    offset = Tk - Tq
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < Tq
-    t = rows + offset  # key index of each query
     d = tl.arange(0, BLOCK_D)
     dv = tl.arange(0, BLOCK_DV)
     dp = tl.arange(0, BLOCK_DP)
@@ -101,7 +96,7 @@ def _fwd(Q, K, V, P, R, SLOPES, OUT, LSE, scale, Tq, Tk, H, D, DV, DP,
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
     carry = tl.zeros([BLOCK_M], tl.float32)
-    last_key = tl.minimum(offset + pid_m * BLOCK_M + BLOCK_M - 1, Tk - 1)
+    last_key = tl.minimum(Tk - Tq + tl.program_id(0) * BLOCK_M + BLOCK_M - 1, Tk - 1)
     n_tiles = last_key // BLOCK_N + 1
     for it in range(0, n_tiles):
         kb = n_tiles - 1 - it  # right to left: the suffix sums are then running sums

@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_common import INTERPRET, load_tile, pow2, store_tile
+from kernels.triton_common import INTERPRET, load_tile, pow2, query_tile, store_tile
 
 FEATURES = 3  # per token: position, rate, running sum
 
@@ -67,16 +67,33 @@ def _logits(q, k, scale, q_pos, q_rate, q_sum, k_pos, k_rate, k_sum,
 
 
 @triton.jit
+def _key_tile(q, q_pos, q_rate, q_sum, K, V, KF, bh, Tk, kb, scale, d, dv, D, DV, BLOCK_N: tl.constexpr,
+              HAS_RATE: tl.constexpr, HAS_SUM: tl.constexpr, PRECISION: tl.constexpr):
+    """Key tile kb for a query-major loop: its columns, k and v, the tile's logits and distances."""
+    cols = kb * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < Tk
+    k = load_tile(K, bh, Tk, cols, col_ok, d, D)
+    v = load_tile(V, bh, Tk, cols, col_ok, dv, DV)
+    k_pos, k_rate, k_sum = _load_features(KF, bh, Tk, cols, col_ok)
+    s, dist = _logits(q, k, scale, q_pos, q_rate, q_sum, k_pos, k_rate, k_sum, HAS_RATE, HAS_SUM, PRECISION)
+    return cols, col_ok, k, v, s, dist
+
+
+@triton.jit
+def _key_tile_range(first_row, Tq, Tk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """For the query tile starting at row first_row: the key tiles [0, n_full) that all its queries see
+    whole (no mask needed) and the end n_tiles of those any of them sees."""
+    first_t = Tk - Tq + first_row
+    return (first_t + 1) // BLOCK_N, tl.minimum(first_t + BLOCK_M - 1, Tk - 1) // BLOCK_N + 1
+
+
+@triton.jit
 def _fwd_tiles(acc, m_i, l_i, q, q_pos, q_rate, q_sum, t, K, V, KF, bh, Tk, scale, lo, hi, d, dv, D, DV,
                BLOCK_N: tl.constexpr, HAS_RATE: tl.constexpr, HAS_SUM: tl.constexpr,
                MASKED: tl.constexpr, PRECISION: tl.constexpr):
     for kb in range(lo, hi):
-        cols = kb * BLOCK_N + tl.arange(0, BLOCK_N)
-        col_ok = cols < Tk
-        k = load_tile(K, bh, Tk, cols, col_ok, d, D)
-        v = load_tile(V, bh, Tk, cols, col_ok, dv, DV)
-        k_pos, k_rate, k_sum = _load_features(KF, bh, Tk, cols, col_ok)
-        s, _ = _logits(q, k, scale, q_pos, q_rate, q_sum, k_pos, k_rate, k_sum, HAS_RATE, HAS_SUM, PRECISION)
+        cols, col_ok, k, v, s, _ = _key_tile(q, q_pos, q_rate, q_sum, K, V, KF, bh, Tk, kb, scale, d, dv, D, DV,
+                                             BLOCK_N, HAS_RATE, HAS_SUM, PRECISION)
         if MASKED:
             s = tl.where((cols[None, :] <= t[:, None]) & col_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -92,12 +109,7 @@ def _fwd_tiles(acc, m_i, l_i, q, q_pos, q_rate, q_sum, t, K, V, KF, bh, Tk, scal
 def _fwd(Q, K, V, QF, KF, OUT, LSE, scale, Tq, Tk, D, DV,
          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
          HAS_RATE: tl.constexpr, HAS_SUM: tl.constexpr, PRECISION: tl.constexpr):
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
-    offset = Tk - Tq
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < Tq
-    t = rows + offset  # key index of each query
+    bh, rows, row_ok, t = query_tile(Tq, Tk, BLOCK_M)
     d = tl.arange(0, BLOCK_D)
     dv = tl.arange(0, BLOCK_DV)
     q = load_tile(Q, bh, Tq, rows, row_ok, d, D)
@@ -105,9 +117,7 @@ def _fwd(Q, K, V, QF, KF, OUT, LSE, scale, Tq, Tk, D, DV,
     m_i = tl.full([BLOCK_M], -1e30, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
-    first_t = offset + pid_m * BLOCK_M
-    n_full = (first_t + 1) // BLOCK_N  # key tiles every query of this tile sees whole
-    n_tiles = (tl.minimum(first_t + BLOCK_M - 1, Tk - 1)) // BLOCK_N + 1
+    n_full, n_tiles = _key_tile_range(tl.program_id(0) * BLOCK_M, Tq, Tk, BLOCK_M, BLOCK_N)
     acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, q_pos, q_rate, q_sum, t, K, V, KF, bh, Tk, scale, 0, n_full,
                                d, dv, D, DV, BLOCK_N, HAS_RATE, HAS_SUM, False, PRECISION)
     acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, q_pos, q_rate, q_sum, t, K, V, KF, bh, Tk, scale, n_full, n_tiles,
@@ -121,12 +131,8 @@ def _bwd_query_tiles(dq, d_rate, d_sum, q, do, lse, delta, q_pos, q_rate, q_sum,
                      lo, hi, d, dv, D, DV, BLOCK_N: tl.constexpr, HAS_RATE: tl.constexpr,
                      HAS_SUM: tl.constexpr, MASKED: tl.constexpr, PRECISION: tl.constexpr):
     for kb in range(lo, hi):
-        cols = kb * BLOCK_N + tl.arange(0, BLOCK_N)
-        col_ok = cols < Tk
-        k = load_tile(K, bh, Tk, cols, col_ok, d, D)
-        v = load_tile(V, bh, Tk, cols, col_ok, dv, DV)
-        k_pos, k_rate, k_sum = _load_features(KF, bh, Tk, cols, col_ok)
-        s, dist = _logits(q, k, scale, q_pos, q_rate, q_sum, k_pos, k_rate, k_sum, HAS_RATE, HAS_SUM, PRECISION)
+        cols, col_ok, k, v, s, dist = _key_tile(q, q_pos, q_rate, q_sum, K, V, KF, bh, Tk, kb, scale, d, dv, D, DV,
+                                                BLOCK_N, HAS_RATE, HAS_SUM, PRECISION)
         probs = tl.exp(s - lse[:, None])
         if MASKED:
             probs = tl.where((cols[None, :] <= t[:, None]) & col_ok[None, :], probs, 0.0)
@@ -143,12 +149,7 @@ def _bwd_query_tiles(dq, d_rate, d_sum, q, do, lse, delta, q_pos, q_rate, q_sum,
 def _bwd_query(Q, K, V, QF, KF, DO, LSE, DELTA, DQ, DQF, scale, Tq, Tk, D, DV,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                HAS_RATE: tl.constexpr, HAS_SUM: tl.constexpr, PRECISION: tl.constexpr):
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
-    offset = Tk - Tq
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < Tq
-    t = rows + offset
+    bh, rows, row_ok, t = query_tile(Tq, Tk, BLOCK_M)
     d = tl.arange(0, BLOCK_D)
     dv = tl.arange(0, BLOCK_DV)
     q = load_tile(Q, bh, Tq, rows, row_ok, d, D)
@@ -159,9 +160,7 @@ def _bwd_query(Q, K, V, QF, KF, DO, LSE, DELTA, DQ, DQF, scale, Tq, Tk, D, DV,
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     d_rate = tl.zeros([BLOCK_M], tl.float32)
     d_sum = tl.zeros([BLOCK_M], tl.float32)
-    first_t = offset + pid_m * BLOCK_M
-    n_full = (first_t + 1) // BLOCK_N
-    n_tiles = (tl.minimum(first_t + BLOCK_M - 1, Tk - 1)) // BLOCK_N + 1
+    n_full, n_tiles = _key_tile_range(tl.program_id(0) * BLOCK_M, Tq, Tk, BLOCK_M, BLOCK_N)
     dq, d_rate, d_sum = _bwd_query_tiles(dq, d_rate, d_sum, q, do, lse, delta, q_pos, q_rate, q_sum, t, K, V, KF,
                                          bh, Tk, scale, 0, n_full, d, dv, D, DV, BLOCK_N, HAS_RATE, HAS_SUM,
                                          False, PRECISION)

@@ -26,3 +26,12 @@ def store_tile(ptr, value, bh, n_rows, rows, row_ok, cols, width):
 def pow2(n: int) -> int:
     """A tile width for n columns: tl.dot needs every dimension >= 16 and a power of two."""
     return max(16, triton.next_power_of_2(n))
+
+
+@triton.jit
+def query_tile(Tq, Tk, BLOCK_M: tl.constexpr):
+    """A query-major program's (batch·head, rows, row_ok, t): grid (query tiles, B·H); the queries are the
+    last Tq of the Tk keys, so row i is key position t_i = Tk - Tq + i."""
+    bh = tl.program_id(1)
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    return bh, rows, rows < Tq, rows + (Tk - Tq)
