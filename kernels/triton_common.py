@@ -12,14 +12,15 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 @triton.jit
 def load_tile(ptr, bh, n_rows, rows, row_ok, cols, width):
-    """The (rows, cols) tile of a contiguous (B·H, n_rows, width) tensor, zeros outside it."""
-    return tl.load(ptr + bh * n_rows * width + rows[:, None] * width + cols[None, :],
+    """The (rows, cols) tile of a contiguous (B·H, n_rows, width) tensor, zeros outside it. The offset of
+    the (batch·head) slice is 64-bit: B·H·T·D passes 2³¹ at e.g. B·H = 512, T = 32768, D = 128."""
+    return tl.load(ptr + bh.to(tl.int64) * n_rows * width + rows[:, None] * width + cols[None, :],
                    mask=row_ok[:, None] & (cols[None, :] < width), other=0.0)
 
 
 @triton.jit
 def store_tile(ptr, value, bh, n_rows, rows, row_ok, cols, width):
-    tl.store(ptr + bh * n_rows * width + rows[:, None] * width + cols[None, :], value,
+    tl.store(ptr + bh.to(tl.int64) * n_rows * width + rows[:, None] * width + cols[None, :], value,
              mask=row_ok[:, None] & (cols[None, :] < width))
 
 
