@@ -12,12 +12,12 @@
   formulas read. Tests compare every fast path against it.
 
 ``attn_backend`` in the model config picks how a separable bias is applied ("lifted", "tile", or
-"auto": tile on CUDA when Triton imports, else lifted) or asks for "dense"; encodings without a bias
-always run fused SDPA and GRAPE-AP always its own kernel.
+"auto": tile on CUDA with bf16/fp16 attention inputs when Triton imports, else lifted) or asks for
+"dense"; encodings without a bias always run fused SDPA and GRAPE-AP always its own kernel.
 """
 from __future__ import annotations
 
-import functools
+import importlib.util
 import os
 
 import torch
@@ -31,17 +31,16 @@ from positional import AdditiveBias
 BACKENDS = ("auto", "lifted", "tile", "dense")
 
 
-@functools.cache
-def triton_available() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
+# Whether the tile kernel can run at all (read once: a cached function would be traced by torch.compile)
+TRITON_AVAILABLE = importlib.util.find_spec("triton") is not None
+HALF_DTYPES = (torch.bfloat16, torch.float16)
 
 
-def resolve_backend(requested: str, bias: AdditiveBias | None, device: torch.device | None = None) -> str:
-    """The backend one layer runs on ``device`` (None: only validate the name)."""
+def resolve_backend(requested: str, bias: AdditiveBias | None, device: torch.device | None = None,
+                    dtype: torch.dtype | None = None) -> str:
+    """The backend one layer runs for attention inputs of ``dtype`` on ``device`` (None: only validate
+    the name). "auto" takes the in-tile kernel only where it is built for: CUDA and bf16/fp16 inputs
+    (fp32 would run its dots without tensor cores, in tiles sized for half precision)."""
     if requested not in BACKENDS:
         raise ValueError(f"unknown attn_backend {requested!r}; valid: {', '.join(BACKENDS)}")
     if requested == "dense":
@@ -50,12 +49,13 @@ def resolve_backend(requested: str, bias: AdditiveBias | None, device: torch.dev
         return "sdpa"
     if not bias.separable:
         return "path_integral"
-    on_triton_device = device is not None and (device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")
+    on_triton_device = device is not None and TRITON_AVAILABLE and (
+        device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")
     if requested == "auto":
-        return "tile" if on_triton_device and triton_available() else "lifted"
-    if requested == "tile" and device is not None and not (on_triton_device and triton_available()):
+        return "tile" if on_triton_device and dtype in HALF_DTYPES else "lifted"
+    if requested == "tile" and device is not None and not on_triton_device:
         raise ValueError("attn_backend='tile' runs a Triton kernel: it needs a CUDA device and the triton package "
-                         f"(this model is on {device.type}{'' if triton_available() else ', triton is not installed'}); "
+                         f"(this model is on {device.type}{'' if TRITON_AVAILABLE else ', triton is not installed'}); "
                          "use attn_backend='auto' or 'lifted' here")
     return requested
 

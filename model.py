@@ -143,8 +143,8 @@ class CausalSelfAttention(nn.Module):
         self.kv_shift = KVShift(H, C) if config.kv_shift else None
         self.requested_backend = config.attn_backend
 
-    def backend(self, device: torch.device) -> str:
-        return resolve_backend(self.requested_backend, self.bias, device)
+    def backend(self, device: torch.device, dtype: torch.dtype | None) -> str:
+        return resolve_backend(self.requested_backend, self.bias, device, dtype)
 
     def forward(self, x, positions, cache: LayerCache | None = None, k_positions=None):
         B, T, _ = x.shape
@@ -161,7 +161,7 @@ class CausalSelfAttention(nn.Module):
             qf, kf = self.bias.features(x, q, k, positions, state) if self.bias is not None else ({}, {})
             if not self.norm_after_rotation:
                 q, k = self.rotation(q, k, x, positions, state)
-        backend = self.backend(x.device)
+        backend = self.backend(x.device, v.dtype)  # v's dtype is the attention's (bf16 under autocast)
         if backend == "lifted":  # the lifted keys carry the bias: no key features to cache
             q, k = lift_qk(q, k, qf, kf, self.bias, self.scale)
             # v zero-padded to the lifted width (see lift_qk), before the cache: each value once,
@@ -231,8 +231,11 @@ class GPT(nn.Module):
 
     @property
     def attention_backend(self) -> str:
-        """The backend the attention layers run on the model's current device."""
-        return self.blocks[0].attn.backend(self.wte.weight.device)
+        """The backend the attention layers run on the model's current device, under bf16 autocast on
+        CUDA (as train.py runs) and in the weights' dtype elsewhere."""
+        device = self.wte.weight.device
+        dtype = torch.bfloat16 if device.type == "cuda" else self.wte.weight.dtype
+        return self.blocks[0].attn.backend(device, dtype)
 
     def nonfinite_cause(self) -> str:
         """A clause naming a known cause of a NaN loss in the weights, or "" if none is found."""
@@ -242,7 +245,7 @@ class GPT(nn.Module):
                 with torch.no_grad():
                     generator = rotation.basis_generator.float()
                     norm = (generator - generator.T).abs().sum(0).max().item()
-                if not norm <= SKEW_EXP_MAX_NORM:
+                if norm > SKEW_EXP_MAX_NORM:  # (a NaN generator is a symptom, not this cause)
                     return (f" (layer {i}'s learned basis generator A - Aᵀ has 1-norm {norm:.3g}, beyond the "
                             f"{SKEW_EXP_MAX_NORM:g} up to which exp(A - Aᵀ) is computed)")
         return ""

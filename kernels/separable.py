@@ -16,6 +16,7 @@ import torch
 def _separable_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qf: torch.Tensor, kf: torch.Tensor,
                   scale: float, flags: list[int], config: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     from kernels.separable_triton import triton_forward
+    q, k, v, qf, kf = (x.contiguous() for x in (q, k, v, qf, kf))  # no copies when they already are
     return triton_forward(q, k, v, qf, kf, scale, flags, config)
 
 
@@ -31,8 +32,8 @@ def _separable_backward_op(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Ten
                            flags: list[int], config: list[int]
                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     from kernels.separable_triton import triton_backward
-    grads = triton_backward(grad_out.contiguous(), q, k, v, qf, kf, out, lse, scale, flags, config)
-    return tuple(g.to(x.dtype) for g, x in zip(grads, (q, k, v, qf, kf)))
+    operands = (x.contiguous() for x in (grad_out, q, k, v, qf, kf, out, lse))
+    return triton_backward(*operands, scale, flags, config)
 
 
 @_separable_backward_op.register_fake
@@ -77,5 +78,5 @@ def separable_attention(q, k, v, q_features, k_features, scale: float, *, has_ra
     q, k, v = (x.to(dtype).contiguous() for x in (q, k, v))
     qf = q_features.float().expand(B, H, Tq, 3).contiguous()
     kf = k_features.float().expand(B, H, Tk, 3).contiguous()
-    config = [int(c) for c in (config or default_config(D))]
+    config = [int(c) for c in (config or default_config(D, dtype))]
     return _separable_op(q, k, v, qf, kf, float(scale), [int(has_rate), int(has_sum)], config)[0]

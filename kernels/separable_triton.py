@@ -21,8 +21,8 @@ Backward, with dS = P∘(dO·vᵀ - D) the gradient of the logits:
 Two kernels without atomics (deterministic): ``_bwd_query`` (query-major: dq, da, dc_query) and
 ``_bwd_key`` (key-major: dk, dv, db, dc_key). Queries are the last Tq of the Tk keys (training: Tq = Tk).
 
-Tiles wholly below the diagonal skip the causal mask (the MASKED constexpr); only diagonal tiles and a
-ragged last query tile pay for it. Accumulation is fp32; inputs bf16, fp16 or fp32. Under
+Tiles wholly below the diagonal skip the causal mask (the MASKED constexpr); only the diagonal tiles pay
+for it (and, in the key-major kernel, a ragged last query tile, whose rows past Tq must not count). Accumulation is fp32; inputs bf16, fp16 or fp32. Under
 TRITON_INTERPRET=1 the kernels run on the CPU in fp32/fp16 for the tests (the interpreter's bf16 dot is
 wrong, so bf16 is checked on a GPU by scripts/gpu_check.sh).
 """
@@ -255,8 +255,8 @@ def _common(q, v, flags) -> dict:
 
 
 def triton_forward(q, k, v, qf, kf, scale: float, flags, config):
-    """(out in v's dtype, lse fp32 (B, H, Tq)). q, k, v contiguous in one dtype; qf (B, H, Tq, 3) and
-    kf (B, H, Tk, 3) contiguous fp32."""
+    """(out in v's dtype, lse fp32 (B, H, Tq)). q, k, v in one dtype; qf (B, H, Tq, 3) and kf (B, H, Tk, 3)
+    fp32; all contiguous (the custom op makes sure: a compiler may hand it other strides)."""
     B, H, Tq, D = q.shape
     Tk, DV = k.shape[2], v.shape[3]
     block_m, block_n, warps, stages = config[:4]
@@ -269,14 +269,13 @@ def triton_forward(q, k, v, qf, kf, scale: float, flags, config):
 
 
 def triton_backward(grad_out, q, k, v, qf, kf, out, lse, scale: float, flags, config):
-    """(dq, dk, dv, dqf, dkf) in fp32."""
+    """(dq, dk, dv, dqf, dkf), each in its input's dtype (the kernels accumulate in fp32 and round once
+    when they store)."""
     B, H, Tq, D = q.shape
     Tk, DV = k.shape[2], v.shape[3]
     short, long, warps, stages = config[4:8]
     delta = (grad_out.float() * out.float()).sum(-1)  # D_i = dO_i·O_i
-    dq = torch.empty(q.shape, device=q.device, dtype=torch.float32)
-    dk, dv = (torch.empty(x.shape, device=q.device, dtype=torch.float32) for x in (k, v))
-    dqf, dkf = torch.empty_like(qf), torch.empty_like(kf)
+    dq, dk, dv, dqf, dkf = (torch.empty_like(x) for x in (q, k, v, qf, kf))
     common = dict(num_warps=warps, num_stages=stages, **_common(q, v, flags))
     _bwd_query[(triton.cdiv(Tq, long), B * H)](q, k, v, qf, kf, grad_out, lse, delta, dq, dqf, scale, Tq, Tk, D, DV,
                                                BLOCK_M=long, BLOCK_N=short, **common)
@@ -285,11 +284,16 @@ def triton_backward(grad_out, q, k, v, qf, kf, out, lse, scale: float, flags, co
     return dq, dk, dv, dqf, dkf
 
 
-def default_config(head_dim: int) -> tuple[int, ...]:
-    """Tile sizes (scripts/gpu_check.sh sweeps alternatives on the GPU). The interpreter uses tiny tiles
-    so the tests are fast."""
+def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16) -> tuple[int, ...]:
+    """Tile sizes (scripts/gpu_check.sh sweeps alternatives on the GPU). In bf16 at D = 64 and 128 none of
+    the three kernels spills registers on sm_90 with these (compiled ahead of time for sm_90 with Triton's
+    ptxas, registers and stack from cuobjdump: 242 / 244 / 255 registers at D = 128, no stack; with 4 warps
+    the backward kernels spilled 104 and 944 bytes per thread, the D = 64 forward 240). fp32 inputs
+    (attn_backend="tile" forced; "auto" lifts fp32) get smaller tiles that fit an A100's shared memory;
+    their dots run without tensor cores and spill whatever the tiles. The interpreter uses tiny tiles so
+    the tests are fast."""
     if INTERPRET:
         return (16, 16, 1, 1, 16, 32, 1, 1)
-    if head_dim <= 64:
-        return (128, 64, 4, 3, 32, 64, 4, 3)
-    return (128, 64, 8, 3, 32, 64, 4, 3)
+    if dtype == torch.float32:
+        return (64, 32, 4, 2, 16, 32, 4, 2)
+    return (128, 64, 8, 3, 32, 64, 8, 3)

@@ -204,9 +204,11 @@ def kernel_steps(T: int, args, device, dtype, with_dense: bool):
     positions = torch.arange(T, device=device)
     pos_feature = positions.float()[None, None]
 
+    leaves = [q, k, v, p, r]  # every tensor whose gradient a step fills, reset before each step
+
     def run(fn):
         def step():
-            for t in (q, k, v, p, r):
+            for t in leaves:
                 t.grad = None
             fn().backward(grad)
         return step
@@ -214,7 +216,7 @@ def kernel_steps(T: int, args, device, dtype, with_dense: bool):
     if "grape_ap" in args.encodings:
         steps["grape_ap"] = run(lambda: grape_ap_attention(q, k, v, p, r, slopes, scale))
     if "fox" in args.encodings:
-        steps.update(fox_kernel_steps(q, k, v, scale, run, device, args.flex))
+        steps.update(fox_kernel_steps(q, k, v, scale, run, device, args.flex, leaves))
     if "grape_ap" not in args.encodings:
         return steps
     if args.ablation:
@@ -226,7 +228,7 @@ def kernel_steps(T: int, args, device, dtype, with_dense: bool):
     return steps
 
 
-def fox_kernel_steps(q, k, v, scale, run, device, flex: bool) -> dict:
+def fox_kernel_steps(q, k, v, scale, run, device, flex: bool, leaves: list) -> dict:
     """FoX attention alone, c = running sums of log forget gates (about -0.05 per token on average, so
     |c| reaches hundreds to thousands), with gradients to q, k, v and c: the in-tile kernel, the bf16
     lift through SDPA, and (CUDA) FlexAttention with c captured by its score_mod."""
@@ -236,6 +238,7 @@ def fox_kernel_steps(q, k, v, scale, run, device, flex: bool) -> dict:
     g = torch.Generator(device="cpu").manual_seed(1)
     log_gates = F.logsigmoid(torch.randn(B, H, T, generator=g) + 3.0)
     c = torch.cumsum(log_gates, dim=-1).to(device).requires_grad_(True)
+    leaves.append(c)
     gate = ForgetGate(H, 8, 0.0).to(device)
     steps = {}
 
@@ -260,7 +263,7 @@ def fox_kernel_steps(q, k, v, scale, run, device, flex: bool) -> dict:
                 def score_mod(score, b, h, i, j):
                     return score + c[b, h, i] - c[b, h, j]
                 return compiled_flex(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
-            flex()  # compiles here, so a failure is reported as one row, not a crash
+            run(flex)()  # compiles forward and backward here, so a failure costs one row, not the run
             steps["fox flex"] = run(flex)
         except Exception as error:  # an older torch: no FlexAttention, or no gradients into captured tensors
             print(f"FlexAttention FoX not measured: {type(error).__name__}: {str(error)[:200]}", flush=True)
@@ -288,9 +291,9 @@ def checkpointed_grape_ap(q, k, v, p, r, slopes, scale, block=64):
 GRAPE_AP_TILES = [(64, 64, 4, 2), (64, 32, 4, 2), (64, 64, 4, 3), (128, 64, 8, 2), (128, 32, 4, 2), (32, 64, 4, 2),
                   (64, 128, 8, 2), (128, 128, 8, 2)]
 # (fwd BLOCK_M, BLOCK_N, warps, stages, bwd short tile, long tile, warps, stages)
-SEPARABLE_TILES = [(128, 64, 8, 3, 32, 64, 4, 3), (128, 128, 8, 3, 32, 64, 4, 3), (64, 64, 4, 3, 32, 64, 4, 3),
-                   (128, 64, 4, 3, 32, 64, 4, 3), (128, 64, 8, 2, 32, 64, 4, 2), (128, 64, 8, 3, 16, 64, 4, 3),
-                   (128, 64, 8, 3, 32, 128, 8, 3), (128, 64, 8, 3, 64, 64, 4, 3), (128, 64, 8, 3, 32, 64, 4, 4)]
+SEPARABLE_TILES = [(128, 64, 8, 3, 32, 64, 8, 3), (128, 64, 8, 3, 32, 64, 4, 3), (128, 128, 8, 3, 32, 64, 8, 3),
+                   (64, 64, 4, 3, 32, 64, 8, 3), (128, 64, 8, 2, 32, 64, 8, 2), (128, 64, 8, 4, 32, 64, 8, 4),
+                   (128, 64, 8, 3, 16, 64, 8, 3), (128, 64, 8, 3, 32, 128, 8, 3), (128, 64, 8, 3, 64, 64, 8, 3)]
 
 
 def sweep_tiles(T: int, args, device, dtype) -> list[tuple]:
@@ -318,6 +321,8 @@ def sweep_tiles(T: int, args, device, dtype) -> list[tuple]:
     for name, configs, default, attention in kernels:
         for config in configs:
             def step():
+                for t in (q, k, v, p, r, features):
+                    t.grad = None
                 attention(config).backward(grad)
             try:
                 step()

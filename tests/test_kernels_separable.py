@@ -235,14 +235,25 @@ def test_tile_features_give_the_paper_bias(pos):
         torch.testing.assert_close(form, bias.dense(qf, kf).expand_as(form), atol=1e-5, rtol=1e-5)
 
 
-def test_backend_choice_by_device():
+def test_backend_choice_by_device_and_dtype(monkeypatch):
+    import attention
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(attention, "TRITON_AVAILABLE", True)
     bias = build_bias("fox", n_head=2, head_dim=8, n_embd=8, grape_a_omega_init=1.0, fox_gate_bias_init=0.0,
                       p_head_dim=8)
-    assert resolve_backend("auto", bias, torch.device("cpu")) == "lifted"
-    assert resolve_backend("lifted", bias, torch.device("cpu")) == "lifted"
-    assert resolve_backend("auto", None, torch.device("cpu")) == "sdpa"
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")  # (only the device type is read)
+    assert resolve_backend("auto", bias, cpu, torch.bfloat16) == "lifted"
+    assert resolve_backend("auto", bias, cuda, torch.bfloat16) == "tile"
+    assert resolve_backend("auto", bias, cuda, torch.float16) == "tile"
+    assert resolve_backend("auto", bias, cuda, torch.float32) == "lifted"  # the kernel is built for half precision
+    assert resolve_backend("lifted", bias, cuda, torch.bfloat16) == "lifted"
+    assert resolve_backend("auto", None, cuda, torch.bfloat16) == "sdpa"
     with pytest.raises(ValueError, match="needs a CUDA device"):
-        resolve_backend("tile", bias, torch.device("cpu"))
+        resolve_backend("tile", bias, cpu, torch.float32)
+    monkeypatch.setattr(attention, "TRITON_AVAILABLE", False)
+    assert resolve_backend("auto", bias, cuda, torch.bfloat16) == "lifted"
+    with pytest.raises(ValueError, match="triton is not installed"):
+        resolve_backend("tile", bias, cuda, torch.bfloat16)
     with pytest.raises(ValueError, match="unknown attn_backend 'flash'.*auto, lifted, tile, dense"):
         GPTConfig(attn_backend="flash")
 
