@@ -32,7 +32,7 @@ class GPTConfig:
     block_size: int = 1024  # training context; the model itself runs at any length
     pos: str = "rope"  # an encoding of positional.ENCODINGS, or "rotation+additive"
     kv_shift: bool = False
-    attn_backend: str = "auto"  # separable biases: "auto" (tile on CUDA, lifted elsewhere), "lifted", "tile"; or "dense" (reference)
+    attn_backend: str = "auto"  # separable biases: "auto" (tile on CUDA in bf16/fp16, else lifted), "lifted", "tile"; or "dense"
     norm_eps: float = 1e-5
     qk_norm: str = "before"  # QK RMSNorm "before" the rotation (exact relative law) or "after" it (official code)
     # multiplicative encodings
