@@ -29,17 +29,27 @@ from dataclasses import dataclass
 
 SECTIONS = ("model", "train")
 
-# What each recipe sets (docs/recipe.md: the effect of each difference and the test that shows it).
+def official_spectrum_scale(model: dict) -> float:
+    """The authors' non-contextual GRAPE-M learns log_freq = 16·log θ; their contextual one learns log θ itself
+    (its 16 is the temperature of ω, ctx_temperature here)."""
+    return 1.0 if "grape_m_ctx" in str(model.get("pos", "")).replace(" ", "").split("+") else 16.0
+
+
+# What each recipe sets (docs/recipe.md: the effect of each difference and the test that shows it). A value may
+# be a function of the model section, for a setting whose official value depends on the encoding.
 RECIPES = {
     "official": {  # as the authors' code trains
-        "model": {"qk_norm": "after",         # rotate, then QK RMSNorm
-                  "spectrum_scale": 16.0,     # GRAPE-M learns log_freq = 16·log θ
-                  "p_norm_eps": 0.0},         # GRAPE-AP's p̂: F.rms_norm's default epsilon (the dtype's)
-        "train": {"decay_params": "all_but_norm_gains", "lr_schedule": "official"},
+        "model": {"qk_norm": "after",                     # rotate, then QK RMSNorm
+                  "spectrum_scale": official_spectrum_scale,
+                  "p_norm_eps": 0.0},                     # GRAPE-AP's p̂: F.rms_norm's default epsilon (the dtype's)
+        "train": {"decay_params": "all_but_norm_gains", "lr_schedule": "official",
+                  "grad_scale": "official",               # sum over a process's micro-batches, mean over processes
+                  "sampler": "random_offsets", "seed": 42},
     },
     "clean": {  # this project's alternative (and the defaults of GPTConfig and TrainConfig)
         "model": {"qk_norm": "before", "spectrum_scale": 1.0, "p_norm_eps": 1e-5},
-        "train": {"decay_params": "matrices", "lr_schedule": "clean"},
+        "train": {"decay_params": "matrices", "lr_schedule": "clean", "grad_scale": "mean", "sampler": "windows",
+                  "seed": 1337},
     },
 }
 
@@ -58,6 +68,14 @@ class TrainConfig:
     batch_size: int = 4              # sequences per micro-batch per process
     global_batch_size: int = 480     # sequences per optimizer step over all processes
     recipe: str = "clean"            # official | clean: presets for the keys below and some model keys (RECIPES)
+    sampler: str = "windows"         # windows: every aligned window once per epoch, in a seeded permutation |
+                                     # random_offsets: the authors' (a random shard and start per sequence, with
+                                     # replacement, drawn as their processes draw them; needs reference_layout)
+    grad_scale: str = "mean"         # mean: the gradient of the mean loss over the global batch | official: the
+                                     # authors' sum over each process's micro-batches (the mean x their micro-batches
+                                     # per process, from reference_layout), whatever this run's own split
+    reference_layout: str = ""       # the authors' launch as PROCESSESxMICRO_BATCHES (medium 8x3, large 8x4), for
+                                     # grad_scale = official and sampler = random_offsets; "" = not needed
     # optimizer and schedule (AdamW)
     decay_params: str = "matrices"   # weight decay on: matrices (Linear and Embedding weights) | all_but_norm_gains
     lr_schedule: str = "clean"       # clean: max_iters steps, warm-up lr·(s+1)/warmup_iters | official: iterations
@@ -116,10 +134,39 @@ class TrainConfig:
             (self.decay_params in ("matrices", "all_but_norm_gains"),
              f"decay_params must be matrices or all_but_norm_gains, not {self.decay_params!r}"),
             (self.lr_schedule in ("clean", "official"), f"lr_schedule must be clean or official, not {self.lr_schedule!r}"),
+            (self.sampler in ("windows", "random_offsets"),
+             f"sampler must be windows or random_offsets, not {self.sampler!r}"),
+            (self.grad_scale in ("mean", "official"), f"grad_scale must be mean or official, not {self.grad_scale!r}"),
         ]
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message + ".")
+        if self.grad_scale == "official" or self.sampler == "random_offsets" or self.reference_layout:
+            self.reference_processes_and_micro_steps()  # a ConfigError that says what to set
+
+    def reference_processes_and_micro_steps(self) -> tuple[int, int]:
+        """(P, M) of reference_layout = "PxM": the authors' processes and micro-batches per process; each of
+        their micro-batches holds global_batch_size / (P·M) sequences."""
+        needs = ("grad_scale = official" if self.grad_scale == "official" else
+                 "sampler = random_offsets" if self.sampler == "random_offsets" else "it")
+        text = self.reference_layout.lower().replace(" ", "")
+        parts = text.split("x")
+        if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+            raise ConfigError(f"train.reference_layout = {self.reference_layout!r}: {needs} needs the authors' launch "
+                              "as PROCESSESxMICRO_BATCHES, e.g. --reference_layout=8x3 (the medium configs; 8x4 for "
+                              "large), or --recipe=clean.")
+        processes, micro_steps = int(parts[0]), int(parts[1])
+        if self.global_batch_size % (processes * micro_steps):
+            raise ConfigError(f"train.reference_layout = {self.reference_layout!r} does not divide global_batch_size "
+                              f"{self.global_batch_size} into {processes} x {micro_steps} equal micro-batches; fix one "
+                              "of the two.")
+        return processes, micro_steps
+
+    @property
+    def loss_scale(self) -> int:
+        """What each micro-batch's mean loss is multiplied by, beyond the 1/accumulation of the mean: the authors'
+        micro-batches per process under grad_scale = official (their gradient is that many times the mean's)."""
+        return self.reference_processes_and_micro_steps()[1] if self.grad_scale == "official" else 1
 
     @property
     def num_steps(self) -> int:
@@ -296,7 +343,8 @@ def resolve(config_path: str, overrides: list[str], model_config_cls) -> tuple[o
     if recipe not in RECIPES:
         raise ConfigError(f"train.recipe = {recipe!r} is not valid; it must be {' or '.join(RECIPES)}.")
     for s in SECTIONS:
-        merged[s] = {**RECIPES[recipe][s], **merged[s]}  # keys set in a file or on the command line win
+        preset = {k: v(merged["model"]) if callable(v) else v for k, v in RECIPES[recipe][s].items()}
+        merged[s] = {**preset, **merged[s]}  # keys set in a file or on the command line win
 
     for section, kinds, other, other_kinds in (("train", train_kinds, "model", model_kinds),
                                                ("model", model_kinds, "train", train_kinds)):

@@ -161,8 +161,10 @@ class Rotation(nn.Module):
             return
         if head_dim % 2:
             raise ValueError(f"pos={kind!r} rotates coordinate pairs, so head_dim must be even (got {head_dim})")
-        # θ_i = exp(-(2i/d) ln base): the same expression for every kind, so grape_m == rope exactly.
-        log_theta = -(torch.arange(head_dim // 2) * 2 / head_dim) * math.log(base)
+        # log θ_i = -(2i/d) ln base in fp64: a fixed spectrum (rope, or grape_m with learning frozen) stays fp64
+        # and θ is rounded to fp32 once, at use (the most accurate fp32 θ; fp64 models keep it exact). A learned
+        # spectrum is a parameter of the default dtype holding the rounded log θ.
+        log_theta = -(torch.arange(head_dim // 2, dtype=torch.float64) * 2 / head_dim) * math.log(base)
         if kind == "rope":
             self.register_buffer("log_theta", log_theta, persistent=False)
         else:
@@ -170,9 +172,9 @@ class Rotation(nn.Module):
                 log_theta = log_theta.expand(n_head, -1).clone()
             if learn_spectrum and spectrum_scale != 1:
                 self.spectrum_scale = spectrum_scale
-                self.scaled_log_theta = nn.Parameter(log_theta * spectrum_scale)
+                self.scaled_log_theta = nn.Parameter((log_theta * spectrum_scale).to(torch.get_default_dtype()))
             elif learn_spectrum:
-                self.log_theta = nn.Parameter(log_theta)
+                self.log_theta = nn.Parameter(log_theta.to(torch.get_default_dtype()))
             else:
                 self.register_buffer("log_theta", log_theta)
         if kind == "grape_m_basis":
@@ -195,8 +197,15 @@ class Rotation(nn.Module):
     def basis(self) -> torch.Tensor:
         return skew_exp(fp32(self.basis_generator - self.basis_generator.T))
 
-    def angles(self, x: torch.Tensor, positions: torch.Tensor, state: dict) -> torch.Tensor:
+    def frequencies(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """θ = exp(log θ) in the spectrum's own precision, then in fp32 (or fp64 for an fp64 model)."""
         theta = self.spectrum().exp()
+        return theta if dtype == torch.float64 else theta.float()
+
+    def angles(self, x: torch.Tensor, positions: torch.Tensor, state: dict,
+               dtype: torch.dtype | None = None) -> torch.Tensor:
+        """Position (or phase) times θ, fp32; fp64 when `dtype` (by default x's) is."""
+        theta = self.frequencies(dtype or (x.dtype if x is not None else torch.float32))
         if theta.dim() == 2:  # per head: (H, d/2) -> (1, H, 1, d/2)
             theta = theta[None, :, None, :]
         if self.kind == "grape_m_ctx":
@@ -214,7 +223,7 @@ class Rotation(nn.Module):
         if self.kind == "grape_m_basis":
             basis = self.basis().to(q.dtype)
             q, k = q @ basis, k @ basis  # row vectors: (Bᵀ q)ᵀ = qᵀ B
-        angles = self.angles(x, positions, state)
+        angles = self.angles(x, positions, state, q.dtype)
         return rotate_planes(q, angles), rotate_planes(k, angles)
 
 

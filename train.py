@@ -45,7 +45,7 @@ from data.shards import DataError
 # global batch is split.)
 TRAJECTORY_KEYS = ("data_dir", "seed", "global_batch_size", "max_iters", "lr", "min_lr",
                    "warmup_iters", "weight_decay", "beta1", "beta2", "grad_clip", "dtype",
-                   "decay_params", "lr_schedule")
+                   "decay_params", "lr_schedule", "grad_scale", "sampler", "reference_layout")
 # Trajectory keys that no resume may change, with the reason.
 FIXED_FOR_A_RUN = {
     "global_batch_size": "the training windows are numbered by step x global batch, so another size would repeat "
@@ -53,7 +53,8 @@ FIXED_FOR_A_RUN = {
     "decay_params": "the optimizer's parameter groups, and the Adam moments saved with them, are built from it",
 }
 # The values of keys that checkpoints written before the key existed were trained with.
-TRAJECTORY_KEYS_BEFORE_RECIPES = {"decay_params": "matrices", "lr_schedule": "clean"}
+TRAJECTORY_KEYS_BEFORE_RECIPES = {"decay_params": "matrices", "lr_schedule": "clean", "grad_scale": "mean",
+                                  "sampler": "windows", "reference_layout": ""}
 CHECKPOINT_KEYS = ("model", "model_config", "tokenizer", "train_config", "step", "optimizer", "rng")
 # bf16 dense peak FLOP/s per GPU, for MFU: the first key found in torch.cuda.get_device_name wins, so the
 # slower H100 variants come before the SXM one ("NVIDIA H100 80GB HBM3").
@@ -218,22 +219,32 @@ def check_resume_compatible(ckpt: dict, model_cfg: dict, train_cfg: TrainConfig,
         diff = sorted(k for k in model_cfg if model_cfg[k] != saved_model[k])
         older = any(k not in ckpt["model_config"] for k in diff)
         raise TrainError(f"cannot resume {path}: the model config differs from the checkpoint's in "
-                         f"{', '.join(diff)}; resume with the same config (see config.json in the run directory)"
+                         f"{', '.join(diff)} ({differences(diff, model_cfg, saved_model, 'model.')}); resume with "
+                         f"{flags(diff, saved_model)} (the run's own config.json holds them all)"
                          + ("; a checkpoint from before the recipe option was trained with --recipe=clean."
                             if older else "."))
-    saved = ckpt["train_config"]
-    changes = []
-    for key in TRAJECTORY_KEYS:
-        saved_value = saved.get(key, TRAJECTORY_KEYS_BEFORE_RECIPES.get(key))
-        if saved_value is not None and saved_value != getattr(train_cfg, key):
-            if key in allowed:
-                changes.append({"key": key, "from": saved_value, "to": getattr(train_cfg, key)})
-                continue
-            raise TrainError(f"cannot resume {path}: train.{key} is {getattr(train_cfg, key)!r} here but "
-                             f"{saved_value!r} in the checkpoint; the loss sequence depends on it, so resume "
-                             f"with --{key}={saved_value}, or add --allow_changes={key} to change it on purpose "
-                             f"(recorded in the run), or start a new run in another --out_dir.")
-    return changes
+    saved = {key: ckpt["train_config"].get(key, TRAJECTORY_KEYS_BEFORE_RECIPES.get(key)) for key in TRAJECTORY_KEYS}
+    current = {key: getattr(train_cfg, key) for key in TRAJECTORY_KEYS}
+    for values in (saved, current):
+        if values["grad_scale"] != "official" and values["sampler"] != "random_offsets":
+            values["reference_layout"] = ""  # unused, so not part of the trajectory
+    changed = [key for key in TRAJECTORY_KEYS if saved[key] is not None and saved[key] != current[key]]
+    refused = [key for key in changed if key not in allowed]
+    if refused:
+        them = "it" if len(refused) == 1 else "them"
+        raise TrainError(f"cannot resume {path}: {differences(refused, current, saved, 'train.')}; the loss sequence "
+                         f"depends on {them}, so resume with {flags(refused, saved)} (the values it was trained with), "
+                         f"or add --allow_changes={','.join(refused)} to change {them} on purpose (recorded in the "
+                         "run), or start a new run in another --out_dir.")
+    return [{"key": key, "from": saved[key], "to": current[key]} for key in changed]
+
+
+def differences(keys, here: dict, saved: dict, prefix: str) -> str:
+    return "; ".join(f"{prefix}{key} is {here[key]!r} here but {saved[key]!r} in the checkpoint" for key in keys)
+
+
+def flags(keys, values: dict) -> str:
+    return " ".join(f"--{key}={values[key]}" for key in keys)
 
 
 def trim_metrics(path: str, step: int) -> None:
@@ -309,7 +320,7 @@ def evaluate(model, data_dir: str, cfg: TrainConfig, block_size: int, ddp: Distr
 def run(argv: list[str]) -> dict:
     """Train as the arguments say; returns a summary (per-step losses of this invocation, final step, ...)."""
     from model import GPT, GPTConfig
-    from data.loader import TrainBatches, data_description, verify_shards
+    from data.loader import RandomOffsetBatches, TrainBatches, data_description, verify_shards
 
     config_path, resume, overrides, allowed_changes = parse_args(argv)
     model_cfg, cfg = resolve(config_path, overrides, GPTConfig)
@@ -335,6 +346,9 @@ def run(argv: list[str]) -> dict:
         raise ConfigError(f"global_batch_size {cfg.global_batch_size} is not a multiple of batch_size "
                           f"{cfg.batch_size} x {ddp.world_size} processes; change --batch_size or --global_batch_size.")
     grad_accum = cfg.global_batch_size // per_step
+    # The mean loss over the global batch, times the authors' micro-batches per process under grad_scale =
+    # official: the gradient that is clipped and given to AdamW is then theirs, however this run splits the batch.
+    loss_scale = cfg.loss_scale
     if ddp.device.type == "cpu" and grad_accum >= 16 and not resume:
         say(f"note: each step accumulates {grad_accum} micro-batches ({cfg.global_batch_size} sequences, "
             f"{'the GPU default' if cfg.global_batch_size == TrainConfig.global_batch_size else 'as configured'}) "
@@ -369,7 +383,12 @@ def run(argv: list[str]) -> dict:
                           f"{model_cfg.vocab_size}; set --vocab_size={n_vocab} or more.")
     # Every shard once: its sha256 against the manifest and every token id below vocab_size, before any step.
     verify_shards(data_dir, vocab_size=model_cfg.vocab_size)
-    train_batches = TrainBatches(data_dir, batch_size=cfg.batch_size, block_size=T, seed=cfg.seed)
+    if cfg.sampler == "random_offsets":
+        train_batches = RandomOffsetBatches(data_dir, batch_size=cfg.batch_size, block_size=T, seed=cfg.seed,
+                                            global_batch_size=cfg.global_batch_size,
+                                            layout=cfg.reference_processes_and_micro_steps())
+    else:
+        train_batches = TrainBatches(data_dir, batch_size=cfg.batch_size, block_size=T, seed=cfg.seed)
 
     # model and optimizer (same seed on every process, so every replica starts equal)
     torch.manual_seed(cfg.seed)
@@ -436,6 +455,8 @@ def run(argv: list[str]) -> dict:
     say(f"model: {raw_model.num_params() / 1e6:.2f}M parameters, pos={model_cfg.pos}, kv_shift={model_cfg.kv_shift} | "
         f"{ddp.world_size} process(es) on {ddp.device.type}, {'bf16 autocast' if use_bf16 else 'fp32'}, "
         f"batch {cfg.global_batch_size} x {T} tokens = {cfg.batch_size} x {grad_accum} accum x {ddp.world_size} | "
+        f"{cfg.sampler} sampler, seed {cfg.seed}" + (f", gradient {loss_scale} x the mean (grad_scale official)"
+                                                     if loss_scale != 1 else "") + " | "
         f"data {data_dir} ({tokenizer_name}) | run dir {cfg.out_dir}")
 
     saved_step = step if resume else None  # the iteration of the checkpoint on disk, if any
@@ -529,7 +550,7 @@ def run(argv: list[str]) -> dict:
                 with sync:
                     with autocast():
                         _, loss = train_model(x, targets=y)
-                    (loss / grad_accum).backward()
+                    (loss * loss_scale / grad_accum).backward()
                 loss_sum += loss.detach().float()
                 if vote_each_micro_batch and micro < grad_accum - 1 and stop_votes() > 0:
                     stop_mid_step = True

@@ -6,6 +6,10 @@ perm_e(n mod W) of epoch e = n div W, where W is the number of windows and perm_
 permutation keyed by (seed, e). So batch(index) is a pure function of (seed, index): no state, no
 iteration order, nothing to save for resume but the step; and every window is used once per epoch.
 
+The authors' sampler (RandomOffsetBatches, the "official" recipe) draws each sequence at a random start of a
+random shard instead, with replacement, seeded per (process, micro-batch) of their launch layout; it is as
+stateless, so resuming it also needs only the step.
+
 Validation windows: the same cut of the validation shards, in order, so the set is fixed for every run.
 """
 import glob
@@ -122,13 +126,18 @@ def _windows(shards, block_size):
 
 
 def _gather(shards, offsets, windows, block_size):
-    # Fill x and y straight from the memory maps with numpy: no intermediate (B, T+1) array and no torch
-    # strided copy (which is slow on a busy CPU).
-    x = np.empty((len(windows), block_size), dtype=np.int64)
-    y = np.empty((len(windows), block_size), dtype=np.int64)
+    """(x, y) of the numbered windows (offsets: the windows' prefix sums per shard, from _windows)."""
     shard_of = np.searchsorted(offsets, windows, side="right") - 1
-    for row, (w, s) in enumerate(zip(windows.tolist(), shard_of.tolist())):
-        start = (w - int(offsets[s])) * block_size
+    return _gather_starts(shards, shard_of, (windows - offsets[shard_of]) * block_size, block_size)
+
+
+def _gather_starts(shards, shard_of, starts, block_size):
+    """(x, y): row r holds tokens starts[r] ... + block_size of shard shard_of[r], and y the same shifted by one.
+    Filled straight from the memory maps with numpy: no intermediate (B, T+1) array and no torch strided copy
+    (which is slow on a busy CPU)."""
+    x = np.empty((len(starts), block_size), dtype=np.int64)
+    y = np.empty((len(starts), block_size), dtype=np.int64)
+    for row, (s, start) in enumerate(zip(np.asarray(shard_of).tolist(), np.asarray(starts).tolist())):
         x[row] = shards[s][start:start + block_size]
         y[row] = shards[s][start + 1:start + block_size + 1]
     return torch.from_numpy(x), torch.from_numpy(y)
@@ -229,3 +238,65 @@ def load_split_tokens(data_dir, split="val"):
     verify_shards(data_dir, (split,))
     shards = [open_shard(p) for p in split_files(data_dir, split)]
     return shards[0] if len(shards) == 1 else np.concatenate(shards)
+
+
+# ----------------------------------------------------------------------------- the authors' sampler
+
+def fold_in_seed(base, *values):
+    """The authors' per-batch seed: SplitMix64 applied to the running sum of base and each value in turn, modulo
+    2**64, kept below 2**63 (what torch.Generator.manual_seed takes)."""
+    mask = (1 << 64) - 1
+    x = base & mask
+    for value in values:
+        x = (x + (value & mask) + 0x9E3779B97F4A7C15) & mask
+        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
+        x ^= x >> 31
+    return x & ((1 << 63) - 1)
+
+
+class RandomOffsetBatches:
+    """The authors' training sampler (train.sampler = "random_offsets"): every sequence is block_size + 1 tokens
+    from a uniformly chosen train shard at a uniformly random start, drawn with replacement.
+
+    They run P processes x M micro-batches of R = global_batch_size / (P·M) sequences per step (the
+    reference_layout), and process p draws micro-batch m of step s with a torch.Generator seeded
+    fold_in_seed(seed, p, s·M + m): first the shard (randint over the shards), then the R starts (randint
+    below the shard's tokens - block_size). Their offset of 512 uint16 into the file skips exactly the 1024-byte
+    shard header, so no token is skipped. Sequence o (0 <= o < global_batch_size) of a step is row o mod R of
+    their micro-batch (m, p) with o div R = m·P + p, and batch(index) reads sequences index·batch_size ... of
+    the run, as TrainBatches does: any split into processes and micro-batches reads exactly the sequences theirs
+    read, and a resume needs only the step."""
+
+    def __init__(self, data_dir, batch_size, block_size, seed, global_batch_size, layout):
+        self.batch_size, self.block_size, self.seed = batch_size, block_size, seed
+        self.global_batch_size = global_batch_size
+        self.processes, self.micro_steps = layout
+        self.rows = global_batch_size // (self.processes * self.micro_steps)
+        verify_shards(data_dir, ("train",))
+        self.paths = split_files(data_dir, "train")
+        self.shards = [open_shard(p) for p in self.paths]
+        short = [(p, len(s)) for p, s in zip(self.paths, self.shards) if len(s) <= block_size]
+        if short:
+            raise DataError(f"train shard {short[0][0]} holds {short[0][1]} tokens, not more than "
+                            f"block_size {block_size}: the random-offset sampler draws a start in every shard, so "
+                            "use a smaller block_size, remove the shard, or --sampler=windows")
+
+    def batch(self, index):
+        """(x, y): int64 (batch_size, block_size) inputs and next-token targets of batch number `index`."""
+        if index < 0:
+            raise DataError(f"batch index must be >= 0 (got {index})")
+        samples = index * self.batch_size + np.arange(self.batch_size, dtype=np.int64)
+        step, within = np.divmod(samples, self.global_batch_size)
+        micro_batch, row = np.divmod(within, self.rows)  # micro_batch = m·P + p
+        shard_of = np.empty(self.batch_size, dtype=np.int64)
+        starts = np.empty(self.batch_size, dtype=np.int64)
+        for s, mp in sorted(set(zip(step.tolist(), micro_batch.tolist()))):
+            m, p = divmod(mp, self.processes)
+            generator = torch.Generator().manual_seed(fold_in_seed(self.seed, p, s * self.micro_steps + m))
+            shard = int(torch.randint(len(self.shards), (1,), generator=generator))
+            drawn = torch.randint(len(self.shards[shard]) - self.block_size, (self.rows,), generator=generator)
+            chosen = (step == s) & (micro_batch == mp)
+            shard_of[chosen] = shard
+            starts[chosen] = drawn.numpy()[row[chosen]]
+        return _gather_starts(self.shards, shard_of, starts, self.block_size)

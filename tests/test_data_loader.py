@@ -1,11 +1,13 @@
 """data/loader.py: deterministic train batches, fixed validation windows, shard checks."""
 import json
+import os
 
 import numpy as np
 import pytest
 import torch
 
-from data.loader import TrainBatches, load_split_tokens, permute, read_manifest, validation_batches
+from data.loader import (RandomOffsetBatches, TrainBatches, fold_in_seed, load_split_tokens, permute, read_manifest,
+                         validation_batches)
 from data.shards import DataError, write_shard
 
 T = 8
@@ -141,3 +143,42 @@ def test_manifest_decides_the_splits(tmp_path):
     assert read_manifest(str(tmp_path))["tokenizer"] == "byte"
     assert int(TrainBatches(str(tmp_path), batch_size=1, block_size=T).batch(0)[0][0, 0]) >= 100
     assert np.array_equal(load_split_tokens(str(tmp_path), "val"), np.arange(50))
+
+
+def test_random_offset_sequences_do_not_depend_on_the_split_and_come_from_one_shard(data_dir):
+    """The authors' sampler: a step's 12 sequences (their layout 2 processes x 3 micro-batches of 2) are the same
+    read 1, 3 or 4 at a time; each is consecutive tokens of one shard; a resumed reader gives the same."""
+    os.remove(os.path.join(data_dir, "tiny_train_000003.bin"))  # 8 tokens: too short for a start
+    def step_sequences(batch_size, steps=2):
+        sampler = RandomOffsetBatches(data_dir, batch_size=batch_size, block_size=T, seed=42, global_batch_size=12,
+                                      layout=(2, 3))
+        xs, ys = zip(*(sampler.batch(i) for i in range(steps * 12 // batch_size)))
+        return torch.cat(xs), torch.cat(ys)
+    x, y = step_sequences(1)
+    for batch_size in (3, 4):
+        other_x, other_y = step_sequences(batch_size)
+        assert torch.equal(other_x, x) and torch.equal(other_y, y)
+    assert torch.equal(x[:, 1:], y[:, :-1])
+    shard_of = x[:, 0] >= 101  # token values are global positions: shard 1 holds 0..100, shard 2 101..157
+    ends = torch.where(shard_of, torch.tensor(158), torch.tensor(101))
+    assert (y[:, -1] < ends).all() and (y - x == 1).all()  # inside one shard, never across
+    assert len(set(x[:, 0].tolist())) > 12  # 24 draws with replacement, not all equal
+    # sequence o of step 0 is row o mod 2 of their micro-batch m of process p, o div 2 = m·2 + p, drawn with
+    # the seed fold_in_seed(42, p, m)
+    generator = torch.Generator().manual_seed(fold_in_seed(42, 1, 2))  # process 1, micro-batch 2 of step 0
+    shard = int(torch.randint(2, (1,), generator=generator))
+    starts = torch.randint((101, 57)[shard] - T, (2,), generator=generator) + (0, 101)[shard]
+    assert x[10:12, 0].tolist() == starts.tolist()  # o = 10, 11: o div 2 = 5 = 2·2 + 1
+
+
+def test_random_offsets_need_every_shard_longer_than_the_context(data_dir):
+    with pytest.raises(DataError, match="tiny_train_000003.bin holds 8 tokens, not more than block_size 8.*--sampler=windows"):
+        RandomOffsetBatches(data_dir, batch_size=2, block_size=T, seed=42, global_batch_size=12, layout=(2, 3))
+
+
+def test_fold_in_seed_is_splitmix64_of_the_running_sum():
+    """SplitMix64's published outputs for state 0 (0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4, 0x06C45D188009454F),
+    below 2**63: fold_in_seed(0, v) mixes state v, and the state advances by the golden gamma."""
+    gamma = 0x9E3779B97F4A7C15
+    outputs = [0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4, 0x06C45D188009454F]
+    assert [fold_in_seed(0, k * gamma % 2**64) for k in range(3)] == [o & (2**63 - 1) for o in outputs]

@@ -115,6 +115,25 @@ def test_frozen_grape_m_equals_rope_exactly():
     assert torch.equal(rope(idx)[0], grape(idx)[0])
 
 
+@pytest.mark.parametrize("base", [10000.0, 500000.0])
+def test_rope_frequencies_are_the_formula_in_fp64_rounded_once(base):
+    """θ_i = base^(-2i/d) (Python's float pow: fp64) rounded to fp32 once, bit for bit; fp64 models keep the
+    fp64 value, also through the rotation at a far position."""
+    for d in (16, 32, 64, 128):
+        rotation = GPT(tiny("rope", head_dim=d, rope_base=base)).blocks[0].attn.rotation
+        exact = torch.tensor([base ** (-2 * i / d) for i in range(d // 2)], dtype=torch.float64)
+        assert torch.equal(rotation.frequencies(), exact.float())
+        # exp of an fp64 log θ: a few fp64 ulps (|log θ| < 14 here), where fp32 rounding is 6e-8
+        torch.testing.assert_close(rotation.frequencies(torch.float64), exact, atol=0, rtol=4e-15)
+    q = torch.randn(1, 1, 1, d, dtype=torch.float64)
+    rotated, _ = rotation(q, q, None, torch.tensor([4095]), {})
+    angle = 4095 * exact
+    x1, x2 = q[..., :d // 2], q[..., d // 2:]
+    expected = torch.cat((x1 * angle.cos() - x2 * angle.sin(), x1 * angle.sin() + x2 * angle.cos()), dim=-1)
+    # angle 4095·θ to about 4095·4e-15 rad (an fp32-rounded θ would be off by up to 2.4e-4 rad here)
+    torch.testing.assert_close(rotated, expected, atol=1e-10, rtol=0)
+
+
 def test_grape_m_basis_identity_equals_grape_m_and_general_basis_matches_definition():
     torch.manual_seed(0)
     plain = GPT(tiny("grape_m"))

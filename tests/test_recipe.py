@@ -16,7 +16,14 @@ from model import GPT, GPTConfig
 from test_model import make, perturb_positional_parameters, tokens
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-OFFICIAL_MODEL = RECIPES["official"]["model"]
+
+
+def official_model(pos="grape_m") -> dict:
+    """The model keys the official recipe sets for this encoding."""
+    return {k: v({"pos": pos}) if callable(v) else v for k, v in RECIPES["official"]["model"].items()}
+
+
+OFFICIAL_MODEL = official_model()
 
 
 def tiny_config(**kw):
@@ -52,6 +59,29 @@ def test_paper_configs_use_the_official_recipe_and_clean_or_a_key_overrides_it()
         ("before", 16.0, "clean", "all_but_norm_gains")
     for large in ("rope", "grape_ap+kv_shift"):
         assert resolve(os.path.join(REPO, "configs", "large", f"{large}.toml"), [], GPTConfig)[1].recipe == "official"
+
+
+def test_official_gradient_scale_sampler_seed_and_spectrum_follow_the_authors_configs():
+    """Their medium runs are 8 GPUs x 3 micro-batches of 20, the large ones 8 x 4 of 15 (gradient 3x / 4x the
+    mean); their contextual GRAPE-M learns log θ itself, the non-contextual one 16·log θ."""
+    for size, pos, layout, scale, spectrum in (("medium", "grape_m", (8, 3), 3, 16.0), ("medium", "grape_m_ctx", (8, 3), 3, 1.0),
+                                                ("large", "grape_m_ctx", (8, 4), 4, 1.0), ("large", "rope", (8, 4), 4, 16.0)):
+        model_cfg, cfg = resolve(os.path.join(REPO, "configs", size, f"{pos}.toml"), [], GPTConfig)
+        assert cfg.reference_processes_and_micro_steps() == layout and cfg.global_batch_size == 480
+        assert (cfg.loss_scale, cfg.sampler, cfg.seed, model_cfg.spectrum_scale) == (scale, "random_offsets", 42, spectrum)
+        _, on_one_gpu = resolve(os.path.join(REPO, "configs", size, f"{pos}.toml"), ["--batch_size=1"], GPTConfig)
+        assert on_one_gpu.loss_scale == scale  # the run's own split does not change it
+        clean_model, clean = resolve(os.path.join(REPO, "configs", size, f"{pos}.toml"), ["--recipe=clean"], GPTConfig)
+        assert (clean.loss_scale, clean.sampler, clean.seed, clean_model.spectrum_scale) == (1, "windows", 1337, 1.0)
+    model_cfg, _ = resolve(os.path.join(REPO, "configs", "medium", "grape_m_ctx.toml"), ["--pos=grape_m_ctx+alibi"],
+                           GPTConfig)
+    assert model_cfg.spectrum_scale == 1.0
+    path = os.path.join(REPO, "configs", "medium", "rope.toml")
+    with pytest.raises(ConfigError, match="grad_scale = official needs the authors' launch as PROCESSESxMICRO_BATCHES"):
+        resolve(path, ["--reference_layout="], GPTConfig)
+    with pytest.raises(ConfigError, match="'8x7' does not divide global_batch_size 480"):
+        resolve(path, ["--reference_layout=8x7"], GPTConfig)
+    assert resolve(path, ["--reference_layout=", "--grad_scale=mean", "--sampler=windows"], GPTConfig)[1].loss_scale == 1
     with pytest.raises(ConfigError, match="recipe = 'paper' is not valid; it must be official or clean"):
         resolve(path, ["--recipe=paper"], GPTConfig)
 
@@ -88,6 +118,7 @@ block_size = 16
 pos = "grape_m"
 [train]
 recipe = "official"
+reference_layout = "1x1"
 data_dir = "{tmp_path / 'data'}"
 batch_size = 2
 global_batch_size = 2
@@ -114,7 +145,8 @@ device = "cpu"
 # ----------------------------------------------------------------------------- weight decay and the spectrum
 
 def test_official_decay_set_is_every_parameter_but_the_norm_gains():
-    model = GPT(tiny_config(pos="grape_m_ctx+grape_a_qk", kv_shift=True, spectrum_per_head=True, **OFFICIAL_MODEL))
+    pos = "grape_m_ctx+grape_a_qk"
+    model = GPT(tiny_config(pos=pos, kv_shift=True, spectrum_per_head=True, **official_model(pos)))
     decay, no_decay = train.param_groups(model, 0.01, "all_but_norm_gains")
     by_id = {id(p): name for name, p in model.named_parameters()}
     no_decay_names = {by_id[id(p)] for p in no_decay["params"]}
@@ -122,7 +154,7 @@ def test_official_decay_set_is_every_parameter_but_the_norm_gains():
                               "blocks.0.attn.q_norm.weight", "blocks.0.attn.k_norm.weight"}
     decay_names = {by_id[id(p)] for p in decay["params"]}
     assert decay_names == set(by_id.values()) - no_decay_names
-    assert {"blocks.0.attn.rotation.scaled_log_theta", "blocks.0.attn.rotation.phase_increment.bias",
+    assert {"blocks.0.attn.rotation.log_theta", "blocks.0.attn.rotation.phase_increment.bias",
             "blocks.0.attn.bias.rate", "blocks.0.attn.bias.query_gate", "blocks.0.attn.bias.key_gate"} <= decay_names
     fox = GPT(tiny_config(pos="fox"))
     fox_decayed = {id(p) for p in train.param_groups(fox, 0.01, "all_but_norm_gains")[0]["params"]}
@@ -223,7 +255,7 @@ def test_qk_norm_after_is_rotate_then_normalise(order):
 
 @pytest.mark.parametrize("pos", ["rope+grape_ap", "grape_m_ctx+fox", "grape_m_basis+grape_a_qk"])
 def test_official_model_options_keep_the_cache_and_fast_path_exact(pos):
-    model = make(pos, kv_shift=True, **OFFICIAL_MODEL)
+    model = make(pos, kv_shift=True, **official_model(pos))
     perturb_norm_gains(model)
     idx = tokens(T=11)
     with torch.no_grad():
@@ -231,7 +263,7 @@ def test_official_model_options_keep_the_cache_and_fast_path_exact(pos):
         cache = model.new_cache(2, 11)
         steps = torch.cat([model(idx[:, :6], cache=cache)[0]] + [model(idx[:, t:t + 1], cache=cache)[0]
                                                                  for t in range(6, 11)], dim=1)
-        dense = make(pos, kv_shift=True, backend="dense", **OFFICIAL_MODEL)
+        dense = make(pos, kv_shift=True, backend="dense", **official_model(pos))
         dense.load_state_dict(model.state_dict())
     torch.testing.assert_close(steps, full, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(dense(idx)[0], full, atol=1e-4, rtol=1e-4)
@@ -297,8 +329,12 @@ def test_resuming_a_checkpoint_from_before_the_recipes_names_the_recipe_it_used(
     model_cfg, cfg = resolve(os.path.join(REPO, "configs", "medium", "grape_m.toml"), [], GPTConfig)
     new = dataclasses.asdict(model_cfg)
     old = {k: v for k, v in new.items() if k not in ("qk_norm", "spectrum_scale", "p_norm_eps")}
-    old_train = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("recipe", "decay_params", "lr_schedule")}
-    with pytest.raises(train.TrainError, match=r"differs from the checkpoint's in p_norm_eps, qk_norm, spectrum_scale;"
+    old_train = {k: v for k, v in dataclasses.asdict(cfg).items()
+                 if k not in ("recipe", "decay_params", "lr_schedule", "grad_scale", "sampler", "reference_layout")}
+    old_train["seed"] = 1337  # the default then
+    with pytest.raises(train.TrainError, match=r"differs from the checkpoint's in p_norm_eps, qk_norm, spectrum_scale "
+                                               r"\(model.p_norm_eps is 0.0 here but 1e-05 in the checkpoint; .*\); "
+                                               r"resume with --p_norm_eps=1e-05 --qk_norm=before --spectrum_scale=1.0 "
                                                r".*trained with --recipe=clean\."):
         train.check_resume_compatible({"model_config": old, "train_config": old_train}, new, cfg, "ckpt.pt")
     clean_model, clean = resolve(os.path.join(REPO, "configs", "medium", "grape_m.toml"), ["--recipe=clean"], GPTConfig)

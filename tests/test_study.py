@@ -243,7 +243,7 @@ def test_a_run_under_the_official_schedule_counts_as_finished(workspace, tmp_pat
     # The official recipe trains iterations 0..max_iters (one step more than clean): its summary ends at
     # max_iters + 1, and the study must take that as done (the paper studies all use the official recipe).
     shutil.copy(workspace / "base.toml", tmp_path / "base.toml")
-    path = study_file(tmp_path, encodings=["rope"], seeds=[1], evals="", extra='[overrides]\nrecipe = "official"\n')
+    path = study_file(tmp_path, encodings=["rope"], seeds=[1], evals="", extra='[overrides]\nrecipe = "official"\nreference_layout = "1x1"\n')
     monkeypatch.chdir(tmp_path)
     report = study.main([path])
     summary = records("out/rope/seed1", "summary")[-1]
