@@ -8,175 +8,48 @@
                                                                   # continue with deliberately changed settings
 
 Each optimizer step sees global_batch_size sequences: batch_size per micro-batch per process, times the
-gradient-accumulation steps, times the number of processes. Micro-batch `micro` of step `step` on rank
-`rank` reads training window batch (step * grad_accum + micro) * world_size + rank, so the windows of a
-step do not depend on how the global batch is split; that is why 1 process with 2 accumulation steps
-equals 2 processes with 1, why a resumed run needs only the step, and why a resume may change the
-number of processes.
+gradient-accumulation steps, times the number of processes. The batches are numbered so that any split reads
+the same sequences, a resumed run needs only the step, and a resume may change the number of processes
+(training/step.py).
 
 RUN_DIR (train.out_dir, default runs/<config path below configs/>) gets config.json (the resolved
-config), metrics.jsonl (one JSON object per log line: train, val, summary) and ckpt.pt.
+config), metrics.jsonl (one JSON object per log line: train, val, change, summary) and ckpt.pt.
+This file reads top to bottom: the set-up, then run() (set-up, the loop, the ending); the pieces it uses
+are in training/ (docs/train.md has the map).
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import json
-import math
 import os
-import resource
-import signal
-import subprocess
 import sys
-import threading
-import time
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
 
-import checkpoints
 from config import ConfigError, TrainConfig, resolve
 from data.shards import DataError
-
-# Settings that shape the loss sequence: a resumed run must use the checkpoint's values unless --allow_changes
-# names them. (batch_size and the number of processes may change: a step reads the same windows however the
-# global batch is split.)
-TRAJECTORY_KEYS = ("data_dir", "seed", "global_batch_size", "max_iters", "lr", "min_lr",
-                   "warmup_iters", "weight_decay", "beta1", "beta2", "grad_clip", "dtype",
-                   "decay_params", "lr_schedule", "grad_scale", "sampler", "reference_layout")
-# Trajectory keys that no resume may change, with the reason.
-FIXED_FOR_A_RUN = {
-    "global_batch_size": "the training windows are numbered by step x global batch, so another size would repeat "
-                         "or skip data",
-    "decay_params": "the optimizer's parameter groups, and the Adam moments saved with them, are built from it",
-}
-# The values of keys that checkpoints written before the key existed were trained with.
-TRAJECTORY_KEYS_BEFORE_RECIPES = {"decay_params": "matrices", "lr_schedule": "clean", "grad_scale": "mean",
-                                  "sampler": "windows", "reference_layout": ""}
-CHECKPOINT_KEYS = ("model", "model_config", "tokenizer", "train_config", "step", "optimizer", "rng")
-# bf16 dense peak FLOP/s per GPU, for MFU: the first key found in torch.cuda.get_device_name wins, so the
-# slower H100 variants come before the SXM one ("NVIDIA H100 80GB HBM3").
-GPU_PEAK_FLOPS = {"H100 PCIe": 756e12, "H100 NVL": 835e12, "H100": 989e12, "H200": 989e12, "A100": 312e12}
+from training.checkpointing import (FIXED_FOR_A_RUN, TRAJECTORY_KEYS, Checkpointer, check_resume_compatible,
+                                    load_checkpoint, restore)
+from training.distributed import Distributed, is_collective_failure
+from training.errors import TrainError
+from training.metrics import (Metrics, Throughput, atomic_write_text, code_version, gpu_peak_flops, peak_memory,
+                              start_wandb, trim_metrics)
+from training.optimizer import lr_at, make_optimizer, set_lr
+from training.step import StepResult, check_finite, evaluate, train_step, votes_each_micro_batch
+from training.stopping import StopSignals
 
 
-class TrainError(Exception):
-    """A problem the user must act on (bad checkpoint, diverged run, ...); the message says what to do."""
+@dataclasses.dataclass
+class Arguments:
+    config_path: str
+    resume: bool
+    overrides: list[str]        # --key=value
+    allowed_changes: list[str]  # the keys --allow_changes=k1,k2 names
 
 
-# ----------------------------------------------------------------------------- small pieces
-
-def lr_at(step: int, cfg: TrainConfig) -> float:
-    """Linear warm-up to cfg.lr over warmup_iters steps, then cosine decay to min_lr at step max_iters.
-    The official warm-up (nanoGPT's) is lr·step/warmup_iters, so its first step has lr 0; the clean one
-    lr·(step+1)/warmup_iters reaches lr at the last warm-up step."""
-    if step < cfg.warmup_iters:
-        return cfg.lr * (step + (cfg.lr_schedule != "official")) / cfg.warmup_iters
-    progress = min(1.0, (step - cfg.warmup_iters) / max(1, cfg.max_iters - cfg.warmup_iters))
-    return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.lr - cfg.min_lr)
-
-
-def param_groups(model: torch.nn.Module, weight_decay: float, decay_params: str = "matrices") -> list[dict]:
-    """AdamW groups. "matrices": weight decay on the weight matrices of Linear and Embedding layers only;
-    norm gains and the encodings' own parameters get none, whatever their shape: decay would pull a per-head
-    spectrum log θ (H, d/2) towards θ = 1 rad, the learned basis towards B = I, GRAPE-A's rates and (H, d)
-    gate vectors towards 0. "all_but_norm_gains": every parameter except the RMSNorm gains, as the official
-    code does (so it also decays the spectrum, GRAPE-A's rates and gates, FoX's and the phase's biases)."""
-    from model import RMSNorm
-    if decay_params == "all_but_norm_gains":
-        gains = {id(m.weight) for m in model.modules() if isinstance(m, RMSNorm)}
-        decayed = {id(p) for p in model.parameters() if id(p) not in gains}
-    else:
-        decayed = {id(m.weight) for m in model.modules() if isinstance(m, (torch.nn.Linear, torch.nn.Embedding))}
-    params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if id(p) in decayed]
-    no_decay = [p for p in params if id(p) not in decayed]
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-def gpu_peak_flops(device: torch.device) -> float | None:
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    return next((peak for key, peak in GPU_PEAK_FLOPS.items() if key in name), None)
-
-
-def code_version() -> str:
-    """git commit of this file's repository (+ "-dirty" with uncommitted changes), or "unknown"."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    try:
-        commit = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True, text=True,
-                                timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return (commit + ("-dirty" if dirty else "")) if commit else "unknown"
-
-
-def atomic_write_text(path: str, text: str) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def load_checkpoint(path: str) -> dict:
-    """The checkpoint at path, its checksum verified; every kind of damage is one TrainError sentence."""
-    if not os.path.isfile(path):
-        raise TrainError(f"no checkpoint at {path}; run without --resume to start this run, "
-                         "or point --out_dir at the run directory to continue.")
-    try:
-        return checkpoints.load(path, required=CHECKPOINT_KEYS,
-                                restore="restore it from a backup, or delete the run directory and start again")
-    except checkpoints.CheckpointError as error:
-        raise TrainError(f"{error}.") from None
-
-
-class Distributed:
-    """Rank, world size and device; a process group only when launched by torchrun (RANK is set)."""
-
-    def __init__(self, device_pref: str, timeout_s: int = 600):
-        self.enabled = "RANK" in os.environ and "WORLD_SIZE" in os.environ
-        self.rank = int(os.environ.get("RANK", 0))
-        self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
-        self.world_size = int(os.environ.get("WORLD_SIZE", 1))
-        use_cuda = torch.cuda.is_available() if device_pref == "auto" else device_pref == "cuda"
-        if use_cuda and not torch.cuda.is_available():
-            raise ConfigError("device=cuda but no CUDA GPU is visible; use --device=cpu or auto.")
-        if use_cuda:
-            self.device = torch.device("cuda", self.local_rank)
-            torch.cuda.set_device(self.device)
-        else:
-            self.device = torch.device("cpu")
-        if self.enabled and not dist.is_initialized():
-            # With a timeout a dead or frozen process ends the job (the others' next collective fails) instead
-            # of blocking it forever.
-            dist.init_process_group(backend="nccl" if use_cuda else "gloo", device_id=self.device if use_cuda else None,
-                                    timeout=timedelta(seconds=timeout_s))
-        self.is_main = self.rank == 0
-
-    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        if self.enabled:
-            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-        return tensor
-
-    def barrier(self) -> None:
-        if self.enabled:
-            dist.barrier()
-
-    def close(self) -> None:
-        if self.enabled and dist.is_initialized():
-            dist.destroy_process_group()
-
-
-# ----------------------------------------------------------------------------- the run
-
-def parse_args(argv: list[str]) -> tuple[str, bool, list[str], list[str]]:
-    """(config path, --resume, --key=value overrides, keys named by --allow_changes=k1,k2)."""
+def parse_args(argv: list[str]) -> Arguments:
     config_path, resume, overrides, allowed = None, False, [], []
     for arg in argv:
         if arg == "--resume":
@@ -203,434 +76,248 @@ def parse_args(argv: list[str]) -> tuple[str, bool, list[str], list[str]]:
                           "python train.py configs/quickstart.toml")
     if allowed and not resume:
         raise ConfigError("--allow_changes only applies to --resume (a new run takes any settings).")
-    return config_path, resume, overrides, allowed
+    return Arguments(config_path, resume, overrides, allowed)
 
 
-def check_resume_compatible(ckpt: dict, model_cfg: dict, train_cfg: TrainConfig, path: str,
-                            allowed: tuple[str, ...] | list[str] = ()) -> list[dict]:
-    """Refuse a resume whose model or trajectory settings differ from the checkpoint's, except the keys in
-    `allowed`; return those deliberate changes as [{"key", "from", "to"}]."""
-    from model import GPTConfig
-    try:  # a key the checkpoint predates gets the default it was trained with
-        saved_model = dataclasses.asdict(GPTConfig.from_dict(ckpt["model_config"]))
-    except (ValueError, TypeError) as e:
-        raise TrainError(f"cannot resume {path}: its model config is not valid here ({e}).") from None
-    if saved_model != model_cfg:
-        diff = sorted(k for k in model_cfg if model_cfg[k] != saved_model[k])
-        older = any(k not in ckpt["model_config"] for k in diff)
-        raise TrainError(f"cannot resume {path}: the model config differs from the checkpoint's in "
-                         f"{', '.join(diff)} ({differences(diff, model_cfg, saved_model, 'model.')}); resume with "
-                         f"{flags(diff, saved_model)} (the run's own config.json holds them all)"
-                         + ("; a checkpoint from before the recipe option was trained with --recipe=clean."
-                            if older else "."))
-    saved = {key: ckpt["train_config"].get(key, TRAJECTORY_KEYS_BEFORE_RECIPES.get(key)) for key in TRAJECTORY_KEYS}
-    current = {key: getattr(train_cfg, key) for key in TRAJECTORY_KEYS}
-    for values in (saved, current):
-        if values["grad_scale"] != "official" and values["sampler"] != "random_offsets":
-            values["reference_layout"] = ""  # unused, so not part of the trajectory
-    changed = [key for key in TRAJECTORY_KEYS if saved[key] is not None and saved[key] != current[key]]
-    refused = [key for key in changed if key not in allowed]
-    if refused:
-        them = "it" if len(refused) == 1 else "them"
-        raise TrainError(f"cannot resume {path}: {differences(refused, current, saved, 'train.')}; the loss sequence "
-                         f"depends on {them}, so resume with {flags(refused, saved)} (the values it was trained with), "
-                         f"or add --allow_changes={','.join(refused)} to change {them} on purpose (recorded in the "
-                         "run), or start a new run in another --out_dir.")
-    return [{"key": key, "from": saved[key], "to": current[key]} for key in changed]
+# ----------------------------------------------------------------------------- set-up, in the order run() calls it
+
+def open_checkpoint(args: Arguments, cfg: TrainConfig, model_cfg: dict) -> tuple[dict | None, list[dict]]:
+    """The checkpoint a resume continues (None for a new run), checked against the settings, and the
+    deliberate changes that --allow_changes lets through."""
+    path = os.path.join(cfg.out_dir, "ckpt.pt")
+    if not args.resume:
+        if os.path.exists(path):
+            raise ConfigError(f"{cfg.out_dir} already holds a checkpoint; add --resume to continue it, "
+                              "or choose another --out_dir.")
+        return None, []
+    ckpt = load_checkpoint(path)  # fail fast on a missing or damaged checkpoint
+    return ckpt, check_resume_compatible(ckpt, model_cfg, cfg, path, args.allowed_changes)
 
 
-def differences(keys, here: dict, saved: dict, prefix: str) -> str:
-    return "; ".join(f"{prefix}{key} is {here[key]!r} here but {saved[key]!r} in the checkpoint" for key in keys)
-
-
-def flags(keys, values: dict) -> str:
-    return " ".join(f"--{key}={values[key]}" for key in keys)
-
-
-def trim_metrics(path: str, step: int) -> None:
-    """On resume, drop log lines written after the checkpoint (they will be written again)."""
-    if not os.path.isfile(path):
-        return
-    kept = []
-    with open(path) as f:
-        for line in f:
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut by a kill
-            if record.get("type") == "change" and record.get("iter", 0) >= step:
-                continue  # a resume at this step writes its own deliberate changes again
-            if record.get("iter", 0) <= step and record.get("type") != "summary":
-                kept.append(json.dumps(record) + "\n")
-    atomic_write_text(path, "".join(kept))
-
-
-class Metrics:
-    """Console + metrics.jsonl + (optionally) wandb, on the main process only."""
-
-    def __init__(self, path: str | None, wandb_run=None):
-        self.path, self.wandb_run = path, wandb_run
-
-    def write(self, record: dict, console: str) -> None:
-        if self.path is None:
-            return
-        print(console, flush=True)
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
-        if self.wandb_run is not None:
-            step = record.get("iter")
-            values = {f"{record['type']}/{k}": v for k, v in record.items()
-                      if k not in ("type", "iter") and isinstance(v, (int, float)) and v is not None}
-            self.wandb_run.log(values, step=step)
-
-
-def start_wandb(cfg: TrainConfig, run_name: str, resolved: dict, run_id: str | None):
-    try:
-        import wandb
-    except Exception as e:  # ImportError, or a broken install raising something else
-        raise ConfigError(f"wandb=true but wandb cannot be imported ({e}); pip install wandb, "
-                          "or run with --wandb=false.") from None
-    return wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name or run_name, config=resolved,
-                      mode=cfg.wandb_mode, dir=cfg.out_dir, id=run_id, resume="allow" if run_id else None)
-
-
-@torch.no_grad()
-def evaluate(model, data_dir: str, cfg: TrainConfig, block_size: int, ddp: Distributed, autocast) -> float:
-    """Mean loss over the first eval_windows fixed validation windows, the batches shared out over the processes.
-    Each batch's mean loss is weighted by its number of windows (the last batch may be smaller)."""
-    from data.loader import validation_batches
-    model.eval()
-    total = torch.zeros(2, dtype=torch.float64, device=ddp.device)
-    for i, (x, y) in enumerate(validation_batches(data_dir, batch_size=cfg.batch_size, block_size=block_size,
-                                                  max_windows=cfg.eval_windows)):
-        if i % ddp.world_size != ddp.rank:
-            continue
-        with autocast():
-            _, loss = model(x.to(ddp.device), targets=y.to(ddp.device))
-        total[0] += loss.double() * len(x)
-        total[1] += len(x)
-    model.train()
-    ddp.all_reduce_sum(total)
-    if total[1].item() == 0:
-        raise TrainError(f"{data_dir} has no validation windows of length {block_size}; prepare a larger "
-                         "validation split or lower block_size.")
-    return (total[0] / total[1]).item()
-
-
-def run(argv: list[str]) -> dict:
-    """Train as the arguments say; returns a summary (per-step losses of this invocation, final step, ...)."""
-    from model import GPT, GPTConfig
-    from data.loader import RandomOffsetBatches, TrainBatches, data_description, verify_shards
-
-    config_path, resume, overrides, allowed_changes = parse_args(argv)
-    model_cfg, cfg = resolve(config_path, overrides, GPTConfig)
-    model_cfg_dict = dataclasses.asdict(model_cfg)
-    T = model_cfg.block_size
-
-    ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
-    metrics_path = os.path.join(cfg.out_dir, "metrics.jsonl")
-    if not resume and os.path.exists(ckpt_path):
-        raise ConfigError(f"{cfg.out_dir} already holds a checkpoint; add --resume to continue it, "
-                          "or choose another --out_dir.")
-    ckpt = load_checkpoint(ckpt_path) if resume else None  # fail fast on a missing or damaged checkpoint
-    changes, change_history = [], []
-    if ckpt is not None:
-        changes = check_resume_compatible(ckpt, model_cfg_dict, cfg, ckpt_path, allowed_changes)
-        change_history = ckpt.get("changes", []) + [{"iter": ckpt["step"], **c} for c in changes]
-
-    ddp = Distributed(cfg.device, cfg.dist_timeout_s)
-    is_main = ddp.is_main
-    say = print if is_main else (lambda *a, **k: None)
+def accumulation_steps(cfg: TrainConfig, ddp: Distributed, resumed: bool) -> int:
     per_step = cfg.batch_size * ddp.world_size
     if cfg.global_batch_size % per_step:
         raise ConfigError(f"global_batch_size {cfg.global_batch_size} is not a multiple of batch_size "
                           f"{cfg.batch_size} x {ddp.world_size} processes; change --batch_size or --global_batch_size.")
     grad_accum = cfg.global_batch_size // per_step
-    # The mean loss over the global batch, times the authors' micro-batches per process under grad_scale =
-    # official: the gradient that is clipped and given to AdamW is then theirs, however this run splits the batch.
-    loss_scale = cfg.loss_scale
-    if ddp.device.type == "cpu" and grad_accum >= 16 and not resume:
-        say(f"note: each step accumulates {grad_accum} micro-batches ({cfg.global_batch_size} sequences, "
-            f"{'the GPU default' if cfg.global_batch_size == TrainConfig.global_batch_size else 'as configured'}) "
-            "on the CPU, so a step takes long; set global_batch_size in the config for a CPU-sized run.")
+    if ddp.device.type == "cpu" and grad_accum >= 16 and not resumed:
+        ddp.say(f"note: each step accumulates {grad_accum} micro-batches ({cfg.global_batch_size} sequences, "
+                f"{'the GPU default' if cfg.global_batch_size == TrainConfig.global_batch_size else 'as configured'}) "
+                "on the CPU, so a step takes long; set global_batch_size in the config for a CPU-sized run.")
+    return grad_accum
 
-    use_bf16 = cfg.dtype == "bf16" or (cfg.dtype == "auto" and ddp.device.type == "cuda")
-    autocast = (lambda: torch.autocast(ddp.device.type, dtype=torch.bfloat16)) if use_bf16 else contextlib.nullcontext
-    if ddp.device.type == "cuda":
+
+def precision(cfg: TrainConfig, device: torch.device):
+    """(whether the forward pass runs under bf16 autocast, a factory of its context manager)."""
+    use_bf16 = cfg.dtype == "bf16" or (cfg.dtype == "auto" and device.type == "cuda")
+    if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     else:
         torch.set_flush_denormal(True)  # decaying attention makes denormals, which are slow on CPUs
+    return use_bf16, (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if use_bf16 else contextlib.nullcontext
 
-    # data
-    if cfg.data_dir == "default":
+
+def training_data(cfg: TrainConfig, vocab_size: int, block_size: int, ddp: Distributed):
+    """(data directory, its tokenizer's name, the batch source), every shard checked."""
+    from data.loader import RandomOffsetBatches, TrainBatches, data_description, verify_shards
+    if cfg.data_dir == "default":  # the main process prepares it once; the others wait and use the same directory
         from data.prepare import ensure_default_corpus
-        data_dir = ensure_default_corpus() if is_main else None
-        if ddp.enabled:  # the main process prepares it once; the others wait and use the same directory
-            holder = [data_dir]
-            dist.broadcast_object_list(holder, src=0)
-            data_dir = holder[0]
+        data_dir = ddp.from_main(ensure_default_corpus() if ddp.is_main else None)
     else:
         data_dir = cfg.data_dir
     manifest = data_description(data_dir)  # a DataError that says how to prepare the directory
     tokenizer_name = manifest["tokenizer"]
     if manifest["shards"] is None:
-        say(f"note: {data_dir} has no manifest.json, so its shards are taken as llm.c GPT-2 tokens (the checkpoint "
-            "records tokenizer gpt2); their token ids are checked against vocab_size.")
+        ddp.say(f"note: {data_dir} has no manifest.json, so its shards are taken as llm.c GPT-2 tokens (the "
+                "checkpoint records tokenizer gpt2); their token ids are checked against vocab_size.")
     n_vocab = manifest.get("n_vocab") or manifest.get("vocab_size")
-    if n_vocab is not None and n_vocab > model_cfg.vocab_size:
+    if n_vocab is not None and n_vocab > vocab_size:
         raise ConfigError(f"the data's tokenizer {tokenizer_name!r} has {n_vocab} tokens but model.vocab_size is "
-                          f"{model_cfg.vocab_size}; set --vocab_size={n_vocab} or more.")
+                          f"{vocab_size}; set --vocab_size={n_vocab} or more.")
     # Every shard once: its sha256 against the manifest and every token id below vocab_size, before any step.
-    verify_shards(data_dir, vocab_size=model_cfg.vocab_size)
+    verify_shards(data_dir, vocab_size=vocab_size)
     if cfg.sampler == "random_offsets":
-        train_batches = RandomOffsetBatches(data_dir, batch_size=cfg.batch_size, block_size=T, seed=cfg.seed,
-                                            global_batch_size=cfg.global_batch_size,
-                                            layout=cfg.reference_processes_and_micro_steps())
+        batches = RandomOffsetBatches(data_dir, batch_size=cfg.batch_size, block_size=block_size, seed=cfg.seed,
+                                      global_batch_size=cfg.global_batch_size,
+                                      layout=cfg.reference_processes_and_micro_steps())
     else:
-        train_batches = TrainBatches(data_dir, batch_size=cfg.batch_size, block_size=T, seed=cfg.seed)
+        batches = TrainBatches(data_dir, batch_size=cfg.batch_size, block_size=block_size, seed=cfg.seed)
+    return data_dir, tokenizer_name, batches
 
-    # model and optimizer (same seed on every process, so every replica starts equal)
-    torch.manual_seed(cfg.seed)
-    raw_model = GPT(model_cfg).to(ddp.device)
-    optimizer = torch.optim.AdamW(param_groups(raw_model, cfg.weight_decay, cfg.decay_params), lr=cfg.lr,
-                                  betas=(cfg.beta1, cfg.beta2), fused=ddp.device.type == "cuda")
-    step, wandb_id = 0, None
-    if ckpt is not None:
-        raw_model.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        for group, decay in zip(optimizer.param_groups, (cfg.weight_decay, 0.0)):
-            # load_state_dict restores the checkpoint's values; a change allowed on resume must take effect
-            group["weight_decay"], group["betas"] = decay, (cfg.beta1, cfg.beta2)
-        step = ckpt["step"]
-        torch.set_rng_state(ckpt["rng"]["torch"])
-        if ddp.device.type == "cuda" and ckpt["rng"].get("cuda") is not None:
-            torch.cuda.set_rng_state(ckpt["rng"]["cuda"], ddp.device)
-        wandb_id = ckpt.get("wandb_id")
-        saved_world = ckpt.get("world_size", ddp.world_size)
-        say(f"resuming {ckpt_path} at iteration {step} (saved by code {ckpt.get('code_version', 'unknown')})")
-        if saved_world != ddp.world_size:
-            say(f"note: saved with {saved_world} processes, resumed with {ddp.world_size}: each step reads the same "
+
+def resume_from(ckpt: dict, model, optimizer, cfg: TrainConfig, ddp: Distributed, grad_accum: int) -> int:
+    step = restore(ckpt, model, optimizer, cfg, ddp.device)
+    ddp.say(f"resuming {os.path.join(cfg.out_dir, 'ckpt.pt')} at iteration {step} (saved by code "
+            f"{ckpt.get('code_version', 'unknown')})")
+    saved_world = ckpt.get("world_size", ddp.world_size)
+    if saved_world != ddp.world_size:
+        ddp.say(f"note: saved with {saved_world} processes, resumed with {ddp.world_size}: each step reads the same "
                 f"training windows; gradient accumulation is now {grad_accum}.")
-        del ckpt
+    return step
 
-    version = code_version()
-    resolved = {"config_file": os.path.abspath(config_path), "overrides": overrides, "model": model_cfg_dict,
-                "train": dataclasses.asdict(cfg), "data_dir_resolved": os.path.abspath(data_dir),
-                "tokenizer": tokenizer_name, "world_size": ddp.world_size, "grad_accum": grad_accum,
-                "code_version": version, "resume_changes": change_history}
-    wandb_run = None
-    if is_main:
-        try:
-            os.makedirs(cfg.out_dir, exist_ok=True)
-            atomic_write_text(os.path.join(cfg.out_dir, "config.json"), json.dumps(resolved, indent=2) + "\n")
-            if resume:
-                trim_metrics(metrics_path, step)
-            elif os.path.exists(metrics_path):
-                # Left by an earlier run that never wrote a checkpoint (stopped or diverged early): this run's
-                # lines must not be appended to it. Keep it aside rather than delete it.
-                os.replace(metrics_path, metrics_path + ".prev")
-                say(f"note: moved the earlier {metrics_path} (a run without a checkpoint) to {metrics_path}.prev")
-            for change in changes:
-                say(f"note: --allow_changes: {change['key']} changes from {change['from']!r} to {change['to']!r} "
-                    f"at iteration {step} (recorded in config.json, metrics.jsonl and the checkpoint)")
-                with open(metrics_path, "a") as f:
-                    f.write(json.dumps({"type": "change", "iter": step, **change}) + "\n")
-        except OSError as error:
-            raise ConfigError(f"cannot write to the run directory {cfg.out_dir} ({error.strerror or error}); "
-                              "make it writable or choose another --out_dir.") from None
-        if cfg.wandb:
-            wandb_run = start_wandb(cfg, os.path.basename(os.path.normpath(cfg.out_dir)), resolved, wandb_id)
-            wandb_id = wandb_run.id
-    metrics = Metrics(metrics_path if is_main else None, wandb_run)
 
-    model = torch.compile(raw_model) if cfg.compile else raw_model
-    train_model = DistributedDataParallel(model, device_ids=[ddp.local_rank] if ddp.device.type == "cuda" else None) \
-        if ddp.enabled else model
-    params = [p for p in raw_model.parameters() if p.requires_grad]
-    flops_per_token = raw_model.flops_per_token(T)
-    peak = gpu_peak_flops(ddp.device)
-    tokens_per_step = cfg.global_batch_size * T
-    end_iter = min(cfg.num_steps, cfg.stop_iter) if cfg.stop_iter else cfg.num_steps
-    say(f"model: {raw_model.num_params() / 1e6:.2f}M parameters, pos={model_cfg.pos}, kv_shift={model_cfg.kv_shift} | "
-        f"{ddp.world_size} process(es) on {ddp.device.type}, {'bf16 autocast' if use_bf16 else 'fp32'}, "
-        f"batch {cfg.global_batch_size} x {T} tokens = {cfg.batch_size} x {grad_accum} accum x {ddp.world_size} | "
-        f"{cfg.sampler} sampler, seed {cfg.seed}" + (f", gradient {loss_scale} x the mean (grad_scale official)"
-                                                     if loss_scale != 1 else "") + " | "
-        f"data {data_dir} ({tokenizer_name}) | run dir {cfg.out_dir}")
+def resolved_config(args: Arguments, model_cfg, cfg: TrainConfig, ckpt: dict | None, changes: list[dict],
+                    ddp: Distributed, grad_accum: int, data_dir: str, tokenizer_name: str) -> dict:
+    """What RUN_DIR/config.json records: the resolved configs, data, layout, code version, and every deliberate
+    change made on a resume (from the checkpoint's history and this resume's)."""
+    history = [] if ckpt is None else ckpt.get("changes", []) + [{"iter": ckpt["step"], **c} for c in changes]
+    return {"config_file": os.path.abspath(args.config_path), "overrides": args.overrides,
+            "model": dataclasses.asdict(model_cfg), "train": dataclasses.asdict(cfg),
+            "data_dir_resolved": os.path.abspath(data_dir), "tokenizer": tokenizer_name,
+            "world_size": ddp.world_size, "grad_accum": grad_accum, "code_version": code_version(),
+            "resume_changes": history}
 
-    saved_step = step if resume else None  # the iteration of the checkpoint on disk, if any
-    writing_checkpoint = threading.Event()
-    interrupt_after_write = threading.Event()
 
-    def checkpoint() -> None:
-        nonlocal saved_step
-        if is_main:
-            rng = {"torch": torch.get_rng_state(),
-                   "cuda": torch.cuda.get_rng_state(ddp.device) if ddp.device.type == "cuda" else None}
-            writing_checkpoint.set()  # a second Ctrl-C now waits for the write instead of discarding it
-            try:
-                write_checkpoint({
-                "model": raw_model.state_dict(), "model_config": model_cfg_dict, "tokenizer": tokenizer_name,
-                "train_config": dataclasses.asdict(cfg), "step": step, "optimizer": optimizer.state_dict(),
-                "rng": rng, "world_size": ddp.world_size, "grad_accum": grad_accum,
-                "windows_seen": step * cfg.global_batch_size, "tokens_seen": step * tokens_per_step,
-                "code_version": version, "wandb_id": wandb_id, "changes": change_history})
-            finally:
-                writing_checkpoint.clear()
-            if interrupt_after_write.is_set():
-                raise KeyboardInterrupt
-        saved_step = step
-        ddp.barrier()
-
-    def write_checkpoint(state: dict) -> None:
-        try:
-            checkpoints.save(ckpt_path, state)
-        except checkpoints.CheckpointError as error:
-            raise TrainError(str(error)) from None
-
-    def validate() -> float:
-        val_loss = evaluate(model, data_dir, cfg, T, ddp, autocast)
-        metrics.write({"type": "val", "iter": step, "tokens": step * tokens_per_step, "val_loss": val_loss},
-                      f"iter {step:>6} | val loss {val_loss:.4f}")
-        return val_loss
-
-    # SIGTERM (preemption) or a first Ctrl-C: finish the current step, save, exit cleanly. A second
-    # Ctrl-C stops at once (the last checkpoint on disk stays intact: checkpoints are atomic).
-    term_requested = threading.Event()
-    previous_handlers = {}
-
-    def request_stop(signum, frame):
-        if signum == signal.SIGINT and term_requested.is_set():
-            if writing_checkpoint.is_set():
-                say("Ctrl-C: stopping as soon as the checkpoint being written is complete.")
-                interrupt_after_write.set()
-                return
-            raise KeyboardInterrupt
-        say(("Ctrl-C" if signum == signal.SIGINT else "SIGTERM") + ": stopping with a checkpoint after the current "
-            "micro-batch" + (" (Ctrl-C again to stop at once)." if signum == signal.SIGINT else "."))
-        term_requested.set()
-
-    if threading.current_thread() is threading.main_thread():
-        previous_handlers = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
-
-    # A stop request is also honoured between the micro-batches of a step, so that a long accumulation (e.g. the
-    # GPU-sized global batch on a CPU) does not delay it by minutes. With several processes that costs one tiny
-    # all-reduce per micro-batch, paid only where steps are long anyway.
-    vote_each_micro_batch = grad_accum > 1 and (not ddp.enabled or grad_accum >= 8)
-
-    def stop_votes() -> float:
-        if not ddp.enabled:  # one process: no tensor, so no GPU sync per micro-batch
-            return float(term_requested.is_set())
-        return ddp.all_reduce_sum(torch.tensor(float(term_requested.is_set()), device=ddp.device)).item()
-
-    def stop_with_checkpoint() -> None:
-        checkpoint()
-        say(f"stop requested (SIGTERM or Ctrl-C): saved {ckpt_path} at iteration {step}; continue with --resume.")
-
-    losses: list[float] = []
-    val_losses: list[tuple[int, float]] = []
-    stopped = "done"
+def open_run_directory(cfg: TrainConfig, resolved: dict, step: int, resumed: bool, changes: list[dict],
+                       ddp: Distributed, wandb_id: str | None) -> Metrics:
+    """config.json written, metrics.jsonl made ready (trimmed to the checkpoint on resume), the deliberate
+    changes recorded and wandb started, on the main process; elsewhere a Metrics that writes nothing."""
+    if not ddp.is_main:
+        return Metrics(None)
+    metrics_path = os.path.join(cfg.out_dir, "metrics.jsonl")
     try:
-        if step == 0 and cfg.eval_interval:
-            val_losses.append((step, validate()))
-        train_model.train()
-        last_time, last_step = time.perf_counter(), step
-        while step < end_iter:
-            lr = lr_at(step, cfg)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            loss_sum = torch.zeros((), device=ddp.device)
-            stop_mid_step = False
-            for micro in range(grad_accum):
-                x, y = train_batches.batch((step * grad_accum + micro) * ddp.world_size + ddp.rank)
-                x, y = x.to(ddp.device, non_blocking=True), y.to(ddp.device, non_blocking=True)
-                # Gradients are all-reduced only on the last micro-batch.
-                sync = contextlib.nullcontext() if not ddp.enabled or micro == grad_accum - 1 else train_model.no_sync()
-                with sync:
-                    with autocast():
-                        _, loss = train_model(x, targets=y)
-                    (loss * loss_scale / grad_accum).backward()
-                loss_sum += loss.detach().float()
-                if vote_each_micro_batch and micro < grad_accum - 1 and stop_votes() > 0:
-                    stop_mid_step = True
+        os.makedirs(cfg.out_dir, exist_ok=True)
+        atomic_write_text(os.path.join(cfg.out_dir, "config.json"), json.dumps(resolved, indent=2) + "\n")
+        if resumed:
+            trim_metrics(metrics_path, step)
+        elif os.path.exists(metrics_path):
+            # Left by an earlier run that never wrote a checkpoint (stopped or diverged early): this run's
+            # lines must not be appended to it. Keep it aside rather than delete it.
+            os.replace(metrics_path, metrics_path + ".prev")
+            ddp.say(f"note: moved the earlier {metrics_path} (a run without a checkpoint) to {metrics_path}.prev")
+        for change in changes:
+            ddp.say(f"note: --allow_changes: {change['key']} changes from {change['from']!r} to {change['to']!r} "
+                    f"at iteration {step} (recorded in config.json, metrics.jsonl and the checkpoint)")
+            with open(metrics_path, "a") as f:
+                f.write(json.dumps({"type": "change", "iter": step, **change}) + "\n")
+    except OSError as error:
+        raise ConfigError(f"cannot write to the run directory {cfg.out_dir} ({error.strerror or error}); "
+                          "make it writable or choose another --out_dir.") from None
+    wandb_run = start_wandb(cfg, os.path.basename(os.path.normpath(cfg.out_dir)), resolved, wandb_id) \
+        if cfg.wandb else None
+    return Metrics(metrics_path, wandb_run)
+
+
+def describe(raw_model, cfg: TrainConfig, ddp: Distributed, use_bf16: bool, grad_accum: int, data_dir: str,
+             tokenizer_name: str) -> None:
+    model_cfg, scale = raw_model.config, cfg.loss_scale
+    ddp.say(f"model: {raw_model.num_params() / 1e6:.2f}M parameters, pos={model_cfg.pos}, kv_shift={model_cfg.kv_shift} | "
+            f"{ddp.world_size} process(es) on {ddp.device.type}, {'bf16 autocast' if use_bf16 else 'fp32'}, "
+            f"batch {cfg.global_batch_size} x {model_cfg.block_size} tokens = {cfg.batch_size} x {grad_accum} accum x "
+            f"{ddp.world_size} | {cfg.sampler} sampler, seed {cfg.seed}"
+            + (f", gradient {scale} x the mean (grad_scale official)" if scale != 1 else "")
+            + f" | data {data_dir} ({tokenizer_name}) | run dir {cfg.out_dir}")
+
+
+# ----------------------------------------------------------------------------- the loop's records
+
+def validate(model, data_dir: str, cfg: TrainConfig, block_size: int, ddp: Distributed, autocast, metrics: Metrics,
+             step: int) -> float:
+    val_loss = evaluate(model, data_dir, cfg, block_size, ddp, autocast)
+    metrics.write({"type": "val", "iter": step, "tokens": step * cfg.global_batch_size * block_size,
+                   "val_loss": val_loss}, f"iter {step:>6} | val loss {val_loss:.4f}")
+    return val_loss
+
+
+def log_train(metrics: Metrics, throughput: Throughput, step: int, lr: float, result: StepResult,
+              cfg: TrainConfig, tokens_per_step: int) -> None:
+    rate = throughput.read(step)
+    metrics.write({"type": "train", "iter": step, "tokens": step * tokens_per_step, "loss": result.loss, "lr": lr,
+                   "grad_norm": result.grad_norm, **rate},
+                  f"iter {step:>6}/{cfg.num_steps} | loss {result.loss:.4f} | lr {lr:.2e} | grad norm "
+                  f"{result.grad_norm:.3f} | {rate['tokens_per_s']:,.0f} tok/s"
+                  + (f" | MFU {100 * rate['mfu']:.1f}%" if rate["mfu"] is not None else ""))
+
+
+def stop_with_checkpoint(checkpointer: Checkpointer, step: int, model, optimizer, ddp: Distributed) -> None:
+    checkpointer.save(step, model, optimizer)
+    ddp.say(f"stop requested (SIGTERM or Ctrl-C): saved {checkpointer.path} at iteration {step}; continue with "
+            "--resume.")
+
+
+# ----------------------------------------------------------------------------- the run
+
+def run(argv: list[str]) -> dict:
+    """Train as the arguments say; returns a summary (per-step losses of this invocation, final step, ...)."""
+    from model import GPT, GPTConfig
+    args = parse_args(argv)
+    model_cfg, cfg = resolve(args.config_path, args.overrides, GPTConfig)
+    ckpt, changes = open_checkpoint(args, cfg, dataclasses.asdict(model_cfg))
+    ddp = Distributed(cfg.device, cfg.dist_timeout_s)
+    grad_accum = accumulation_steps(cfg, ddp, resumed=ckpt is not None)
+    use_bf16, autocast = precision(cfg, ddp.device)
+    T = model_cfg.block_size
+    data_dir, tokenizer_name, batches = training_data(cfg, model_cfg.vocab_size, T, ddp)
+    torch.manual_seed(cfg.seed)  # the same on every process, so every replica starts equal
+    raw_model = GPT(model_cfg).to(ddp.device)
+    optimizer = make_optimizer(raw_model, cfg, ddp.device)
+    step = resume_from(ckpt, raw_model, optimizer, cfg, ddp, grad_accum) if ckpt else 0
+    resolved = resolved_config(args, model_cfg, cfg, ckpt, changes, ddp, grad_accum, data_dir, tokenizer_name)
+    wandb_id = ckpt.get("wandb_id") if ckpt else None
+    metrics = open_run_directory(cfg, resolved, step, ckpt is not None, changes, ddp, wandb_id)
+    del ckpt
+    model = ddp.wrap(torch.compile(raw_model) if cfg.compile else raw_model)
+    params = [p for p in raw_model.parameters() if p.requires_grad]
+    tokens_per_step = cfg.global_batch_size * T
+    throughput = Throughput(step, tokens_per_step, raw_model.flops_per_token(T),
+                            gpu_peak_flops(ddp.device), ddp.world_size)
+    end_iter = min(cfg.num_steps, cfg.stop_iter) if cfg.stop_iter else cfg.num_steps
+    describe(raw_model, cfg, ddp, use_bf16, grad_accum, data_dir, tokenizer_name)
+
+    losses, val_losses, stopped = [], [], "done"
+    try:
+        with StopSignals(ddp.say) as stops:
+            checkpointer = Checkpointer(os.path.join(cfg.out_dir, "ckpt.pt"), ddp, stops, resolved,
+                                        metrics.wandb_id(wandb_id), saved_step=step if args.resume else None)
+            if step == 0 and cfg.eval_interval:
+                val_losses.append((step, validate(model, data_dir, cfg, T, ddp, autocast, metrics, step)))
+            model.train()
+            while step < end_iter:
+                lr = lr_at(step, cfg)
+                set_lr(optimizer, lr)
+                result = train_step(model, params, batches, step, grad_accum, cfg.loss_scale, cfg, ddp, autocast,
+                                    stops, votes_each_micro_batch(grad_accum, ddp))
+                if result is None:  # a stop request between micro-batches: the partial step was dropped
+                    stopped = "sigterm"
+                    stop_with_checkpoint(checkpointer, step, raw_model, optimizer, ddp)
                     break
-            if stop_mid_step:
-                # Drop the partial step: the weights are still those after `step` iterations, so the checkpoint
-                # resumes exactly by doing this step again.
+                check_finite(result, step, raw_model, checkpointer.path, checkpointer.saved_step)
+                optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
-                stopped = "sigterm"
-                stop_with_checkpoint()
-                break
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
-            # One small all-reduce per step: the global loss, and whether any process got SIGTERM
-            # (all must stop at the same step).
-            stats = torch.stack([loss_sum / grad_accum, torch.tensor(float(term_requested.is_set()), device=ddp.device)])
-            loss_value, term_votes = ddp.all_reduce_sum(stats).tolist()
-            loss_value /= ddp.world_size
-            grad_norm_value = grad_norm.item()
-            if not (math.isfinite(loss_value) and math.isfinite(grad_norm_value)):
-                stopped = "diverged"
-                remedy = "lower --lr or raise --warmup_iters (or check the data)"
-                if saved_step is None:
-                    remedy = (f"no checkpoint was written before it, so start again with the same command but "
-                              f"{remedy}")
-                else:
-                    remedy = (f"the last good checkpoint {ckpt_path} (iteration {saved_step}) is kept: {remedy} and "
-                              f"continue from it with --resume --allow_changes=lr,warmup_iters and the new values")
-                cause = raw_model.nonfinite_cause()
-                raise TrainError(f"loss is {loss_value} (grad norm {grad_norm_value}) at iteration {step}: training "
-                                 f"diverged and stopped without updating the weights{cause}; {remedy}.")
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            losses.append(loss_value)
+                step += 1
+                losses.append(result.loss)
+                logged = step % cfg.log_interval == 0 or step == end_iter
+                if logged:
+                    log_train(metrics, throughput, step, lr, result, cfg, tokens_per_step)
+                evaluated = bool(cfg.eval_interval) and (step % cfg.eval_interval == 0 or step == cfg.num_steps)
+                if evaluated:
+                    val_losses.append((step, validate(model, data_dir, cfg, T, ddp, autocast, metrics, step)))
+                if result.stop:
+                    stopped = "sigterm"
+                    stop_with_checkpoint(checkpointer, step, raw_model, optimizer, ddp)
+                    break
+                saved = step == end_iter or (cfg.ckpt_interval > 0 and step % cfg.ckpt_interval == 0)
+                if saved:
+                    checkpointer.save(step, raw_model, optimizer)
+                if logged or evaluated or saved:  # keep validation and checkpoint time out of tokens/s
+                    throughput.restart(step)
 
-            if step % cfg.log_interval == 0 or step == end_iter:
-                now = time.perf_counter()
-                tokens_per_s = (step - last_step) * tokens_per_step / max(now - last_time, 1e-9)
-                mfu = flops_per_token * tokens_per_s / (peak * ddp.world_size) if peak else None
-                metrics.write(
-                    {"type": "train", "iter": step, "tokens": step * tokens_per_step, "loss": loss_value, "lr": lr,
-                     "grad_norm": grad_norm_value, "tokens_per_s": tokens_per_s, "mfu": mfu,
-                     "ms_per_iter": 1000 * (now - last_time) / (step - last_step)},
-                    f"iter {step:>6}/{cfg.num_steps} | loss {loss_value:.4f} | lr {lr:.2e} | grad norm "
-                    f"{grad_norm_value:.3f} | {tokens_per_s:,.0f} tok/s"
-                    + (f" | MFU {100 * mfu:.1f}%" if mfu is not None else ""))
-            logged = step % cfg.log_interval == 0
-            evaluated = bool(cfg.eval_interval) and (step % cfg.eval_interval == 0 or step == cfg.num_steps)
-            if evaluated:
-                val_losses.append((step, validate()))
-            if term_votes > 0:
-                stopped = "sigterm"
-                stop_with_checkpoint()
-                break
-            saved = step == end_iter or (cfg.ckpt_interval > 0 and step % cfg.ckpt_interval == 0)
-            if saved:
-                checkpoint()
-            if logged or evaluated or saved:  # keep validation and checkpoint time out of tokens/s
-                last_time, last_step = time.perf_counter(), step
-        if not losses and stopped == "done":
-            say(f"{ckpt_path} is already at iteration {step} (this run ends at {end_iter}); nothing to do.")
-        if stopped == "done" and step < cfg.num_steps:
-            stopped = "stop_iter"
-
-        if ddp.device.type == "cuda":
-            peak_mem_gb = torch.cuda.max_memory_allocated(ddp.device) / 2**30
-        else:
-            peak_mem_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
-        metrics.write({"type": "summary", "iter": step, "stopped": stopped, "peak_memory_gb": peak_mem_gb,
-                       "memory_kind": "cuda max allocated" if ddp.device.type == "cuda" else "process max RSS"},
-                      f"{stopped} at iteration {step} | peak memory {peak_mem_gb:.2f} GiB | run dir {cfg.out_dir}")
+            if not losses and stopped == "done":
+                ddp.say(f"{checkpointer.path} is already at iteration {step} (this run ends at {end_iter}); "
+                        "nothing to do.")
+            if stopped == "done" and step < cfg.num_steps:
+                stopped = "stop_iter"
+            memory = peak_memory(ddp.device)
+            metrics.write({"type": "summary", "iter": step, "stopped": stopped, **memory},
+                          f"{stopped} at iteration {step} | peak memory {memory['peak_memory_gb']:.2f} GiB | "
+                          f"run dir {cfg.out_dir}")
         return {"losses": losses, "val_losses": val_losses, "step": step, "stopped": stopped, "out_dir": cfg.out_dir,
-                "grad_accum": grad_accum, "peak_memory_gb": peak_mem_gb}
+                "grad_accum": grad_accum, "peak_memory_gb": memory["peak_memory_gb"]}
     finally:
         if ddp.device.type == "cpu":
             torch.set_flush_denormal(False)  # back to the default for whatever runs next in this process
-        for sig, handler in previous_handlers.items():
-            signal.signal(sig, handler)
-        if wandb_run is not None:
-            wandb_run.finish()
+        metrics.close()
 
 
 def main() -> None:
@@ -665,16 +352,6 @@ def main() -> None:
         sys.exit(1)  # without destroy_process_group, which could wait on the dead process
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
-
-
-def is_collective_failure(error: RuntimeError) -> bool:
-    """A failed collective (a peer died or froze), not an out-of-memory error or a bug on this process."""
-    if isinstance(error, torch.OutOfMemoryError):
-        return False
-    if isinstance(error, getattr(dist, "DistError", ())):
-        return True
-    text = str(error).lower()
-    return any(word in text for word in ("gloo", "nccl", "connection", "timed out", "timeout", "socket", "peer"))
 
 
 if __name__ == "__main__":

@@ -33,7 +33,8 @@ from config import ConfigError, resolve  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from positional import ENCODINGS  # noqa: E402
 from scripts.bench_attention import PeakMemory, bench_device  # noqa: E402
-from train import gpu_peak_flops, param_groups  # noqa: E402
+from training.metrics import gpu_peak_flops  # noqa: E402
+from training.optimizer import param_groups  # noqa: E402
 
 DEFAULT_ENCODINGS = list(ENCODINGS) + ["rope+kv_shift", "rope+grape_ap"]
 SEPARABLE = ["alibi", "grape_a_q", "grape_a_k", "grape_a_qk", "fox"]  # the target below is for these

@@ -35,6 +35,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 import train  # noqa: E402
+from training.metrics import atomic_write_text
 from config import ConfigError, resolve  # noqa: E402
 from data.shards import DataError  # noqa: E402
 from eval import extrapolation, zero_shot  # noqa: E402
@@ -233,7 +234,7 @@ def add_wall_clock(run: Run, key: str, seconds: float) -> None:
     times = json.loads(Path(path).read_text()) if os.path.isfile(path) else {}
     times[key] = times.get(key, 0.0) + seconds
     os.makedirs(run.run_dir, exist_ok=True)
-    train.atomic_write_text(path, json.dumps(times) + "\n")
+    atomic_write_text(path, json.dumps(times) + "\n")
 
 
 # ----------------------------------------------------------------------------- launching
@@ -370,7 +371,7 @@ class Runner:
                     print(f"[study] FAILED {label}: {name}: {error}", flush=True)
                     continue
                 marker = {"argv": argv, "step": run.final_iter}
-                train.atomic_write_text(eval_marker(run, name), json.dumps(marker) + "\n")
+                atomic_write_text(eval_marker(run, name), json.dumps(marker) + "\n")
         except (StudyInterrupted, KeyboardInterrupt):
             status.update(status="interrupted")
             self.stop.set()
@@ -652,8 +653,8 @@ def write_report(study: Study, statuses: dict) -> dict:
     os.makedirs(study.out_dir, exist_ok=True)
     plots = write_plots(study, report)
     report["plots"] = plots
-    train.atomic_write_text(os.path.join(study.out_dir, "report.json"), json.dumps(report, indent=2) + "\n")
-    train.atomic_write_text(os.path.join(study.out_dir, "report.md"), markdown(report, plots))
+    atomic_write_text(os.path.join(study.out_dir, "report.json"), json.dumps(report, indent=2) + "\n")
+    atomic_write_text(os.path.join(study.out_dir, "report.md"), markdown(report, plots))
     return report
 
 

@@ -21,6 +21,8 @@ import torch
 
 import checkpoints
 import train
+from training.checkpointing import load_checkpoint
+from training.distributed import is_collective_failure
 from config import ConfigError
 from data import prepare as prep
 from data.loader import verify_shards
@@ -196,7 +198,7 @@ def test_flipped_bits_in_a_checkpoint_are_refused_or_change_nothing(config_file,
         damaged[offset] ^= 1 << rng.randrange(8)
         path.write_bytes(bytes(damaged))
         try:
-            loaded = train.load_checkpoint(str(path))
+            loaded = load_checkpoint(str(path))
         except train.TrainError as error:
             assert str(path) in str(error) and "\n" not in str(error)
             with pytest.raises(SystemExit):  # sampling refuses it too, in one line
@@ -208,7 +210,7 @@ def test_flipped_bits_in_a_checkpoint_are_refused_or_change_nothing(config_file,
         loaded["checksum"] = original["checksum"]
         assert same_payload(loaded, original), offset  # e.g. a flip in zip padding: harmless
     path.write_bytes(good)
-    assert same_payload(train.load_checkpoint(str(path)), {k: v for k, v in original.items() if k != "checksum"})
+    assert same_payload(load_checkpoint(str(path)), {k: v for k, v in original.items() if k != "checksum"})
 
 
 def test_a_malicious_checkpoint_runs_no_code(tmp_path):
@@ -657,8 +659,8 @@ def test_any_unpickling_failure_is_one_sentence(tmp_path, monkeypatch, failure):
 def test_only_failed_collectives_are_reported_as_a_lost_process():
     # Under DDP an out-of-memory error or a bug on this process must keep its own traceback, not be called a
     # dead peer; the messages below are gloo's and torch's own.
-    assert train.is_collective_failure(RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection "
+    assert is_collective_failure(RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection "
                                                     "closed by peer [127.0.0.1]:29500"))
-    assert train.is_collective_failure(RuntimeError("Timed out waiting 4000ms for recv operation to complete"))
-    assert not train.is_collective_failure(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
-    assert not train.is_collective_failure(RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x32 and 16x32)"))
+    assert is_collective_failure(RuntimeError("Timed out waiting 4000ms for recv operation to complete"))
+    assert not is_collective_failure(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert not is_collective_failure(RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x32 and 16x32)"))

@@ -11,6 +11,8 @@ import torch.nn.functional as F
 
 import positional
 import train
+from training.checkpointing import check_resume_compatible
+from training.optimizer import lr_at, param_groups
 from config import RECIPES, ConfigError, TrainConfig, resolve
 from model import GPT, GPTConfig
 from test_model import make, perturb_positional_parameters, tokens
@@ -92,11 +94,11 @@ def test_warmup_first_learning_rates_and_step_count():
     official = TrainConfig(lr=2.0, min_lr=0.2, warmup_iters=4, max_iters=24, lr_schedule="official")
     clean = dataclasses.replace(official, lr_schedule="clean")
     # official (nanoGPT's get_lr): lr·it/warmup from it = 0, iterations 0..max_iters
-    assert [train.lr_at(s, official) for s in range(5)] == pytest.approx([0.0, 0.5, 1.0, 1.5, 2.0])
-    assert [train.lr_at(s, clean) for s in range(5)] == pytest.approx([0.5, 1.0, 1.5, 2.0, 2.0])
+    assert [lr_at(s, official) for s in range(5)] == pytest.approx([0.0, 0.5, 1.0, 1.5, 2.0])
+    assert [lr_at(s, clean) for s in range(5)] == pytest.approx([0.5, 1.0, 1.5, 2.0, 2.0])
     for cfg in (official, clean):  # the same cosine afterwards, min_lr at iteration max_iters
-        assert train.lr_at(14, cfg) == pytest.approx(0.2 + 0.5 * (1 + math.cos(math.pi * 10 / 20)) * 1.8)
-        assert train.lr_at(24, cfg) == pytest.approx(0.2)
+        assert lr_at(14, cfg) == pytest.approx(0.2 + 0.5 * (1 + math.cos(math.pi * 10 / 20)) * 1.8)
+        assert lr_at(24, cfg) == pytest.approx(0.2)
     assert (official.num_steps, clean.num_steps) == (25, 24)
 
 
@@ -147,7 +149,7 @@ device = "cpu"
 def test_official_decay_set_is_every_parameter_but_the_norm_gains():
     pos = "grape_m_ctx+grape_a_qk"
     model = GPT(tiny_config(pos=pos, kv_shift=True, spectrum_per_head=True, **official_model(pos)))
-    decay, no_decay = train.param_groups(model, 0.01, "all_but_norm_gains")
+    decay, no_decay = param_groups(model, 0.01, "all_but_norm_gains")
     by_id = {id(p): name for name, p in model.named_parameters()}
     no_decay_names = {by_id[id(p)] for p in no_decay["params"]}
     assert no_decay_names == {"blocks.0.attn_norm.weight", "blocks.0.mlp_norm.weight", "norm.weight",
@@ -157,7 +159,7 @@ def test_official_decay_set_is_every_parameter_but_the_norm_gains():
     assert {"blocks.0.attn.rotation.log_theta", "blocks.0.attn.rotation.phase_increment.bias",
             "blocks.0.attn.bias.rate", "blocks.0.attn.bias.query_gate", "blocks.0.attn.bias.key_gate"} <= decay_names
     fox = GPT(tiny_config(pos="fox"))
-    fox_decayed = {id(p) for p in train.param_groups(fox, 0.01, "all_but_norm_gains")[0]["params"]}
+    fox_decayed = {id(p) for p in param_groups(fox, 0.01, "all_but_norm_gains")[0]["params"]}
     assert id(fox.blocks[0].attn.bias.gate.bias) in fox_decayed
 
 
@@ -180,7 +182,7 @@ def test_one_adamw_step_moves_log_theta_as_the_official_parametrisation_does():
     g = unscaled.blocks[0].attn.rotation.log_theta.grad
     assert (g.abs() > 1e-6).all()
 
-    optimizer = torch.optim.AdamW(train.param_groups(official, wd, "all_but_norm_gains"), lr=lr, eps=eps)
+    optimizer = torch.optim.AdamW(param_groups(official, wd, "all_but_norm_gains"), lr=lr, eps=eps)
     official(idx, targets)[1].backward()
     optimizer.step()
     moved = official.blocks[0].attn.rotation.spectrum().detach()
@@ -189,7 +191,7 @@ def test_one_adamw_step_moves_log_theta_as_the_official_parametrisation_does():
     steps = (moved - log_theta).abs()
     assert steps.max() < 1.1 * lr / 16 + lr * wd * log_theta.abs().max()  # vs about lr for the clean recipe
 
-    clean_optimizer = torch.optim.AdamW(train.param_groups(unscaled, wd, "matrices"), lr=lr, eps=eps)
+    clean_optimizer = torch.optim.AdamW(param_groups(unscaled, wd, "matrices"), lr=lr, eps=eps)
     clean_optimizer.step()  # log θ is not decayed under "matrices" and moves by about lr
     torch.testing.assert_close(unscaled.blocks[0].attn.rotation.log_theta.detach(),
                                log_theta - lr * g / (g.abs() + eps), atol=1e-6, rtol=0)
@@ -336,10 +338,10 @@ def test_resuming_a_checkpoint_from_before_the_recipes_names_the_recipe_it_used(
                                                r"\(model.p_norm_eps is 0.0 here but 1e-05 in the checkpoint; .*\); "
                                                r"resume with --p_norm_eps=1e-05 --qk_norm=before --spectrum_scale=1.0 "
                                                r".*trained with --recipe=clean\."):
-        train.check_resume_compatible({"model_config": old, "train_config": old_train}, new, cfg, "ckpt.pt")
+        check_resume_compatible({"model_config": old, "train_config": old_train}, new, cfg, "ckpt.pt")
     clean_model, clean = resolve(os.path.join(REPO, "configs", "medium", "grape_m.toml"), ["--recipe=clean"], GPTConfig)
-    train.check_resume_compatible({"model_config": old, "train_config": old_train},
+    check_resume_compatible({"model_config": old, "train_config": old_train},
                                   dataclasses.asdict(clean_model), clean, "ckpt.pt")  # accepted
     with pytest.raises(train.TrainError, match="train.decay_params is 'all_but_norm_gains' here but 'matrices'"):
-        train.check_resume_compatible({"model_config": old, "train_config": old_train},
+        check_resume_compatible({"model_config": old, "train_config": old_train},
                                       dataclasses.asdict(clean_model), cfg, "ckpt.pt")

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import train
+from training.optimizer import lr_at, param_groups
 from config import ConfigError, TrainConfig, resolve
 from model import GPT, GPTConfig
 from tests.helpers import prepare_byte_corpus, synthetic_text, tiny_config
@@ -244,12 +245,12 @@ def test_paper_configs_have_the_paper_sizes():
 
 def test_lr_schedule_matches_warmup_and_cosine_formula():
     cfg = TrainConfig(lr=1.0, min_lr=0.1, warmup_iters=10, max_iters=110)
-    assert train.lr_at(0, cfg) == pytest.approx(0.1)            # linear warm-up: (step+1)/warmup
-    assert train.lr_at(4, cfg) == pytest.approx(0.5)
-    assert train.lr_at(10, cfg) == pytest.approx(1.0)           # peak right after warm-up
-    assert train.lr_at(60, cfg) == pytest.approx(0.55)          # half way down the cosine: (lr+min_lr)/2
-    assert train.lr_at(35, cfg) == pytest.approx(0.1 + 0.9 * (1 + math.cos(math.pi / 4)) / 2)
-    assert train.lr_at(110, cfg) == pytest.approx(0.1)
+    assert lr_at(0, cfg) == pytest.approx(0.1)            # linear warm-up: (step+1)/warmup
+    assert lr_at(4, cfg) == pytest.approx(0.5)
+    assert lr_at(10, cfg) == pytest.approx(1.0)           # peak right after warm-up
+    assert lr_at(60, cfg) == pytest.approx(0.55)          # half way down the cosine: (lr+min_lr)/2
+    assert lr_at(35, cfg) == pytest.approx(0.1 + 0.9 * (1 + math.cos(math.pi / 4)) / 2)
+    assert lr_at(110, cfg) == pytest.approx(0.1)
 
 
 @pytest.mark.parametrize("pos", ["grape_m_ctx+grape_a_qk", "grape_m_basis+fox"])
@@ -257,7 +258,7 @@ def test_weight_decay_skips_norm_gains_and_positional_parameters(pos):
     # spectrum_per_head makes log θ a matrix (H, d/2): it must still get no decay (decay would pull θ to 1 rad).
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, head_dim=16, vocab_size=64, block_size=16,
                           pos=pos, kv_shift=True, spectrum_per_head=True))
-    decay, no_decay = train.param_groups(model, 0.01)
+    decay, no_decay = param_groups(model, 0.01)
     assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0
     by_id = {id(p): name for name, p in model.named_parameters()}
     no_decay_names = {by_id[id(p)] for p in no_decay["params"]}

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import train
+from training.metrics import gpu_peak_flops
 from data.loader import TrainBatches
 from model import GPT, GPTConfig
 from tests.helpers import TINY_MODEL, prepare_byte_corpus, tiny_config
@@ -191,5 +192,5 @@ def test_mfu_peak_is_the_named_gpus_bf16_dense_peak(monkeypatch):
              "NVIDIA H200": 989e12, "NVIDIA A100-SXM4-80GB": 312e12, "Tesla V100-SXM2-16GB": None}
     for name, peak in names.items():
         monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None, name=name: name)
-        assert train.gpu_peak_flops(torch.device("cuda", 0)) == peak, name
-    assert train.gpu_peak_flops(torch.device("cpu")) is None
+        assert gpu_peak_flops(torch.device("cuda", 0)) == peak, name
+    assert gpu_peak_flops(torch.device("cpu")) is None

@@ -1,0 +1,127 @@
+"""What a run records: console lines, RUN_DIR/metrics.jsonl (one JSON object per record: train, val, change,
+summary) and, if enabled, wandb; tokens/s, MFU and peak memory."""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import time
+
+import torch
+
+from config import ConfigError, TrainConfig
+
+# bf16 dense peak FLOP/s per GPU, for MFU: the first key found in torch.cuda.get_device_name wins, so the
+# slower H100 variants come before the SXM one ("NVIDIA H100 80GB HBM3").
+GPU_PEAK_FLOPS = {"H100 PCIe": 756e12, "H100 NVL": 835e12, "H100": 989e12, "H200": 989e12, "A100": 312e12}
+
+
+def gpu_peak_flops(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((peak for key, peak in GPU_PEAK_FLOPS.items() if key in name), None)
+
+
+def code_version() -> str:
+    """git commit of this repository (+ "-dirty" with uncommitted changes), or "unknown"."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        commit = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (commit + ("-dirty" if dirty else "")) if commit else "unknown"
+
+
+def atomic_write_text(path: str, text: str) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def trim_metrics(path: str, step: int) -> None:
+    """On resume, drop log lines written after the checkpoint (they will be written again)."""
+    if not os.path.isfile(path):
+        return
+    kept = []
+    with open(path) as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut by a kill
+            if record.get("type") == "change" and record.get("iter", 0) >= step:
+                continue  # a resume at this step writes its own deliberate changes again
+            if record.get("iter", 0) <= step and record.get("type") != "summary":
+                kept.append(json.dumps(record) + "\n")
+    atomic_write_text(path, "".join(kept))
+
+
+class Metrics:
+    """Console + metrics.jsonl + (optionally) wandb, on the main process only (path None elsewhere)."""
+
+    def __init__(self, path: str | None, wandb_run=None):
+        self.path, self.wandb_run = path, wandb_run
+
+    def write(self, record: dict, console: str) -> None:
+        if self.path is None:
+            return
+        print(console, flush=True)
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.wandb_run is not None:
+            step = record.get("iter")
+            values = {f"{record['type']}/{k}": v for k, v in record.items()
+                      if k not in ("type", "iter") and isinstance(v, (int, float)) and v is not None}
+            self.wandb_run.log(values, step=step)
+
+    def wandb_id(self, default: str | None) -> str | None:
+        return self.wandb_run.id if self.wandb_run is not None else default
+
+    def close(self) -> None:
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
+
+
+def start_wandb(cfg: TrainConfig, run_name: str, resolved: dict, run_id: str | None):
+    try:
+        import wandb
+    except Exception as e:  # ImportError, or a broken install raising something else
+        raise ConfigError(f"wandb=true but wandb cannot be imported ({e}); pip install wandb, "
+                          "or run with --wandb=false.") from None
+    return wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name or run_name, config=resolved,
+                      mode=cfg.wandb_mode, dir=cfg.out_dir, id=run_id, resume="allow" if run_id else None)
+
+
+class Throughput:
+    """Tokens/s and MFU over the steps since the last reading; time spent validating or checkpointing is left
+    out by calling restart() after it."""
+
+    def __init__(self, step: int, tokens_per_step: int, flops_per_token: float, peak_flops: float | None,
+                 world_size: int):
+        self.tokens_per_step, self.flops_per_token = tokens_per_step, flops_per_token
+        self.peak = peak_flops * world_size if peak_flops else None
+        self.restart(step)
+
+    def restart(self, step: int) -> None:
+        self.time, self.step = time.perf_counter(), step
+
+    def read(self, step: int) -> dict:
+        seconds = max(time.perf_counter() - self.time, 1e-9)
+        tokens_per_s = (step - self.step) * self.tokens_per_step / seconds
+        mfu = self.flops_per_token * tokens_per_s / self.peak if self.peak else None
+        return {"tokens_per_s": tokens_per_s, "mfu": mfu, "ms_per_iter": 1000 * seconds / (step - self.step)}
+
+
+def peak_memory(device: torch.device) -> dict:
+    if device.type == "cuda":
+        return {"peak_memory_gb": torch.cuda.max_memory_allocated(device) / 2**30, "memory_kind": "cuda max allocated"}
+    return {"peak_memory_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,  # Linux reports KiB
+            "memory_kind": "process max RSS"}
