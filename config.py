@@ -89,6 +89,9 @@ class TrainConfig:
     beta1: float = 0.9
     beta2: float = 0.95
     grad_clip: float = 1.0           # 0 = no clipping
+    spike_factor: float = 2.0        # stop as diverged when the loss exceeds this many times its recent average
+                                     # (the last 50 steps); 0 = off (non-finite values, a zero gradient and a return
+                                     # to the uniform-prediction loss always stop the run)
     # evaluation, logging, checkpoints
     log_interval: int = 10
     eval_interval: int = 1000        # validation every this many iterations (and at the first and last); 0 = never
@@ -110,11 +113,14 @@ class TrainConfig:
 
     def validate(self) -> None:
         checks = [
-            (self.batch_size >= 1, "batch_size must be at least 1"),
+            (self.batch_size >= 1, f"batch_size must be at least 1, not {self.batch_size}"),
             (self.global_batch_size >= self.batch_size,
-             "global_batch_size must be at least batch_size (it counts sequences over all processes)"),
-            (self.max_iters >= 1, "max_iters must be at least 1"),
-            (0 <= self.warmup_iters < self.max_iters, "warmup_iters must be between 0 and max_iters - 1"),
+             f"global_batch_size ({self.global_batch_size}) must be at least batch_size ({self.batch_size}): it counts "
+             "the sequences of a step over all processes"),
+            (self.max_iters >= 1, f"max_iters must be at least 1, not {self.max_iters}"),
+            (0 <= self.warmup_iters < self.max_iters,
+             f"warmup_iters ({self.warmup_iters}) must be between 0 and max_iters - 1 ({self.max_iters - 1}); lower "
+             f"--warmup_iters or raise --max_iters"),
             (self.seed >= 0, f"seed must be 0 or positive, not {self.seed}"),
             (math.isfinite(self.lr) and self.lr > 0, f"lr must be a positive number, not {self.lr}"),
             (0 <= self.min_lr <= self.lr, f"min_lr must be between 0 and lr ({self.lr}), not {self.min_lr}"),
@@ -122,11 +128,14 @@ class TrainConfig:
              f"beta1 and beta2 must be in [0, 1), not {self.beta1} and {self.beta2}"),
             (0 <= self.weight_decay < math.inf, f"weight_decay must be 0 or positive, not {self.weight_decay}"),
             (0 <= self.grad_clip < math.inf, f"grad_clip must be 0 (no clipping) or positive, not {self.grad_clip}"),
+            (self.spike_factor == 0 or 1 < self.spike_factor < math.inf,
+             f"spike_factor must be 0 (off) or a number above 1, not {self.spike_factor}"),
             (self.dist_timeout_s >= 1, f"dist_timeout_s must be at least 1 second, not {self.dist_timeout_s}"),
-            (self.log_interval >= 1, "log_interval must be at least 1"),
+            (self.log_interval >= 1, f"log_interval must be at least 1, not {self.log_interval}"),
             (self.eval_interval >= 0 and self.ckpt_interval >= 0 and self.stop_iter >= 0,
-             "eval_interval, ckpt_interval and stop_iter must be 0 or positive"),
-            (self.eval_windows >= 1, "eval_windows must be at least 1"),
+             f"eval_interval, ckpt_interval and stop_iter must be 0 or positive, not {self.eval_interval}, "
+             f"{self.ckpt_interval} and {self.stop_iter}"),
+            (self.eval_windows >= 1, f"eval_windows must be at least 1, not {self.eval_windows}"),
             (self.device in ("auto", "cpu", "cuda"), f"device must be auto, cpu or cuda, not {self.device!r}"),
             (self.dtype in ("auto", "bf16", "fp32"), f"dtype must be auto, bf16 or fp32, not {self.dtype!r}"),
             (self.wandb_mode in ("offline", "online"), f"wandb_mode must be offline or online, not {self.wandb_mode!r}"),

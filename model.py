@@ -57,9 +57,16 @@ class GPTConfig:
         resolve_backend(self.attn_backend, None)  # validates the name
         if self.qk_norm not in ("before", "after"):
             raise ValueError(f"qk_norm must be 'before' or 'after' (the rotation), not {self.qk_norm!r}")
-        if self.spectrum_scale <= 0 or self.p_norm_eps < 0:
-            raise ValueError(f"spectrum_scale must be positive and p_norm_eps at least 0 "
-                             f"(got {self.spectrum_scale}, {self.p_norm_eps})")
+        for name, value in ((f.name, getattr(self, f.name)) for f in dataclasses.fields(self)):
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"GPTConfig.{name} must be a finite number (got {value})")
+        positive = ("norm_eps", "rope_base", "spectrum_scale", "ctx_temperature", "ctx_init_increment",
+                    "grape_a_omega_init")  # divisors, logarithms, inverse softplus: 0 or less has no meaning
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ValueError(f"GPTConfig.{name} must be positive (got {getattr(self, name)})")
+        if self.p_norm_eps < 0:
+            raise ValueError(f"GPTConfig.p_norm_eps must be at least 0 (got {self.p_norm_eps}; 0 = the dtype's epsilon)")
         for name in ("n_layer", "n_head", "n_embd", "head_dim", "vocab_size", "block_size"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"GPTConfig.{name} must be positive (got {getattr(self, name)})")
@@ -236,6 +243,15 @@ class GPT(nn.Module):
         device = self.wte.weight.device
         dtype = torch.bfloat16 if device.type == "cuda" else self.wte.weight.dtype
         return self.blocks[0].attn.backend(device, dtype)
+
+    def basis_overflow(self) -> torch.Tensor:
+        """max over layers of ‖A − Aᵀ‖₁ / SKEW_EXP_MAX_NORM for grape_m_basis (past 1, exp(A − Aᵀ) is NaN), else 0:
+        a device scalar, so a training step can check it without waiting for the GPU."""
+        norms = [(r.basis_generator - r.basis_generator.T).detach().float().abs().sum(0).max()
+                 for r in (block.attn.rotation for block in self.blocks) if hasattr(r, "basis_generator")]
+        if not norms:
+            return torch.zeros((), device=self.wte.weight.device)
+        return torch.stack(norms).max() / SKEW_EXP_MAX_NORM
 
     def nonfinite_cause(self) -> str:
         """A clause naming a known cause of a NaN loss in the weights, or "" if none is found."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import sys
@@ -36,8 +37,9 @@ from training.distributed import Distributed, is_collective_failure
 from training.errors import TrainError
 from training.metrics import (Metrics, Throughput, atomic_write_text, code_version, gpu_peak_flops, peak_memory,
                               start_wandb, trim_metrics)
+from training.divergence import DivergenceMonitor, divergence_error
 from training.optimizer import lr_at, make_optimizer, set_lr
-from training.step import StepResult, check_finite, evaluate, train_step, votes_each_micro_batch
+from training.step import StepResult, confirmation, evaluate, train_step
 from training.stopping import StopSignals
 
 
@@ -126,6 +128,9 @@ def training_data(cfg: TrainConfig, vocab_size: int, block_size: int, ddp: Distr
         data_dir = ddp.from_main(ensure_default_corpus() if ddp.is_main else None)
     else:
         data_dir = cfg.data_dir
+    if not os.path.exists(data_dir):
+        raise DataError(f"data directory {data_dir} does not exist; prepare it with `{prepare_command_for(data_dir)}`, "
+                        "or point --data_dir at a prepared directory.")
     manifest = data_description(data_dir)  # a DataError that says how to prepare the directory
     tokenizer_name = manifest["tokenizer"]
     if manifest["shards"] is None:
@@ -144,6 +149,58 @@ def training_data(cfg: TrainConfig, vocab_size: int, block_size: int, ddp: Distr
     else:
         batches = TrainBatches(data_dir, batch_size=cfg.batch_size, block_size=block_size, seed=cfg.seed)
     return data_dir, tokenizer_name, batches
+
+
+def prepare_command_for(data_dir: str) -> str:
+    """The data.prepare command that makes a missing data directory of the shipped configs."""
+    for version in ("10B", "100B", "350B"):
+        if os.path.basename(os.path.normpath(data_dir)) == f"fineweb-edu-{version}":
+            return f"python -m data.prepare --dataset fineweb-edu --version {version} --out {data_dir}"
+    return (f"python -m data.prepare --files 'PATTERN' --out {data_dir}` (your own text) or "
+            f"`python -m data.prepare --dataset fineweb-edu --version 10B --out {data_dir}")
+
+
+def check_model_fits(model_cfg, cfg: TrainConfig, ddp: Distributed, use_bf16: bool) -> None:
+    """Before any work: the attention backend runs on this device, and the weights, their gradients and Adam
+    state (16 bytes a parameter) plus one micro-batch's fp32 logits fit in its free memory."""
+    from model import GPT
+    with torch.device("meta"):  # shapes only: nothing is allocated
+        model = GPT(model_cfg)
+    try:
+        model.blocks[0].attn.backend(ddp.device, torch.bfloat16 if use_bf16 else torch.float32)
+    except ValueError as error:
+        raise ConfigError(f"model.attn_backend = {model_cfg.attn_backend!r}: {error}.") from None
+    state_gb = 16 * model.num_params() / 2**30
+    logits_gb = 4 * cfg.batch_size * model_cfg.block_size * model_cfg.vocab_size / 2**30
+    free_gb = free_memory_gb(ddp.device)
+    if free_gb is not None and state_gb + logits_gb > free_gb:
+        raise ConfigError(f"this model ({model.num_params() / 1e6:,.0f}M parameters) needs about {state_gb:,.1f} GB for "
+                          f"its weights, gradients and Adam state, and a micro-batch of {cfg.batch_size} x "
+                          f"{model_cfg.block_size} tokens at least {logits_gb:,.1f} GB for its logits, more than the "
+                          f"{free_gb:,.1f} GB free on {ddp.device}; lower vocab_size, the model size, batch_size or "
+                          "block_size.")
+
+
+def free_memory_gb(device: torch.device) -> float | None:
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0] / 2**30
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:")) / 2**20
+    except (OSError, StopIteration, ValueError):
+        return None  # not Linux: not checked
+
+
+def build_model(model_cfg, cfg: TrainConfig, ddp: Distributed, ckpt: dict | None, grad_accum: int):
+    """(model, optimizer, the step to start from, the divergence monitor), restored from ckpt on a resume. The
+    seed is the same on every process, so every replica starts equal."""
+    from model import GPT
+    torch.manual_seed(cfg.seed)
+    raw_model = GPT(model_cfg).to(ddp.device)
+    optimizer = make_optimizer(raw_model, cfg, ddp.device)
+    step = resume_from(ckpt, raw_model, optimizer, cfg, ddp, grad_accum) if ckpt else 0
+    monitor = DivergenceMonitor(model_cfg.vocab_size, cfg.spike_factor, ckpt.get("divergence") if ckpt else None)
+    return raw_model, optimizer, step, monitor
 
 
 def resume_from(ckpt: dict, model, optimizer, cfg: TrainConfig, ddp: Distributed, grad_accum: int) -> int:
@@ -179,6 +236,10 @@ def open_run_directory(cfg: TrainConfig, resolved: dict, step: int, resumed: boo
     try:
         os.makedirs(cfg.out_dir, exist_ok=True)
         atomic_write_text(os.path.join(cfg.out_dir, "config.json"), json.dumps(resolved, indent=2) + "\n")
+        partial = os.path.join(cfg.out_dir, "ckpt.pt.tmp")
+        if os.path.exists(partial):  # a checkpoint write that a kill cut short; ckpt.pt itself is whole
+            os.remove(partial)
+            ddp.say(f"note: removed {partial}, a checkpoint write cut short by an earlier kill (ckpt.pt is intact).")
         if resumed:
             trim_metrics(metrics_path, step)
         elif os.path.exists(metrics_path):
@@ -213,55 +274,66 @@ def describe(raw_model, cfg: TrainConfig, ddp: Distributed, use_bf16: bool, grad
 # ----------------------------------------------------------------------------- the loop's records
 
 def validate(model, data_dir: str, cfg: TrainConfig, block_size: int, ddp: Distributed, autocast, metrics: Metrics,
-             step: int) -> float:
-    val_loss = evaluate(model, data_dir, cfg, block_size, ddp, autocast)
-    metrics.write({"type": "val", "iter": step, "tokens": step * cfg.global_batch_size * block_size,
-                   "val_loss": val_loss}, f"iter {step:>6} | val loss {val_loss:.4f}")
-    return val_loss
+             step: int, stops: StopSignals, val_losses: list) -> None:
+    """The validation loss, recorded and appended to val_losses; nothing if a stop request cut it short."""
+    val_loss = evaluate(model, data_dir, cfg, block_size, ddp, autocast, stops)
+    if val_loss is not None:
+        metrics.write({"type": "val", "iter": step, "tokens": step * cfg.global_batch_size * block_size,
+                       "val_loss": val_loss}, f"iter {step:>6} | val loss {val_loss:.4f}")
+        val_losses.append((step, val_loss))
 
 
 def log_train(metrics: Metrics, throughput: Throughput, step: int, lr: float, result: StepResult,
               cfg: TrainConfig, tokens_per_step: int) -> None:
     rate = throughput.read(step)
     metrics.write({"type": "train", "iter": step, "tokens": step * tokens_per_step, "loss": result.loss, "lr": lr,
-                   "grad_norm": result.grad_norm, **rate},
+                   "grad_norm": result.grad_norm, "param_norm": result.param_norm, **rate},
                   f"iter {step:>6}/{cfg.num_steps} | loss {result.loss:.4f} | lr {lr:.2e} | grad norm "
                   f"{result.grad_norm:.3f} | {rate['tokens_per_s']:,.0f} tok/s"
                   + (f" | MFU {100 * rate['mfu']:.1f}%" if rate["mfu"] is not None else ""))
 
 
-def stop_with_checkpoint(checkpointer: Checkpointer, step: int, model, optimizer, ddp: Distributed) -> None:
-    checkpointer.save(step, model, optimizer)
-    ddp.say(f"stop requested (SIGTERM or Ctrl-C): saved {checkpointer.path} at iteration {step}; continue with "
-            "--resume.")
+def check(monitor: DivergenceMonitor, result: StepResult, step: int, raw_model, checkpointer: Checkpointer,
+          before_saving: bool = False) -> None:
+    """Stop a diverged run (training/divergence.py) before its weights are used or saved."""
+    problem = monitor.problem(result.loss, result.grad_norm, result.param_norm, result.overflow)
+    if problem:
+        raise divergence_error(problem, step, raw_model.nonfinite_cause(), checkpointer.path, checkpointer.saved_step,
+                               before_saving)
+
+
+def save_checked(checkpointer: Checkpointer, monitor: DivergenceMonitor, raw_model, optimizer, batches, step: int,
+                 grad_accum: int, ddp: Distributed, autocast, stops: StopSignals) -> None:
+    """Save the weights after `step` steps once their own loss and health pass the divergence checks, so that the
+    checkpoint on disk is always one that passed them (its advice can be followed)."""
+    check(monitor, confirmation(raw_model, batches, step, grad_accum, ddp, autocast, stops), step, raw_model,
+          checkpointer, before_saving=True)
+    checkpointer.save(step, raw_model, optimizer, monitor.state_dict())
 
 
 # ----------------------------------------------------------------------------- the run
 
 def run(argv: list[str]) -> dict:
     """Train as the arguments say; returns a summary (per-step losses of this invocation, final step, ...)."""
-    from model import GPT, GPTConfig
+    from model import GPTConfig
     args = parse_args(argv)
     model_cfg, cfg = resolve(args.config_path, args.overrides, GPTConfig)
     ckpt, changes = open_checkpoint(args, cfg, dataclasses.asdict(model_cfg))
     ddp = Distributed(cfg.device, cfg.dist_timeout_s)
     grad_accum = accumulation_steps(cfg, ddp, resumed=ckpt is not None)
     use_bf16, autocast = precision(cfg, ddp.device)
+    check_model_fits(model_cfg, cfg, ddp, use_bf16)
     T = model_cfg.block_size
     data_dir, tokenizer_name, batches = training_data(cfg, model_cfg.vocab_size, T, ddp)
-    torch.manual_seed(cfg.seed)  # the same on every process, so every replica starts equal
-    raw_model = GPT(model_cfg).to(ddp.device)
-    optimizer = make_optimizer(raw_model, cfg, ddp.device)
-    step = resume_from(ckpt, raw_model, optimizer, cfg, ddp, grad_accum) if ckpt else 0
+    raw_model, optimizer, step, monitor = build_model(model_cfg, cfg, ddp, ckpt, grad_accum)
     resolved = resolved_config(args, model_cfg, cfg, ckpt, changes, ddp, grad_accum, data_dir, tokenizer_name)
     wandb_id = ckpt.get("wandb_id") if ckpt else None
     metrics = open_run_directory(cfg, resolved, step, ckpt is not None, changes, ddp, wandb_id)
     del ckpt
     model = ddp.wrap(torch.compile(raw_model) if cfg.compile else raw_model)
-    params = [p for p in raw_model.parameters() if p.requires_grad]
     tokens_per_step = cfg.global_batch_size * T
-    throughput = Throughput(step, tokens_per_step, raw_model.flops_per_token(T),
-                            gpu_peak_flops(ddp.device), ddp.world_size)
+    throughput = Throughput(step, tokens_per_step, raw_model.flops_per_token(T), gpu_peak_flops(ddp.device),
+                            ddp.world_size)
     end_iter = min(cfg.num_steps, cfg.stop_iter) if cfg.stop_iter else cfg.num_steps
     describe(raw_model, cfg, ddp, use_bf16, grad_accum, data_dir, tokenizer_name)
 
@@ -270,19 +342,21 @@ def run(argv: list[str]) -> dict:
         with StopSignals(ddp.say) as stops:
             checkpointer = Checkpointer(os.path.join(cfg.out_dir, "ckpt.pt"), ddp, stops, resolved,
                                         metrics.wandb_id(wandb_id), saved_step=step if args.resume else None)
+            save = functools.partial(save_checked, checkpointer, monitor, raw_model, optimizer, batches,
+                                     grad_accum=grad_accum, ddp=ddp, autocast=autocast, stops=stops)
             if step == 0 and cfg.eval_interval:
-                val_losses.append((step, validate(model, data_dir, cfg, T, ddp, autocast, metrics, step)))
+                validate(model, data_dir, cfg, T, ddp, autocast, metrics, step, stops, val_losses)
+            stop = stops.any_process(ddp)  # asked during the first validation; later, voted with each step
             model.train()
-            while step < end_iter:
+            while step < end_iter and not stop:
                 lr = lr_at(step, cfg)
                 set_lr(optimizer, lr)
-                result = train_step(model, params, batches, step, grad_accum, cfg.loss_scale, cfg, ddp, autocast,
-                                    stops, votes_each_micro_batch(grad_accum, ddp))
+                result = train_step(model, raw_model, batches, step, grad_accum, cfg, ddp, autocast, stops)
                 if result is None:  # a stop request between micro-batches: the partial step was dropped
-                    stopped = "sigterm"
-                    stop_with_checkpoint(checkpointer, step, raw_model, optimizer, ddp)
+                    stop = True
                     break
-                check_finite(result, step, raw_model, checkpointer.path, checkpointer.saved_step)
+                check(monitor, result, step, raw_model, checkpointer)
+                monitor.record(result.loss)
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 step += 1
@@ -292,18 +366,19 @@ def run(argv: list[str]) -> dict:
                     log_train(metrics, throughput, step, lr, result, cfg, tokens_per_step)
                 evaluated = bool(cfg.eval_interval) and (step % cfg.eval_interval == 0 or step == cfg.num_steps)
                 if evaluated:
-                    val_losses.append((step, validate(model, data_dir, cfg, T, ddp, autocast, metrics, step)))
-                if result.stop:
-                    stopped = "sigterm"
-                    stop_with_checkpoint(checkpointer, step, raw_model, optimizer, ddp)
-                    break
-                saved = step == end_iter or (cfg.ckpt_interval > 0 and step % cfg.ckpt_interval == 0)
+                    validate(model, data_dir, cfg, T, ddp, autocast, metrics, step, stops, val_losses)
+                stop = result.stop or evaluated and stops.any_process(ddp)
+                saved = not stop and (step == end_iter or cfg.ckpt_interval > 0 and step % cfg.ckpt_interval == 0)
                 if saved:
-                    checkpointer.save(step, raw_model, optimizer)
+                    save(step)
                 if logged or evaluated or saved:  # keep validation and checkpoint time out of tokens/s
                     throughput.restart(step)
-
-            if not losses and stopped == "done":
+            if stop:
+                stopped = stops.reason or "sigterm"  # (asked on another process: a scheduler's SIGTERM)
+                save(step)
+                ddp.say(f"stop requested ({'Ctrl-C' if stopped == 'interrupted' else 'SIGTERM'}): saved "
+                        f"{checkpointer.path} at iteration {step}; continue with --resume.")
+            elif not losses:
                 ddp.say(f"{checkpointer.path} is already at iteration {step} (this run ends at {end_iter}); "
                         "nothing to do.")
             if stopped == "done" and step < cfg.num_steps:

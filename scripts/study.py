@@ -273,7 +273,7 @@ def in_process_job(job: str, argv: list[str], run_dir: str) -> str | None:
     try:
         if job == "train":
             result = train.run(argv)
-            if result["stopped"] == "sigterm":
+            if result["stopped"] in ("sigterm", "interrupted"):
                 raise StudyInterrupted
             return None
         with contextlib.redirect_stderr(captured):
@@ -348,7 +348,7 @@ class Runner:
                     add_wall_clock(run, "train_s", time.perf_counter() - start)
                 if error is None and not run_finished(run):
                     summary = next((r for r in reversed(read_records(run.run_dir)) if r.get("type") == "summary"), {})
-                    if self.stop.is_set() or summary.get("stopped") == "sigterm":
+                    if self.stop.is_set() or summary.get("stopped") in ("sigterm", "interrupted"):
                         raise StudyInterrupted
                     error = (f"training stopped at iteration {summary.get('iter')} of {run.final_iter} "
                              f"({summary.get('stopped')})")

@@ -5,6 +5,7 @@ remedy that works when followed, nothing damaged may be loaded or trained on, an
 Runs a 2-layer byte-level model for a few steps; processes that must die are separate Python processes.
 """
 import json
+import math
 import os
 import random
 import shlex
@@ -479,7 +480,7 @@ RANK_FAULT = """
     real_batch = data.loader.TrainBatches.batch
 
     def batch(self, index):
-        if os.environ["RANK"] == "1" and index >= 2 * 3:
+        if os.environ["RANK"] == "1" and index >= 2 * 4:  # step 4, after the checkpoint at 3 (which reads step 3's)
             if fault == "killed":
                 os.kill(os.getpid(), signal.SIGKILL)
             time.sleep(3600)  # frozen
@@ -526,8 +527,8 @@ def test_nan_advice_works_when_followed(config_file, tmp_path, monkeypatch):
 
     def forward_that_breaks_on_call_5(self, idx, targets=None, **kwargs):
         logits, loss = forward(self, idx, targets, **kwargs)
-        calls["n"] += 1
-        return logits, (loss * float("nan") if calls["n"] == 5 else loss)
+        calls["n"] += torch.is_grad_enabled()  # training forwards only (not the check before each save)
+        return logits, (loss * float("nan") if calls["n"] == 5 and torch.is_grad_enabled() else loss)
 
     monkeypatch.setattr(GPT, "forward", forward_that_breaks_on_call_5)
     # before any checkpoint: no checkpoint is named, and the advice is to start again
@@ -563,10 +564,19 @@ def test_nan_advice_works_when_followed(config_file, tmp_path, monkeypatch):
     ("--weight_decay=-1", "weight_decay must be 0 or positive"), ("--grad_clip=-1", "grad_clip must be 0"),
     ("--learning_rate=1e-3", "did you mean 'lr'"), ("--pos=ropee", "given on the command line \\(--pos=ropee\\)"),
     ("--allow_changes=lr", "only applies to --resume"), ("--allow_changes=n_layer", "--allow_changes takes"),
+    ("--rope_base=-1", "rope_base must be positive \\(got -1.0\\)"),
+    ("--norm_eps=nan", "norm_eps must be a finite number \\(got nan\\)"),
+    ("--fox_gate_bias_init=nan", "fox_gate_bias_init must be a finite number"),
+    ("--ctx_temperature=0", "ctx_temperature must be positive \\(got 0.0\\)"),
+    ("--spike_factor=0.5", "spike_factor must be 0 \\(off\\) or a number above 1, not 0.5"),
+    ("--max_iters=6 --warmup_iters=20", "warmup_iters \\(20\\) must be between 0 and max_iters - 1 \\(5\\)"),
+    ("--pos=alibi --attn_backend=tile", "model.attn_backend = 'tile': .*needs a CUDA device.*use attn_backend='auto'"),
+    ("--vocab_size=1000000000", "needs about [0-9,.]+ GB for its weights, gradients and Adam state.*lower vocab_size"),
+    ("--batch_size=100000000 --global_batch_size=100000000", "a micro-batch of 100000000 x 32 tokens at least"),
 ])
 def test_mistaken_settings_are_one_sentence_before_anything_is_written(config_file, tmp_path, override, message):
     with pytest.raises(ConfigError, match=message):
-        train.run([config_file, override, f"--out_dir={tmp_path / 'run'}"])
+        train.run([config_file, *override.split(), f"--out_dir={tmp_path / 'run'}"])
     assert not (tmp_path / "run").exists()
 
 
@@ -664,3 +674,146 @@ def test_only_failed_collectives_are_reported_as_a_lost_process():
     assert is_collective_failure(RuntimeError("Timed out waiting 4000ms for recv operation to complete"))
     assert not is_collective_failure(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
     assert not is_collective_failure(RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x32 and 16x32)"))
+
+
+# ----------------------------------------------------------------------------- divergence that is not a NaN
+
+def advice_flags(message):
+    """The flags a divergence message tells the user to resume with."""
+    import re
+    return re.search(r"with (--resume --allow_changes=\S+)", message).group(1).split()
+
+
+def test_a_diverging_run_never_saves_the_blown_up_weights_and_its_advice_works(config_file, tmp_path):
+    """lr 1e3 blows the weights up at the first update; a checkpoint is due after every step, but the check before
+    saving sees the spike in those weights' own loss, so none is written, and starting again as told works."""
+    run_dir = tmp_path / "run"
+    with pytest.raises(train.TrainError) as info:
+        train.run([config_file, "--lr=1e3", "--max_iters=8", f"--out_dir={run_dir}"])
+    message = str(info.value)
+    assert "failed the check before saving" in message and "jumped to" in message
+    assert "no checkpoint was written before it, so start again" in message
+    assert not (run_dir / "ckpt.pt").exists()
+    done = train.run([config_file, "--lr=1e-2", "--max_iters=8", f"--out_dir={run_dir}"])  # the advice
+    assert done["stopped"] == "done" and max(done["losses"][-2:]) < math.log(320) - 0.3
+
+
+def test_resuming_a_good_checkpoint_with_a_bad_lr_keeps_it_and_its_advice_works(config_file, tmp_path):
+    run_dir = tmp_path / "run"
+    train.run([config_file, "--ckpt_interval=4", "--max_iters=40", "--stop_iter=8", f"--out_dir={run_dir}"])
+    good = (run_dir / "ckpt.pt").read_bytes()
+    with pytest.raises(train.TrainError) as info:
+        train.run([config_file, "--ckpt_interval=4", "--max_iters=40", f"--out_dir={run_dir}", "--resume",
+                   "--allow_changes=lr", "--lr=1e3"])
+    message = str(info.value)
+    assert "training diverged at iteration 9" in message and "last good checkpoint" in message
+    assert "(iteration 8) is kept" in message
+    assert (run_dir / "ckpt.pt").read_bytes() == good  # the loss history came with the checkpoint: caught at once
+    resumed = train.run([config_file, "--ckpt_interval=4", "--max_iters=40", "--stop_iter=16", f"--out_dir={run_dir}",
+                         *advice_flags(message), "--lr=5e-3", "--warmup_iters=2"])
+    assert resumed["step"] == 16 and all(math.isfinite(x) for x in resumed["losses"])
+
+
+def zeroing_nan_attention(monkeypatch):
+    """What torch 2.13's fused CPU attention does on some CPUs (AMD EPYC, AVX-512): zeros, not NaN, for NaN
+    inputs, on every machine, so that no check can lean on NaN reaching the loss."""
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def zeroing(q, k, v, *args, **kwargs):
+        return torch.nan_to_num(sdpa(q, k, v, *args, **kwargs), nan=0.0)
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", zeroing)
+
+
+def poison_after(monkeypatch, updates, poison):
+    """Apply poison(model) right after the optimizer's `updates`-th step."""
+    make_optimizer = train.make_optimizer
+
+    def make(model, cfg, device):
+        optimizer = make_optimizer(model, cfg, device)
+        step, calls = optimizer.step, {"n": 0}
+
+        def poisoned_step(*args, **kwargs):
+            out = step(*args, **kwargs)
+            calls["n"] += 1
+            if calls["n"] == updates:
+                with torch.no_grad():
+                    poison(model)
+            return out
+        optimizer.step = poisoned_step
+        return optimizer
+    monkeypatch.setattr(train, "make_optimizer", make)
+
+
+def test_a_nan_weight_stops_the_run_even_where_attention_turns_nan_into_zeros(config_file, tmp_path, monkeypatch):
+    zeroing_nan_attention(monkeypatch)
+    poison_after(monkeypatch, 3, lambda model: model.blocks[0].attn.qkv.weight.view(-1)[5].fill_(float("nan")))
+    with pytest.raises(train.TrainError, match="training diverged at iteration 3: the weights are no longer finite"):
+        train.run([config_file, "--ckpt_interval=0", f"--out_dir={tmp_path / 'run'}"])
+
+
+def test_a_basis_generator_past_its_range_stops_the_run_with_its_cause(config_file, tmp_path, monkeypatch):
+    zeroing_nan_attention(monkeypatch)
+    poison_after(monkeypatch, 2, lambda model: model.blocks[1].attn.rotation.basis_generator[0, 1].fill_(5000.0))
+    with pytest.raises(train.TrainError, match="iteration 2: a learned basis generator is beyond the range of its "
+                                               "matrix exponential \\(layer 1's learned basis generator"):
+        train.run([config_file, "--pos=grape_m_basis", "--ckpt_interval=0", f"--out_dir={tmp_path / 'run'}"])
+
+
+# ----------------------------------------------------------------------------- stops, disks, leftovers
+
+def test_a_stop_during_validation_does_not_wait_for_it(config_file, tmp_path, monkeypatch):
+    """SIGTERM during a validation of 64 batches: at most one more batch is scored, then the run saves a checkpoint
+    at that iteration and ends; the interrupted validation is not recorded, and the run resumes exactly."""
+    forward, seen = GPT.forward, {"validation": 0, "after_signal": 0}
+
+    def forward_sending_sigterm(self, *args, **kwargs):
+        if not self.training:
+            seen["validation"] += 1
+            if seen["validation"] == 64 + 3:  # the third batch of the validation at iteration 2
+                os.kill(os.getpid(), signal.SIGTERM)
+            elif seen["validation"] > 64 + 3:
+                seen["after_signal"] += 1
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(GPT, "forward", forward_sending_sigterm)
+    run_dir = tmp_path / "run"
+    args = [config_file, "--batch_size=1", "--global_batch_size=4", "--eval_interval=2", "--eval_windows=64",
+            "--ckpt_interval=0", "--max_iters=6"]
+    out = train.run(args + [f"--out_dir={run_dir}"])
+    assert out["stopped"] == "sigterm" and out["step"] == 2 and seen["after_signal"] <= 1
+    assert [step for step, _ in out["val_losses"]] == [0]
+    assert checkpoints.load(str(run_dir / "ckpt.pt"))["step"] == 2
+    monkeypatch.setattr(GPT, "forward", forward)
+    resumed = train.run(args + [f"--out_dir={run_dir}", "--resume"])
+    whole = train.run(args + [f"--out_dir={tmp_path / 'whole'}"])
+    assert resumed["losses"] == pytest.approx(whole["losses"][2:], rel=1e-6)
+
+
+@pytest.mark.parametrize("errno_, reason", [(28, "No space left on device"), (30, "Read-only file system")])
+def test_a_full_or_read_only_run_directory_during_training_is_one_sentence(config_file, tmp_path, monkeypatch,
+                                                                           errno_, reason):
+    import training.metrics
+    run_dir = tmp_path / "run"
+    writes = {"n": 0}
+
+    def failing_open(path, mode="r", *args, **kwargs):
+        if str(path).endswith("metrics.jsonl") and "a" in mode:
+            writes["n"] += 1
+            if writes["n"] == 6:
+                raise OSError(errno_, reason)
+        return open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(training.metrics, "open", failing_open, raising=False)
+    with pytest.raises(train.TrainError, match=f"cannot write .*metrics.jsonl \\({reason}\\), so the run stops: the "
+                                               "last checkpoint .* is intact"):
+        train.run([config_file, "--ckpt_interval=2", f"--out_dir={run_dir}"])
+    assert checkpoints.load(str(run_dir / "ckpt.pt"))["step"] == 4
+
+
+def test_a_partial_checkpoint_write_left_by_a_kill_is_removed_at_the_next_start(config_file, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    train.run([config_file, "--stop_iter=2", f"--out_dir={run_dir}"])
+    (run_dir / "ckpt.pt.tmp").write_bytes(b"half a checkpoint")
+    train.run([config_file, "--stop_iter=3", "--resume", f"--out_dir={run_dir}"])
+    assert not (run_dir / "ckpt.pt.tmp").exists()
+    assert "removed" in capsys.readouterr().out and checkpoints.load(str(run_dir / "ckpt.pt"))["step"] == 3

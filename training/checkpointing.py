@@ -106,7 +106,8 @@ class Checkpointer:
         self.path, self.ddp, self.stops, self.resolved, self.wandb_id = path, ddp, stops, resolved, wandb_id
         self.saved_step = saved_step
 
-    def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, divergence: dict) -> None:
+        """`divergence`: the divergence monitor's state (the recent losses), so a resume checks from its first step."""
         if self.ddp.is_main:
             device, run = self.ddp.device, self.resolved
             rng = {"torch": torch.get_rng_state(),
@@ -116,7 +117,8 @@ class Checkpointer:
                      "world_size": run["world_size"], "grad_accum": run["grad_accum"],
                      "windows_seen": step * run["train"]["global_batch_size"],
                      "tokens_seen": step * run["train"]["global_batch_size"] * run["model"]["block_size"],
-                     "code_version": run["code_version"], "wandb_id": self.wandb_id, "changes": run["resume_changes"]}
+                     "code_version": run["code_version"], "wandb_id": self.wandb_id, "changes": run["resume_changes"],
+                     "divergence": divergence}
             with self.stops.writing_checkpoint():  # a second Ctrl-C now waits for the write instead of discarding it
                 try:
                     checkpoints.save(self.path, state)

@@ -11,6 +11,7 @@ import time
 import torch
 
 from config import ConfigError, TrainConfig
+from training.errors import TrainError
 
 # bf16 dense peak FLOP/s per GPU, for MFU: the first key found in torch.cuda.get_device_name wins, so the
 # slower H100 variants come before the SXM one ("NVIDIA H100 80GB HBM3").
@@ -74,8 +75,13 @@ class Metrics:
         if self.path is None:
             return
         print(console, flush=True)
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        try:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+        except OSError as error:
+            raise TrainError(f"cannot write {self.path} ({error.strerror or error}), so the run stops: the last "
+                             f"checkpoint in {os.path.dirname(self.path)} is intact; free space or make the directory "
+                             "writable, then continue with --resume") from None
         if self.wandb_run is not None:
             step = record.get("iter")
             values = {f"{record['type']}/{k}": v for k, v in record.items()

@@ -8,7 +8,6 @@ batch is split (1 process x 2 micro-batches reads what 2 processes x 1 read), an
 from __future__ import annotations
 
 import contextlib
-import math
 from dataclasses import dataclass
 
 import torch
@@ -19,16 +18,21 @@ from training.errors import TrainError
 
 @dataclass
 class StepResult:
-    loss: float          # mean loss over the global batch
-    grad_norm: float     # before clipping
-    stop: bool           # some process was asked to stop: all stop after this step
+    loss: float                # mean loss over the global batch
+    grad_norm: float | None    # before clipping (None for a forward pass alone)
+    param_norm: float          # of all weights: not finite once any weight is not
+    overflow: float            # GRAPE-M-basis generators past the range of their exponential when > 1
+    stop: bool = False         # some process was asked to stop: all stop after this step
 
 
-def train_step(model, params, batches, step: int, grad_accum: int, loss_scale: float, cfg: TrainConfig, ddp,
-               autocast, stops, vote_each_micro_batch: bool) -> StepResult | None:
+def train_step(model, raw_model, batches, step: int, grad_accum: int, cfg: TrainConfig, ddp, autocast,
+               stops) -> StepResult | None:
     """Forward and backward passes of this process's micro-batches, gradient clipping, and one small all-reduce
-    of the loss and the stop vote. Returns None, with the gradients dropped, when a stop request arrives between
-    micro-batches: the weights are still those after `step` steps, so a checkpoint resumes by redoing this step."""
+    of the loss, the health of the weights and the stop vote. Returns None, with the gradients dropped, when a
+    stop request arrives between micro-batches: the weights are still those after `step` steps, so a checkpoint
+    resumes by redoing this step."""
+    params = [p for p in raw_model.parameters() if p.requires_grad]
+    vote_each_micro_batch = votes_each_micro_batch(grad_accum, ddp)
     loss_sum = torch.zeros((), device=ddp.device)
     for micro in range(grad_accum):
         x, y = batches.batch((step * grad_accum + micro) * ddp.world_size + ddp.rank)
@@ -39,17 +43,37 @@ def train_step(model, params, batches, step: int, grad_accum: int, loss_scale: f
             with autocast():
                 _, loss = model(x, targets=y)
             # The mean over the global batch (1/grad_accum here, DDP's mean over processes), times loss_scale.
-            (loss * loss_scale / grad_accum).backward()
+            (loss * cfg.loss_scale / grad_accum).backward()
         loss_sum += loss.detach().float()
         if vote_each_micro_batch and micro < grad_accum - 1 and stops.any_process(ddp):
             for p in params:
                 p.grad = None
             return None
     grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
-    # One small all-reduce per step: the global loss, and whether any process was asked to stop (all must stop
-    # at the same step).
-    loss_value, votes = ddp.all_reduce_sum(torch.stack([loss_sum / grad_accum, stops.vote(ddp.device)])).tolist()
-    return StepResult(loss=loss_value / ddp.world_size, grad_norm=grad_norm.item(), stop=votes > 0)
+    return gather(loss_sum / grad_accum, raw_model, ddp, stops, grad_norm)
+
+
+def gather(loss: torch.Tensor, raw_model, ddp, stops, grad_norm: torch.Tensor | None = None) -> StepResult:
+    """One small all-reduce: the mean loss over the processes, the weights' health (the same on every process)
+    and whether any process was asked to stop (all must stop at the same step)."""
+    with torch.no_grad():
+        param_norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.detach().float())
+                                                           for p in raw_model.parameters()]))
+        stats = torch.stack([loss.float(), param_norm, raw_model.basis_overflow(), stops.vote(ddp.device)])
+    loss_sum, param_norm_sum, overflow_sum, votes = ddp.all_reduce_sum(stats).tolist()
+    world = ddp.world_size
+    return StepResult(loss=loss_sum / world, grad_norm=None if grad_norm is None else grad_norm.item(),
+                      param_norm=param_norm_sum / world, overflow=overflow_sum / world, stop=votes > 0)
+
+
+@torch.no_grad()
+def confirmation(raw_model, batches, step: int, grad_accum: int, ddp, autocast, stops) -> StepResult:
+    """The current weights' loss on the first micro-batch of step `step` (the next one) and their health,
+    checked before they are saved: a checkpoint never holds weights that no check has seen."""
+    x, y = batches.batch(step * grad_accum * ddp.world_size + ddp.rank)
+    with autocast():
+        _, loss = raw_model(x.to(ddp.device), targets=y.to(ddp.device))
+    return gather(loss, raw_model, ddp, stops)
 
 
 def votes_each_micro_batch(grad_accum: int, ddp) -> bool:
@@ -59,30 +83,19 @@ def votes_each_micro_batch(grad_accum: int, ddp) -> bool:
     return grad_accum > 1 and (not ddp.enabled or grad_accum >= 8)
 
 
-def check_finite(result: StepResult, step: int, model, ckpt_path: str, saved_step: int | None) -> None:
-    """A non-finite loss or gradient norm stops the run before the bad update is applied, naming a known cause
-    and what to do; the last checkpoint is left as it is."""
-    if math.isfinite(result.loss) and math.isfinite(result.grad_norm):
-        return
-    remedy = "lower --lr or raise --warmup_iters (or check the data)"
-    if saved_step is None:
-        remedy = f"no checkpoint was written before it, so start again with the same command but {remedy}"
-    else:
-        remedy = (f"the last good checkpoint {ckpt_path} (iteration {saved_step}) is kept: {remedy} and "
-                  f"continue from it with --resume --allow_changes=lr,warmup_iters and the new values")
-    raise TrainError(f"loss is {result.loss} (grad norm {result.grad_norm}) at iteration {step}: training "
-                     f"diverged and stopped without updating the weights{model.nonfinite_cause()}; {remedy}.")
-
-
 @torch.no_grad()
-def evaluate(model, data_dir: str, cfg: TrainConfig, block_size: int, ddp, autocast) -> float:
+def evaluate(model, data_dir: str, cfg: TrainConfig, block_size: int, ddp, autocast, stops=None) -> float | None:
     """Mean loss over the first eval_windows fixed validation windows, the batches shared out over the processes.
-    Each batch's mean loss is weighted by its number of windows (the last batch may be smaller)."""
+    Each batch's mean loss is weighted by its number of windows (the last batch may be smaller). None when a stop
+    request cut it short (checked between batches, so a stop never waits for a whole validation)."""
     from data.loader import validation_batches
     model.eval()
-    total = torch.zeros(2, dtype=torch.float64, device=ddp.device)
+    total = torch.zeros(3, dtype=torch.float64, device=ddp.device)  # loss x windows, windows, stopped
     for i, (x, y) in enumerate(validation_batches(data_dir, batch_size=cfg.batch_size, block_size=block_size,
                                                   max_windows=cfg.eval_windows)):
+        if stops is not None and stops.requested:
+            total[2] = 1
+            break
         if i % ddp.world_size != ddp.rank:
             continue
         with autocast():
@@ -91,6 +104,8 @@ def evaluate(model, data_dir: str, cfg: TrainConfig, block_size: int, ddp, autoc
         total[1] += len(x)
     model.train()
     ddp.all_reduce_sum(total)
+    if total[2].item() > 0:
+        return None
     if total[1].item() == 0:
         raise TrainError(f"{data_dir} has no validation windows of length {block_size}; prepare a larger "
                          "validation split or lower block_size.")

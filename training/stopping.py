@@ -21,6 +21,7 @@ class StopSignals:
     def __init__(self, say=print):
         self.say = say
         self.requested = False       # a stop was asked for on this process
+        self.reason = ""             # "sigterm" or "interrupted" (Ctrl-C): how the run's summary says it stopped
         self.writing = False         # a checkpoint is being written: a second Ctrl-C waits for it
         self.interrupt_after_write = False
         self._previous = {}
@@ -45,6 +46,7 @@ class StopSignals:
         self.say(("Ctrl-C" if signum == signal.SIGINT else "SIGTERM") + ": stopping with a checkpoint after the "
                  "current micro-batch" + (" (Ctrl-C again to stop at once)." if signum == signal.SIGINT else "."))
         self.requested = True
+        self.reason = self.reason or ("interrupted" if signum == signal.SIGINT else "sigterm")
 
     @contextlib.contextmanager
     def writing_checkpoint(self):
