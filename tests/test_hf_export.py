@@ -1,0 +1,284 @@
+"""scripts/export_hf.py: every encoding leaves as a Hugging Face model that computes what ours computes.
+
+The references are independent of the export: our own GPT (logits, and a greedy loop over the tokenizer's
+ids written here), transformers' own Qwen3 implementation for the native export, tiktoken for the
+tokenizer files, and a fresh process that cannot import this repository or Triton for the remote code.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from eval.tiny import save_run
+from hf.export import ExportError, export
+from model import GPT, GPTConfig
+from positional import BIASES, ROTATIONS
+
+transformers = pytest.importorskip("transformers")
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+BYTE_VOCAB, EOT = 257, 256  # the byte tokenizer: ids past 256 are the embedding's padding rows (vocab 320)
+CASES = ([(pos, kv) for pos in ROTATIONS + BIASES for kv in (False, True)]
+         + [("rope+grape_ap", False), ("grape_m+alibi", True), ("grape_m_ctx+fox", False)])
+
+
+def perturbed_model(pos="rope", kv_shift=False, seed=0, **config):
+    """A 2-layer byte model whose norm gains and positional parameters are moved off their init values
+    (a wrong mapping of any of them shows in the logits)."""
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, head_dim=16, vocab_size=320, block_size=64, pos=pos,
+                          kv_shift=kv_shift, **config))
+    noise = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or any(part in name for part in ("rotation.", "bias.", "kv_shift.")):
+                p.add_(0.2 * torch.randn(p.shape, generator=noise))
+    return model.eval()
+
+
+def exported(tmp_path, model, fmt="auto"):
+    run_dir = save_run(model, str(tmp_path / "run"))
+    out = str(tmp_path / "export")
+    summary = export(run_dir, out, fmt)
+    return out, summary
+
+
+def greedy_reference(model, prompt, new_tokens):
+    """Our model, full forward each step, argmax over the tokenizer's ids; rows that emitted end-of-text
+    continue with it (the pad id), and generation ends when every row has (as transformers does)."""
+    tokens = prompt
+    with torch.no_grad():
+        for _ in range(new_tokens):
+            logits, _ = model(tokens)
+            nxt = logits[:, -1, :BYTE_VOCAB].argmax(-1)
+            nxt = torch.where((tokens[:, prompt.shape[1]:] == EOT).any(1), EOT, nxt)
+            tokens = torch.cat([tokens, nxt[:, None]], dim=1)
+            if bool((tokens[:, prompt.shape[1]:] == EOT).any(1).all()):
+                break
+    return tokens
+
+
+def relative_error(ours, theirs):
+    return ((ours.double() - theirs.double()).abs().max() / ours.double().abs().max()).item()
+
+
+@pytest.mark.parametrize("pos,kv_shift", CASES, ids=[f"{p}{'+kv_shift' if kv else ''}" for p, kv in CASES])
+def test_export_computes_our_logits_and_greedy_tokens(tmp_path, pos, kv_shift):
+    model = perturbed_model(pos, kv_shift)
+    out, summary = exported(tmp_path, model)
+    native = pos == "rope" and not kv_shift
+    assert summary["format"] == ("native Qwen3" if native else "remote code")
+    if native:  # loads without remote code, as transformers' own Qwen3
+        hf = AutoModelForCausalLM.from_pretrained(out)
+        assert type(hf).__name__ == "Qwen3ForCausalLM"
+        assert not any(name.endswith(".py") for name in os.listdir(out))
+    else:
+        hf = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)
+    ids = torch.randint(0, BYTE_VOCAB, (2, 24), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ours = model(ids)[0]
+        assert relative_error(ours, hf(ids).logits) <= 1e-5
+        if not native:  # transformers' Qwen3 computes RoPE in fp32 whatever the dtype; our code runs in fp64
+            assert relative_error(model.double()(ids)[0], hf.double()(ids).logits) <= 1e-12
+            model.float(), hf.float()
+    prompt = ids[:, :8]
+    cached = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=32)
+    uncached = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=32, use_cache=False)
+    assert torch.equal(cached, uncached)
+    assert torch.equal(cached, greedy_reference(model, prompt, 32))
+
+
+def test_native_config_sets_every_value_qwen3_would_default_differently(tmp_path):
+    out, _ = exported(tmp_path, perturbed_model("rope", norm_eps=1e-5, rope_base=5000.0))
+    with open(os.path.join(out, "config.json")) as f:
+        config = json.load(f)
+    assert config["rope_parameters"] == {"rope_type": "default", "rope_theta": 5000.0} and config["rope_theta"] == 5000.0
+    expected = {"rms_norm_eps": 1e-5, "tie_word_embeddings": True, "num_key_value_heads": 2, "head_dim": 16,
+                "intermediate_size": 85, "max_position_embeddings": 64, "vocab_size": 320}
+    assert {key: config[key] for key in expected} == expected
+    loaded = transformers.AutoConfig.from_pretrained(out)
+    assert loaded.rope_parameters["rope_theta"] == 5000.0 and loaded.rms_norm_eps == 1e-5
+    with open(os.path.join(out, "generation_config.json")) as f:
+        generation = json.load(f)
+    assert generation["suppress_tokens"] == list(range(BYTE_VOCAB, 320)) and generation["eos_token_id"] == EOT
+
+
+@pytest.mark.parametrize("pos", ["grape_m_ctx", "rope"])
+def test_round_trip_through_transformers_save_pretrained(tmp_path, pos):
+    from hf.init_from import initial_state
+
+    model = perturbed_model(pos, kv_shift=pos != "rope")
+    out, _ = exported(tmp_path, model)
+    hf = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)
+    tokenizer = AutoTokenizer.from_pretrained(out, trust_remote_code=True)
+    again_dir = str(tmp_path / "saved_again")
+    hf.save_pretrained(again_dir)
+    tokenizer.save_pretrained(again_dir)
+    again = AutoModelForCausalLM.from_pretrained(again_dir, trust_remote_code=True)
+    text = "Positions, rotations and gates. Ünïcödé too."
+    ids = torch.tensor([AutoTokenizer.from_pretrained(again_dir, trust_remote_code=True).encode(text)])
+    assert ids[0].tolist() == list(text.encode())
+    with torch.no_grad():
+        assert torch.equal(hf(ids).logits, again(ids).logits)
+    # and back into a training run's weights, bit for bit (train.py's init_from)
+    state = initial_state(again_dir, {k: getattr(model.config, k) for k in model.config.__dataclass_fields__})
+    assert state.keys() == model.state_dict().keys()
+    assert all(torch.equal(state[name], tensor) for name, tensor in model.state_dict().items())
+
+
+def test_remote_code_runs_without_this_repository_or_triton(tmp_path):
+    """A fresh process whose imports of our modules (and of triton) fail loads two exports, decodes with the
+    cache and gets our logits and tokens."""
+    expected = {}
+    for pos, kv_shift in (("grape_ap", True), ("fox", False)):
+        model = perturbed_model(pos, kv_shift, seed=3)
+        out, _ = exported(tmp_path / pos, model)
+        ids = torch.randint(0, BYTE_VOCAB, (1, 12), generator=torch.Generator().manual_seed(4))
+        with torch.no_grad():
+            expected[out] = (ids, model(ids)[0], greedy_reference(model, ids, 16))
+    torch.save(expected, tmp_path / "expected.pt")
+    script = f"""
+import sys
+for name in ("model", "positional", "attention", "kernels", "checkpoints", "hf", "triton"):
+    sys.modules[name] = None  # `import name` fails, find_spec(name) is None: as on a machine without them
+import torch
+from transformers import AutoModelForCausalLM
+results = {{}}
+for out, (ids, _, _) in torch.load({str(tmp_path / "expected.pt")!r}).items():
+    model = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)
+    with torch.no_grad():
+        logits = model(ids).logits
+    results[out] = (logits, model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16))
+    assert model.model.attention_backend in ("sdpa", "lifted", "path_integral"), model.model.attention_backend
+torch.save(results, {str(tmp_path / "results.pt")!r})
+"""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"), OMP_NUM_THREADS="1")
+    child = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                           timeout=300)
+    assert child.returncode == 0, child.stderr[-3000:]
+    results = torch.load(tmp_path / "results.pt")
+    for out, (_, logits, tokens) in expected.items():
+        assert relative_error(logits, results[out][0]) <= 1e-5
+        assert torch.equal(results[out][1], tokens)
+
+
+def test_tokenizer_files_encode_as_tiktoken_does():
+    """A small BPE trained here (tiktoken's Encoding is the reference), and GPT-2's own ranks when the
+    machine has them."""
+    import tiktoken
+    from tiktoken_ext.openai_public import r50k_pat_str
+
+    from hf.tokenizer_files import build_tokenizer
+
+    corpus = ("the model reads every token and learns which word comes next; positions rotate, gates forget. "
+              "Ünïcödé bytes and 12345 digits too. ") * 4
+    ranks = {bytes([b]): b for b in range(256)}
+    words = [list(w.encode()) for w in corpus.split(" ")]
+    words = [[bytes([b]) for b in w] for w in words]
+    for _ in range(60):  # byte-pair merges: the most frequent adjacent pair becomes the next token
+        counts = {}
+        for w in words:
+            for a, b in zip(w, w[1:]):
+                counts[a + b] = counts.get(a + b, 0) + 1
+        if not counts:
+            break
+        best = max(counts, key=counts.get)
+        ranks[best] = len(ranks)
+        merged = []
+        for w in words:
+            out, i = [], 0
+            while i < len(w):
+                if i + 1 < len(w) and w[i] + w[i + 1] == best:
+                    out.append(best)
+                    i += 2
+                else:
+                    out.append(w[i])
+                    i += 1
+            merged.append(out)
+        words = merged
+    specials = {"<|endoftext|>": len(ranks)}
+    reference = tiktoken.Encoding("tiny", pat_str=r50k_pat_str, mergeable_ranks=ranks, special_tokens=specials)
+    ours = build_tokenizer(ranks, r50k_pat_str, specials)
+    texts = [corpus, "  the\tmodels' tokens\n\nrotate  ", "ünïcödé 1234567 ok?", "reads reads reads"]
+    for text in texts:
+        assert ours.encode(text).ids == reference.encode_ordinary(text)
+        assert ours.decode(ours.encode(text).ids) == text
+    from data.shards import DataError
+    from data.tokenizer import gpt2_encoding
+    from hf.tokenizer_files import tokenizer_for
+    try:
+        gpt2 = gpt2_encoding()
+    except DataError:
+        return  # no GPT-2 ranks on this machine (CI installs them)
+    tokenizer, eot = tokenizer_for("gpt2")
+    assert eot == 50256 and tokenizer.encode("Hello world").ids == [15496, 995]
+    for text in texts:
+        assert tokenizer.encode(text).ids == gpt2.encode_ordinary(text)
+
+
+# ----------------------------------------------------------------------------- bad input
+
+def no_leftovers(directory):
+    return not [name for name in os.listdir(directory) if name.endswith(".partial")]
+
+
+def test_unknown_or_corrupt_checkpoint_is_one_sentence(tmp_path):
+    with pytest.raises(ExportError, match="no checkpoint at") as error:
+        export(str(tmp_path / "missing"), str(tmp_path / "out"))
+    assert "\n" not in str(error.value)
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "ckpt.pt").write_bytes(b"not a checkpoint at all")
+    with pytest.raises(ExportError) as error:
+        export(str(tmp_path / "bad"), str(tmp_path / "out"))
+    assert "\n" not in str(error.value) and "ckpt.pt" in str(error.value)
+    assert not (tmp_path / "out").exists() and no_leftovers(tmp_path)
+
+
+def test_existing_output_directory_is_refused_and_left_alone(tmp_path):
+    run_dir = save_run(perturbed_model(), str(tmp_path / "run"))
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "mine.txt").write_text("keep")
+    with pytest.raises(ExportError, match="already exists"):
+        export(run_dir, str(tmp_path / "out"))
+    assert os.listdir(tmp_path / "out") == ["mine.txt"] and no_leftovers(tmp_path)
+
+
+@pytest.mark.parametrize("pos,config", [("fox", {}), ("rope", {"kv_shift": True}), ("rope", {"qk_norm": "after"}),
+                                        ("nope", {})])
+def test_native_export_of_what_qwen3_cannot_express_is_one_sentence(tmp_path, pos, config):
+    run_dir = save_run(perturbed_model(pos, **config), str(tmp_path / "run"))
+    with pytest.raises(ExportError, match="native Qwen3 cannot express") as error:
+        export(run_dir, str(tmp_path / "out"), "native")
+    assert "--format remote" in str(error.value) and "\n" not in str(error.value)
+    assert not (tmp_path / "out").exists() and no_leftovers(tmp_path)
+
+
+def test_a_failure_while_writing_leaves_nothing_behind(tmp_path, monkeypatch):
+    import hf.export
+
+    run_dir = save_run(perturbed_model("fox"), str(tmp_path / "run"))
+
+    def fail(out_dir):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(hf.export, "generate", fail)
+    with pytest.raises(ExportError, match="No space left on device"):
+        export(run_dir, str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists() and no_leftovers(tmp_path)
+
+
+def test_command_line_prints_one_error_line(tmp_path, capsys):
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+    try:
+        import export_hf
+    finally:
+        sys.path.pop(0)
+    with pytest.raises(SystemExit) as exit_info:
+        export_hf.main([str(tmp_path / "missing"), str(tmp_path / "out")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: no checkpoint at") and err.count("\n") == 1
