@@ -39,6 +39,7 @@ from torch.nn.parallel import DistributedDataParallel
 import checkpoints
 from config import ConfigError, TrainConfig, resolve
 from data.shards import DataError
+from hf.init_from import initial_state
 
 # Settings that shape the loss sequence: a resumed run must use the checkpoint's values unless --allow_changes
 # names them. (batch_size and the number of processes may change: a step reads the same windows however the
@@ -322,6 +323,8 @@ def run(argv: list[str]) -> dict:
         raise ConfigError(f"{cfg.out_dir} already holds a checkpoint; add --resume to continue it, "
                           "or choose another --out_dir.")
     ckpt = load_checkpoint(ckpt_path) if resume else None  # fail fast on a missing or damaged checkpoint
+    # init_from: read (and checked against the model config) before the data, so that a mistake fails fast
+    init_state = initial_state(cfg.init_from, model_cfg_dict) if cfg.init_from and ckpt is None else None
     changes, change_history = [], []
     if ckpt is not None:
         changes = check_resume_compatible(ckpt, model_cfg_dict, cfg, ckpt_path, allowed_changes)
@@ -374,6 +377,9 @@ def run(argv: list[str]) -> dict:
     # model and optimizer (same seed on every process, so every replica starts equal)
     torch.manual_seed(cfg.seed)
     raw_model = GPT(model_cfg).to(ddp.device)
+    if init_state is not None:
+        raw_model.load_state_dict(init_state)
+        say(f"initialised the weights from {cfg.init_from}")
     optimizer = torch.optim.AdamW(param_groups(raw_model, cfg.weight_decay, cfg.decay_params), lr=cfg.lr,
                                   betas=(cfg.beta1, cfg.beta2), fused=ddp.device.type == "cuda")
     step, wandb_id = 0, None
