@@ -48,11 +48,16 @@ def export(run_dir: str, out_dir: str, fmt: str = "auto") -> dict:
     except UserError as error:
         raise ExportError(str(error)) from None
     cfg = dataclasses.asdict(model.config)
+    # how attention is computed is the loading machine's choice (e.g. "tile" needs a GPU), not the model's
+    model.config.attn_backend = cfg["attn_backend"] = "auto"
     problems = qwen3.native_problems(cfg)
     if fmt == "native" and problems:
         raise ExportError(f"native Qwen3 cannot express this model ({'; '.join(problems)}); export it as remote "
                           "code with --format remote (or auto, which picks it)")
     native = fmt != "remote" and not problems
+    if tokenizer.n_vocab > cfg["vocab_size"]:
+        raise ExportError(f"the checkpoint's tokenizer has {tokenizer.n_vocab} tokens but the model only "
+                          f"{cfg['vocab_size']}; it does not belong to this model")
 
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.", suffix=".partial", dir=parent)
     try:
@@ -63,9 +68,6 @@ def export(run_dir: str, out_dir: str, fmt: str = "auto") -> dict:
             eot = write_tokenizer(ckpt["tokenizer"], tmp, cfg["block_size"])
         except (DataError, ValueError) as error:
             raise ExportError(f"cannot write the tokenizer files: {error}") from None
-        if tokenizer.n_vocab > cfg["vocab_size"]:
-            raise ExportError(f"the checkpoint's tokenizer has {tokenizer.n_vocab} tokens but the model only "
-                              f"{cfg['vocab_size']}; it does not belong to this model")
         files = write_weights_and_config(model, tmp, native, eot)
         write_json(tmp, "generation_config.json", generation_config(eot, tokenizer.n_vocab, cfg["vocab_size"]))
         summary = {"format": "native Qwen3" if native else "remote code", "pos": cfg["pos"],

@@ -124,6 +124,16 @@ def test_round_trip_through_transformers_save_pretrained(tmp_path, pos):
     assert ids[0].tolist() == list(text.encode())
     with torch.no_grad():
         assert torch.equal(hf(ids).logits, again(ids).logits)
+    # beam search reorders the cache's rows; a returned cache continues a sequence
+    prompt = ids[:, :6].repeat(2, 1)
+    beams = [again.generate(prompt, attention_mask=torch.ones_like(prompt), num_beams=3, max_new_tokens=10,
+                            use_cache=use_cache) for use_cache in (True, False)]
+    assert torch.equal(*beams)
+    with torch.no_grad():
+        first = again(ids[:, :-3], use_cache=True)
+        cache = {name: value for name, value in first.items() if name != "logits"}  # (its name varies in 5.x)
+        rest = again(ids[:, -3:], use_cache=True, **cache)
+        assert relative_error(again(ids).logits[:, -3:], rest.logits) <= 1e-6
     # and back into a training run's weights, bit for bit (train.py's init_from)
     state = initial_state(again_dir, {k: getattr(model.config, k) for k in model.config.__dataclass_fields__})
     assert state.keys() == model.state_dict().keys()
