@@ -71,26 +71,24 @@ def closure(root: str = ROOT_MODULE) -> dict[str, str]:
     return sources
 
 
-def _relative_import(node, modules: set[str]) -> str | None:
-    """The relative form of an import statement that names repository modules; None for other imports."""
+def _relative_import(node, modules: set[str]) -> list[str] | None:
+    """The relative form (statements) of an import that names repository modules; None for other imports."""
     if isinstance(node, ast.Import):
         ours = [alias for alias in node.names if alias.name in modules]
         if not ours:
             return None
         if len(ours) != len(node.names) or any("." in alias.name for alias in ours):
             raise ValueError(f"cannot export `{ast.unparse(node)}`: write `from package import module` instead")
-        return "; ".join(f"from . import {flat_name(a.name)}" + (f" as {a.asname}" if a.asname else "")
-                         for a in ours)
+        return [f"from . import {flat_name(a.name)}" + (f" as {a.asname}" if a.asname else "") for a in ours]
     if node.module not in modules:
         return None
     submodules = [a for a in node.names if f"{node.module}.{a.name}" in modules]
     if submodules and len(submodules) != len(node.names):
         raise ValueError(f"cannot export `{ast.unparse(node)}`: import submodules and names in separate lines")
     if submodules:
-        return "; ".join(f"from . import {flat_name(node.module + '.' + a.name)} as {a.asname or a.name}"
-                         for a in submodules)
+        return [f"from . import {flat_name(node.module + '.' + a.name)} as {a.asname or a.name}" for a in submodules]
     names = ", ".join(a.name + (f" as {a.asname}" if a.asname else "") for a in node.names)
-    return f"from .{flat_name(node.module)} import {names}"
+    return [f"from .{flat_name(node.module)} import {names}"]
 
 
 def rewrite(source: str, modules: set[str], namespace: str) -> str:
@@ -103,11 +101,11 @@ def rewrite(source: str, modules: set[str], namespace: str) -> str:
         indent = " " * node.col_offset
         relative = _relative_import(node, modules)
         if relative is not None:
-            edits.append((node.lineno - 1, node.end_lineno - 1, [indent + relative + "\n"]))
+            edits.append((node.lineno - 1, node.end_lineno - 1, [indent + line + "\n" for line in relative]))
         elif node in tree.body and isinstance(node, ast.Import) and \
                 all(a.name.split(".")[0] in OPTIONAL_PACKAGES for a in node.names):
             edits.append((node.lineno - 1, node.end_lineno - 1,
-                          ["try:  # (hidden from transformers' check of required packages; see remote_code.py)\n",
+                          ["try:  # (so that transformers does not require it: this module is imported only when it is found)\n",
                            "    " + ast.unparse(node) + "\n", "except ImportError:\n", "    raise\n"]))
     for first, last, replacement in sorted(edits, reverse=True):
         lines[first:last + 1] = replacement
@@ -121,8 +119,11 @@ def generate(out_dir: str) -> list[str]:
     sources = closure()
     modules = set(sources)
     flat = {flat_name(name): text for name, text in sources.items()}
-    templates = {os.path.splitext(f)[0]: open(os.path.join(TEMPLATES, f)).read()
-                 for f in sorted(os.listdir(TEMPLATES)) if f.endswith(".py")}
+    templates = {}
+    for name in sorted(os.listdir(TEMPLATES)):
+        if name.endswith(".py"):
+            with open(os.path.join(TEMPLATES, name)) as f:
+                templates[name.removesuffix(".py")] = f.read()
     if len(flat) != len(modules) or set(flat) & set(templates):
         raise ValueError(f"module names collide when flattened: {sorted(modules)} and templates {sorted(templates)}")
     digest = hashlib.sha256("".join(sources[name] for name in sorted(sources)).encode()).hexdigest()

@@ -140,9 +140,26 @@ def test_round_trip_through_transformers_save_pretrained(tmp_path, pos):
     assert all(torch.equal(state[name], tensor) for name, tensor in model.state_dict().items())
 
 
+BLOCK_REPOSITORY = """
+import sys
+for name in ("model", "positional", "attention", "kernels", "checkpoints", "hf"):
+    sys.modules[name] = None  # `import name` fails, find_spec(name) is None: as on a machine without them
+"""
+
+
+def run_fresh(tmp_path, script, **env):
+    """Run a Python script in a new process that cannot import this repository, from an empty directory."""
+    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "HF_HUB_OFFLINE": "1",
+           "HF_MODULES_CACHE": str(tmp_path / "modules"), "OMP_NUM_THREADS": "1", **env}
+    (tmp_path / "empty").mkdir()
+    child = subprocess.run([sys.executable, "-c", BLOCK_REPOSITORY + script], cwd=tmp_path / "empty", env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert child.returncode == 0, child.stderr[-3000:]
+
+
 def test_remote_code_runs_without_this_repository_or_triton(tmp_path):
-    """A fresh process whose imports of our modules (and of triton) fail loads two exports, decodes with the
-    cache and gets our logits and tokens."""
+    """Two exports load in a fresh process where neither our modules nor triton import, and decode with the
+    cache: our logits and tokens."""
     expected = {}
     for pos, kv_shift in (("grape_ap", True), ("fox", False)):
         model = perturbed_model(pos, kv_shift, seed=3)
@@ -151,10 +168,8 @@ def test_remote_code_runs_without_this_repository_or_triton(tmp_path):
         with torch.no_grad():
             expected[out] = (ids, model(ids)[0], greedy_reference(model, ids, 16))
     torch.save(expected, tmp_path / "expected.pt")
-    script = f"""
-import sys
-for name in ("model", "positional", "attention", "kernels", "checkpoints", "hf", "triton"):
-    sys.modules[name] = None  # `import name` fails, find_spec(name) is None: as on a machine without them
+    run_fresh(tmp_path, f"""
+sys.modules["triton"] = None
 import torch
 from transformers import AutoModelForCausalLM
 results = {{}}
@@ -165,16 +180,40 @@ for out, (ids, _, _) in torch.load({str(tmp_path / "expected.pt")!r}).items():
     results[out] = (logits, model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16))
     assert model.model.attention_backend in ("sdpa", "lifted", "path_integral"), model.model.attention_backend
 torch.save(results, {str(tmp_path / "results.pt")!r})
-"""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"), OMP_NUM_THREADS="1")
-    child = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
-                           timeout=300)
-    assert child.returncode == 0, child.stderr[-3000:]
+""")
     results = torch.load(tmp_path / "results.pt")
     for out, (_, logits, tokens) in expected.items():
         assert relative_error(logits, results[out][0]) <= 1e-5
         assert torch.equal(results[out][1], tokens)
+
+
+def test_remote_code_runs_its_triton_kernel_where_triton_runs(tmp_path):
+    """The copied Triton kernel (FoX's bias added inside the tile; run by Triton's CPU interpreter here) in a
+    fresh process without this repository: our logits and tokens."""
+    pytest.importorskip("triton")
+    model = perturbed_model("fox", kv_shift=True, seed=5)
+    out, _ = exported(tmp_path, model)
+    ids = torch.randint(0, BYTE_VOCAB, (2, 12), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        logits = model(ids)[0]
+    torch.save(ids, tmp_path / "ids.pt")
+    run_fresh(tmp_path, f"""
+import torch
+from transformers import AutoModelForCausalLM
+ids = torch.load({str(tmp_path / "ids.pt")!r})
+config = AutoModelForCausalLM.from_pretrained({out!r}, trust_remote_code=True).config.model_config
+model = AutoModelForCausalLM.from_pretrained({out!r}, trust_remote_code=True,
+                                             model_config=dict(config, attn_backend="tile"))
+assert model.model.attention_backend == "tile", model.model.attention_backend
+with torch.no_grad():
+    logits = model(ids).logits
+tokens = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8)
+assert any(name.endswith(".kernels_separable_triton") for name in sys.modules)
+torch.save((logits, tokens), {str(tmp_path / "results.pt")!r})
+""", TRITON_INTERPRET="1")
+    tile_logits, tokens = torch.load(tmp_path / "results.pt")
+    assert relative_error(logits, tile_logits) <= 1e-5
+    assert torch.equal(tokens, greedy_reference(model, ids, 8))
 
 
 def test_tokenizer_files_encode_as_tiktoken_does():
