@@ -124,20 +124,37 @@ def test_round_trip_through_transformers_save_pretrained(tmp_path, pos):
     assert ids[0].tolist() == list(text.encode())
     with torch.no_grad():
         assert torch.equal(hf(ids).logits, again(ids).logits)
-    # beam search reorders the cache's rows; a returned cache continues a sequence
-    prompt = ids[:, :6].repeat(2, 1)
-    beams = [again.generate(prompt, attention_mask=torch.ones_like(prompt), num_beams=3, max_new_tokens=10,
-                            use_cache=use_cache) for use_cache in (True, False)]
-    assert torch.equal(*beams)
-    with torch.no_grad():
-        first = again(ids[:, :-3], use_cache=True)
-        cache = {name: value for name, value in first.items() if name != "logits"}  # (its name varies in 5.x)
-        rest = again(ids[:, -3:], use_cache=True, **cache)
-        assert relative_error(again(ids).logits[:, -3:], rest.logits) <= 1e-6
     # and back into a training run's weights, bit for bit (train.py's init_from)
     state = initial_state(again_dir, {k: getattr(model.config, k) for k in model.config.__dataclass_fields__})
     assert state.keys() == model.state_dict().keys()
     assert all(torch.equal(state[name], tensor) for name, tensor in model.state_dict().items())
+
+
+def test_remote_model_takes_what_transformers_passes(tmp_path):
+    """labels, position_ids, padding masks, beam search, and generation continued from a returned cache."""
+    model = perturbed_model("rope+grape_ap", kv_shift=True)  # GRAPE-AP's R_ℓ is absolute: positions matter
+    out, _ = exported(tmp_path, model)
+    hf = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)
+    ids = torch.randint(0, BYTE_VOCAB, (2, 16), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        labels = ids.masked_fill(torch.arange(16) < 4, -100)
+        _, loss = model(ids[:, :-1], targets=labels[:, 1:].masked_fill(labels[:, 1:] == -100, -1))
+        assert hf(ids, labels=labels).loss.item() == pytest.approx(loss.item(), rel=1e-6)
+        at_five = hf(ids, position_ids=torch.arange(5, 21).expand(2, -1)).logits
+        assert relative_error(model(ids, start_pos=5)[0], at_five) <= 1e-6
+        right_padded = torch.ones_like(ids).masked_fill(torch.arange(16) >= 13, 0)
+        assert torch.equal(hf(ids, attention_mask=right_padded).logits, hf(ids).logits)
+        with pytest.raises(ValueError, match="left padding would shift every position") as error:
+            hf(ids, attention_mask=right_padded.flip(1))
+        assert "\n" not in str(error.value)
+    prompt, ones = ids[:, :6], torch.ones_like(ids[:, :6])
+    beams = [hf.generate(prompt, attention_mask=ones, num_beams=3, max_new_tokens=10, use_cache=use_cache)
+             for use_cache in (True, False)]
+    assert torch.equal(*beams)  # beam search reorders the cache's rows
+    first = hf.generate(prompt, attention_mask=ones, max_new_tokens=5, return_dict_in_generate=True)
+    cache = {name: value for name, value in first.items() if name != "sequences"}  # (its name varies in 5.x)
+    more = hf.generate(first.sequences, max_new_tokens=5, **cache)
+    assert torch.equal(more, hf.generate(prompt, attention_mask=ones, max_new_tokens=10))
 
 
 BLOCK_REPOSITORY = """

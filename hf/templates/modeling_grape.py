@@ -25,6 +25,7 @@ class GrapeCache:
     running state) as generate() carries it from step to step. Its buffers grow on demand."""
 
     is_compileable = False
+    is_linear = (False,)  # (generate() asks whether every layer is linear attention, which keeps no tokens)
 
     def __init__(self, n_layer: int, start_pos: int):
         self.kv = KVCache(n_layer, max_len=0, start_pos=start_pos)
@@ -95,8 +96,8 @@ class GrapeForCausalLM(PreTrainedModel, GenerationMixin):
         if position_ids is not None:
             if cache is None:
                 start = int(position_ids.reshape(-1)[0])
-            expected = torch.arange(start, start + T, device=position_ids.device).expand(input_ids.shape)
-            if not torch.equal(position_ids, expected):
+            expected = torch.arange(start, start + T, device=position_ids.device)
+            if position_ids.shape[-1] != T or not bool((position_ids == expected).all()):
                 raise ValueError(f"position_ids must be {start}..{start + T - 1} in every row: the model reads "
                                  "consecutive positions after the cached ones")
         if attention_mask is not None and not bool(attention_mask.all()):
