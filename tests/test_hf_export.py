@@ -4,6 +4,7 @@ The references are independent of the export: our own GPT (logits, and a greedy 
 ids written here), transformers' own Qwen3 implementation for the native export, tiktoken for the
 tokenizer files, and a fresh process that cannot import this repository or Triton for the remote code.
 """
+import dataclasses
 import json
 import os
 import subprocess
@@ -22,6 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 BYTE_VOCAB, EOT = 257, 256  # the byte tokenizer: ids past 256 are the embedding's padding rows (vocab 320)
+TEXTS = ["  the\tmodels' tokens\n\nrotate  ", "Ünïcödé 1234567 ok? — yes", "reads reads reads", "it's 'll've"]
 CASES = ([(pos, kv) for pos in ROTATIONS + BIASES for kv in (False, True)]
          + [("rope+grape_ap", False), ("grape_m+alibi", True), ("grape_m_ctx+fox", False)])
 
@@ -234,8 +236,7 @@ torch.save((logits, tokens), {str(tmp_path / "results.pt")!r})
 
 
 def test_tokenizer_files_encode_as_tiktoken_does():
-    """A small BPE trained here (tiktoken's Encoding is the reference), and GPT-2's own ranks when the
-    machine has them."""
+    """A small BPE trained here, against tiktoken's Encoding of the same ranks (GPT-2's: the next test)."""
     import tiktoken
     from tiktoken_ext.openai_public import r50k_pat_str
 
@@ -270,21 +271,31 @@ def test_tokenizer_files_encode_as_tiktoken_does():
     specials = {"<|endoftext|>": len(ranks)}
     reference = tiktoken.Encoding("tiny", pat_str=r50k_pat_str, mergeable_ranks=ranks, special_tokens=specials)
     ours = build_tokenizer(ranks, r50k_pat_str, specials)
-    texts = [corpus, "  the\tmodels' tokens\n\nrotate  ", "ünïcödé 1234567 ok?", "reads reads reads"]
-    for text in texts:
+    for text in [corpus, *TEXTS]:
         assert ours.encode(text).ids == reference.encode_ordinary(text)
         assert ours.decode(ours.encode(text).ids) == text
+
+
+def test_a_gpt2_run_exports_the_gpt2_tokenizer(tmp_path):
+    import checkpoints
     from data.shards import DataError
     from data.tokenizer import gpt2_encoding
-    from hf.tokenizer_files import tokenizer_for
     try:
         gpt2 = gpt2_encoding()
     except DataError:
-        return  # no GPT-2 ranks on this machine (CI installs them)
-    tokenizer, eot = tokenizer_for("gpt2")
-    assert eot == 50256 and tokenizer.encode("Hello world").ids == [15496, 995]
-    for text in texts:
-        assert tokenizer.encode(text).ids == gpt2.encode_ordinary(text)
+        pytest.skip("no GPT-2 ranks on this machine (CI installs them)")
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, head_dim=8, vocab_size=50304, block_size=32))
+    os.makedirs(tmp_path / "run")
+    checkpoints.save(str(tmp_path / "run" / "ckpt.pt"), {"model": model.state_dict(), "tokenizer": "gpt2",
+                                                         "model_config": dataclasses.asdict(model.config)})
+    export(str(tmp_path / "run"), str(tmp_path / "export"))
+    tokenizer = AutoTokenizer.from_pretrained(str(tmp_path / "export"))
+    assert tokenizer.encode("Hello world") == [15496, 995] and tokenizer.eos_token_id == 50256
+    for text in TEXTS:
+        assert tokenizer.encode(text) == gpt2.encode_ordinary(text) and tokenizer.decode(tokenizer.encode(text)) == text
+    generation = transformers.GenerationConfig.from_pretrained(str(tmp_path / "export"))
+    assert generation.suppress_tokens == list(range(50257, 50304)) and generation.eos_token_id == 50256
 
 
 # ----------------------------------------------------------------------------- bad input
