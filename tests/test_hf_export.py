@@ -159,6 +159,19 @@ def test_remote_model_takes_what_transformers_passes(tmp_path):
     assert torch.equal(more, hf.generate(prompt, attention_mask=ones, max_new_tokens=10))
 
 
+def test_remote_model_loads_in_bf16_with_fp32_positional_parameters(tmp_path):
+    model = perturbed_model("grape_m_ctx+fox", kv_shift=True)
+    out, _ = exported(tmp_path, model)
+    hf = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True, dtype=torch.bfloat16)
+    attn = hf.model.blocks[0].attn
+    assert attn.rotation.phase_increment.weight.dtype == attn.bias.gate.weight.dtype == torch.float32
+    assert attn.qkv.weight.dtype == attn.kv_shift.gate.weight.dtype == torch.bfloat16
+    ids = torch.randint(0, BYTE_VOCAB, (2, 16), generator=torch.Generator().manual_seed(8))
+    with torch.no_grad():
+        assert relative_error(model(ids)[0], hf(ids).logits) <= 0.05  # bf16 weights: about 2% here
+    assert hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4).shape == (2, 20)
+
+
 BLOCK_REPOSITORY = """
 import sys
 for name in ("model", "positional", "attention", "kernels", "checkpoints", "hf"):

@@ -57,6 +57,9 @@ class GrapeForCausalLM(PreTrainedModel, GenerationMixin):
     base_model_prefix = "model"
     _no_split_modules = ["Block"]
     _tied_weights_keys = {"model.lm_head.weight": "model.wte.weight"}
+    # Loaded in bf16/fp16, the positional parameters stay fp32: the model computes its positional features
+    # in fp32 from fp32 copies of its inputs (in training they are fp32 master weights under autocast).
+    _keep_in_fp32_modules_strict = ["rotation", "bias"]
 
     def __init__(self, config: GrapeConfig):
         super().__init__(config)
