@@ -64,6 +64,9 @@ class TrainConfig:
     data_dir: str = "default"        # a prepared data directory; "default" = the embedded corpus (prepared once, offline)
     out_dir: str = ""                # run directory; "" = runs/<config path below configs/, without .toml>
     seed: int = 1337
+    init_from: str = ""              # start a new run from these weights: a run directory or checkpoint file, or a
+                                     # Hugging Face directory (Qwen3 of this architecture, or an export of ours);
+                                     # "" = random init. Ignored on --resume (hf/init_from.py, docs/hf_export.md)
     # batch: global_batch_size sequences per optimizer step = batch_size x grad_accum x world_size
     batch_size: int = 4              # sequences per micro-batch per process
     global_batch_size: int = 480     # sequences per optimizer step over all processes

@@ -31,6 +31,7 @@ import torch.distributed as dist
 
 from config import ConfigError, TrainConfig, resolve
 from data.shards import DataError
+from hf.init_from import initial_state
 from training.checkpointing import (FIXED_FOR_A_RUN, TRAJECTORY_KEYS, Checkpointer, check_resume_compatible,
                                     load_checkpoint, restore)
 from training.distributed import Distributed, is_collective_failure
@@ -83,17 +84,18 @@ def parse_args(argv: list[str]) -> Arguments:
 
 # ----------------------------------------------------------------------------- set-up, in the order run() calls it
 
-def open_checkpoint(args: Arguments, cfg: TrainConfig, model_cfg: dict) -> tuple[dict | None, list[dict]]:
-    """The checkpoint a resume continues (None for a new run), checked against the settings, and the
-    deliberate changes that --allow_changes lets through."""
+def open_checkpoint(args: Arguments, cfg: TrainConfig, model_cfg: dict) -> tuple[dict | None, list[dict], dict | None]:
+    """(the checkpoint a resume continues, checked against the settings, or None for a new run; the deliberate
+    changes that --allow_changes lets through; a new run's initial weights from init_from, or None). Both are read
+    before the data, so that a mistake fails fast."""
     path = os.path.join(cfg.out_dir, "ckpt.pt")
     if not args.resume:
         if os.path.exists(path):
             raise ConfigError(f"{cfg.out_dir} already holds a checkpoint; add --resume to continue it, "
                               "or choose another --out_dir.")
-        return None, []
+        return None, [], initial_state(cfg.init_from, model_cfg) if cfg.init_from else None
     ckpt = load_checkpoint(path)  # fail fast on a missing or damaged checkpoint
-    return ckpt, check_resume_compatible(ckpt, model_cfg, cfg, path, args.allowed_changes)
+    return ckpt, check_resume_compatible(ckpt, model_cfg, cfg, path, args.allowed_changes), None
 
 
 def accumulation_steps(cfg: TrainConfig, ddp: Distributed, resumed: bool) -> int:
@@ -191,12 +193,16 @@ def free_memory_gb(device: torch.device) -> float | None:
         return None  # not Linux: not checked
 
 
-def build_model(model_cfg, cfg: TrainConfig, ddp: Distributed, ckpt: dict | None, grad_accum: int):
-    """(model, optimizer, the step to start from, the divergence monitor), restored from ckpt on a resume. The
-    seed is the same on every process, so every replica starts equal."""
+def build_model(model_cfg, cfg: TrainConfig, ddp: Distributed, ckpt: dict | None, init_state: dict | None,
+                grad_accum: int):
+    """(model, optimizer, the step to start from, the divergence monitor), restored from ckpt on a resume, or
+    starting from init_state's weights. The seed is the same on every process, so every replica starts equal."""
     from model import GPT
     torch.manual_seed(cfg.seed)
     raw_model = GPT(model_cfg).to(ddp.device)
+    if init_state is not None:
+        raw_model.load_state_dict(init_state)
+        ddp.say(f"initialised the weights from {cfg.init_from}")
     optimizer = make_optimizer(raw_model, cfg, ddp.device)
     step = resume_from(ckpt, raw_model, optimizer, cfg, ddp, grad_accum) if ckpt else 0
     monitor = DivergenceMonitor(model_cfg.vocab_size, cfg.spike_factor, ckpt.get("divergence") if ckpt else None)
@@ -318,14 +324,14 @@ def run(argv: list[str]) -> dict:
     from model import GPTConfig
     args = parse_args(argv)
     model_cfg, cfg = resolve(args.config_path, args.overrides, GPTConfig)
-    ckpt, changes = open_checkpoint(args, cfg, dataclasses.asdict(model_cfg))
+    ckpt, changes, init_state = open_checkpoint(args, cfg, dataclasses.asdict(model_cfg))
     ddp = Distributed(cfg.device, cfg.dist_timeout_s)
     grad_accum = accumulation_steps(cfg, ddp, resumed=ckpt is not None)
     use_bf16, autocast = precision(cfg, ddp.device)
     check_model_fits(model_cfg, cfg, ddp, use_bf16)
     T = model_cfg.block_size
     data_dir, tokenizer_name, batches = training_data(cfg, model_cfg.vocab_size, T, ddp)
-    raw_model, optimizer, step, monitor = build_model(model_cfg, cfg, ddp, ckpt, grad_accum)
+    raw_model, optimizer, step, monitor = build_model(model_cfg, cfg, ddp, ckpt, init_state, grad_accum)
     resolved = resolved_config(args, model_cfg, cfg, ckpt, changes, ddp, grad_accum, data_dir, tokenizer_name)
     wandb_id = ckpt.get("wandb_id") if ckpt else None
     metrics = open_run_directory(cfg, resolved, step, ckpt is not None, changes, ddp, wandb_id)

@@ -20,6 +20,7 @@ All three request types are exact for a causal model:
 """
 import json
 
+import lm_eval.models  # noqa: F401  (lm-eval adds its own models, e.g. hf, only to a registry still empty of ours)
 import torch
 import torch.nn.functional as F
 from lm_eval.api.model import TemplateLM

@@ -3,6 +3,8 @@
     python -m eval.lm_eval_cli --model grape --model_args ckpt=runs/medium/rope --tasks hellaswag,arc_easy
     python -m eval.lm_eval_cli --model grape --model_args ckpt=RUN --tasks piqa,sciq --data-dir DIR \\
         --batch_size 16 --limit 100 --output_path OUT --log_samples
+    python -m eval.lm_eval_cli --model hf --model_args pretrained=EXPORT_DIR,trust_remote_code=True \\
+        --tasks piqa,sciq --data-dir DIR --device cpu     # a Hugging Face export (scripts/export_hf.py)
 
 This imports the adapter (eval/lm_adapter.py, which registers the model name) and hands the arguments to
 lm-eval's entry point, so every `lm-eval run` flag works as lm-eval documents it (`--model_args` also takes
