@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import math
 import os
 import tomllib
@@ -63,7 +64,7 @@ class TrainConfig:
     # data and output
     data_dir: str = "default"        # a prepared data directory; "default" = the embedded corpus (prepared once, offline)
     out_dir: str = ""                # run directory; "" = runs/<config path below configs/, without .toml>
-    seed: int = 1337
+    seed: int = 1337                 # initial weights and the sampler's order (the same on every process)
     init_from: str = ""              # start a new run from these weights: a run directory or checkpoint file, or a
                                      # Hugging Face directory (Qwen3 of this architecture, or an export of ours);
                                      # "" = random init. Ignored on --resume (hf/init_from.py, docs/hf_export.md)
@@ -84,19 +85,19 @@ class TrainConfig:
     lr_schedule: str = "clean"       # clean: max_iters steps, warm-up lr·(s+1)/warmup_iters | official: iterations
                                      # 0..max_iters (max_iters + 1 steps), warm-up lr·it/warmup_iters; both cosine
                                      # to min_lr at iteration max_iters
-    max_iters: int = 25000
-    lr: float = 1e-3
-    min_lr: float = 3e-5
-    warmup_iters: int = 2000
-    weight_decay: float = 0.01
-    beta1: float = 0.9
-    beta2: float = 0.95
+    max_iters: int = 25000           # the step at which the cosine reaches min_lr and training ends
+    lr: float = 1e-3                 # peak learning rate, reached after warm-up
+    min_lr: float = 3e-5             # learning rate at the end of the cosine decay
+    warmup_iters: int = 2000         # linear warm-up steps
+    weight_decay: float = 0.01       # AdamW weight decay, on the parameters decay_params names
+    beta1: float = 0.9               # AdamW first-moment decay
+    beta2: float = 0.95              # AdamW second-moment decay
     grad_clip: float = 1.0           # 0 = no clipping
     spike_factor: float = 2.0        # stop as diverged when the loss exceeds this many times its recent average
                                      # (the last 50 steps); 0 = off (non-finite values, a zero gradient and a return
                                      # to the uniform-prediction loss always stop the run)
     # evaluation, logging, checkpoints
-    log_interval: int = 10
+    log_interval: int = 10           # a train record (loss, lr, grad norm, tokens/s, time left) every this many steps
     eval_interval: int = 1000        # validation every this many iterations (and at the first and last); 0 = never
     eval_windows: int = 200          # validation sequences per evaluation: the first ones of the fixed list (or
                                      # all, if fewer), so every run (any batch_size, encoding) scores the same ones
@@ -109,8 +110,8 @@ class TrainConfig:
     dist_timeout_s: int = 600        # with several processes: a process that waits this long for another (dead
                                      # or frozen) ends the job with a message instead of blocking forever
     # wandb (disabled unless asked; offline by default, so no account is needed)
-    wandb: bool = False
-    wandb_project: str = "grape"
+    wandb: bool = False              # also log to Weights & Biases
+    wandb_project: str = "grape"     # its project name
     wandb_mode: str = "offline"      # offline | online
     wandb_run_name: str = ""         # "" = the run directory's name
 
@@ -186,6 +187,10 @@ class TrainConfig:
         return self.max_iters + 1 if self.lr_schedule == "official" else self.max_iters
 
 
+# The values of train keys that runs (and their checkpoints) written before the key existed were trained with.
+AS_TRAINED_BEFORE_KEY_EXISTED = {"decay_params": "matrices", "lr_schedule": "clean", "grad_scale": "mean",
+                                 "sampler": "windows", "reference_layout": ""}
+
 # Names other training codebases use for our keys; spelling similarity alone would miss them.
 KEY_ALIASES = {"learning_rate": "lr", "max_lr": "lr", "min_learning_rate": "min_lr", "lr_min": "min_lr",
                "warmup_steps": "warmup_iters", "max_steps": "max_iters", "num_iterations": "max_iters",
@@ -200,6 +205,47 @@ def closest_hint(name: str, valid: typing.Iterable[str]) -> str:
         return f"did you mean {KEY_ALIASES[name]!r}?"
     match = difflib.get_close_matches(name, valid, n=1, cutoff=0.5)
     return f"did you mean {match[0]!r}?" if match else "valid keys: " + ", ".join(sorted(valid))
+
+
+def field_help(cls) -> dict[str, str]:
+    """Each field's meaning: the comment on its line in the class source and the comment lines below it that
+    continue it (so --help cannot drift from the code)."""
+    import ast
+    import inspect
+    import io
+    import tokenize
+    source = inspect.getsource(cls)
+    comments = {}
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            comments[token.start[0]] = (token.start[1], token.string.lstrip("#").strip())
+    lines = source.splitlines()
+    fields = {node.target.id: node.lineno for node in ast.parse(source).body[0].body
+              if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)}
+    meanings = {}
+    for name, line in fields.items():
+        if line not in comments:
+            meanings[name] = ""
+            continue
+        column, text = comments[line]
+        parts, below = [text], line + 1
+        while below in comments and comments[below][0] == column and not lines[below - 1][:column].strip():
+            parts.append(comments[below][1])  # a continuation: a comment alone, in the same column
+            below += 1
+        meanings[name] = " ".join(parts)
+    return meanings
+
+
+def describe_keys(cls, section: str) -> str:
+    """One line per field of a config dataclass: --key=default (type), then its meaning."""
+    kinds, meanings = field_kinds(cls), field_help(cls)
+    rows = []
+    for f in dataclasses.fields(cls):
+        kind = kinds[f.name].__name__ if kinds[f.name] else "value"
+        default = str(f.default).lower() if isinstance(f.default, bool) else f.default if f.default != "" else '""'
+        rows.append(f"  --{f.name}={default} ({kind})\n      {meanings[f.name]}")
+    return f"{section} keys ([{section}] in a config file, or --key=value; --{section}.key=value if a name is " \
+           f"in both):\n" + "\n".join(rows)
 
 
 def field_kinds(cls) -> dict[str, object]:
@@ -271,6 +317,9 @@ def read_toml(path: str, seen: tuple[str, ...] = ()) -> dict[str, dict]:
     if path in seen:
         raise ConfigError(f"config include cycle: {' -> '.join(seen + (path,))}; remove one of the includes.")
     if not os.path.isfile(path):
+        if seen:
+            raise ConfigError(f"config file {path}, included from {seen[-1]}, does not exist; fix the include line "
+                              "there (its paths are relative to that file).")
         raise ConfigError(f"config file {path} does not exist; pick one of the files under configs/.")
     try:
         with open(path, "rb") as f:
@@ -342,9 +391,34 @@ def default_out_dir(config_path: str) -> str:
     return os.path.join("runs", rel)
 
 
+def read_run_config(run_dir: str) -> dict[str, dict]:
+    """A run's own settings, from RUN_DIR/config.json (train.py writes it at every start), as [model] and [train]
+    sections: every key explicit; a key the run predates gets the value it was trained with."""
+    path = os.path.join(run_dir, "config.json")
+    if not os.path.isfile(path):
+        raise ConfigError(f"{run_dir} holds no config.json, so it is not a run directory of train.py; give a config "
+                          "file (python train.py CONFIG --out_dir=RUN_DIR --resume) instead.")
+    try:
+        with open(path) as f:
+            saved = json.load(f)
+        sections = {s: dict(saved[s]) for s in SECTIONS}
+    except (ValueError, KeyError, TypeError) as error:
+        raise ConfigError(f"{path} is not a config.json written by train.py ({error}); give the run's config file "
+                          "instead.") from None
+    # stop_iter belongs to one invocation (a time-limited job): the run continues to its end unless given again
+    sections["train"] = {**AS_TRAINED_BEFORE_KEY_EXISTED, **sections["train"], "out_dir": run_dir, "stop_iter": 0}
+    return sections
+
+
 def resolve(config_path: str, overrides: list[str], model_config_cls) -> tuple[object, TrainConfig]:
-    """Config file + overrides -> (model config object, TrainConfig), all keys checked and typed."""
-    merged = read_toml(config_path)
+    """Config file (or a run directory, or its config.json: that run's own settings) + overrides ->
+    (model config object, TrainConfig), all keys checked and typed."""
+    from_run = os.path.isdir(config_path) or config_path.endswith(".json")
+    if from_run:
+        config_path = os.path.dirname(config_path) if config_path.endswith(".json") else config_path
+        merged = read_run_config(config_path)
+    else:
+        merged = read_toml(config_path)
     file_model_values = dict(merged["model"])
     model_kinds = field_kinds(model_config_cls)
     train_kinds = field_kinds(TrainConfig)
@@ -354,7 +428,7 @@ def resolve(config_path: str, overrides: list[str], model_config_cls) -> tuple[o
     recipe = str(merged["train"].get("recipe", TrainConfig.recipe))
     if recipe not in RECIPES:
         raise ConfigError(f"train.recipe = {recipe!r} is not valid; it must be {' or '.join(RECIPES)}.")
-    for s in SECTIONS:
+    for s in SECTIONS:  # (a run's own settings already hold every key)
         preset = {k: v(merged["model"]) if callable(v) else v for k, v in RECIPES[recipe][s].items()}
         merged[s] = {**preset, **merged[s]}  # keys set in a file or on the command line win
 

@@ -24,19 +24,19 @@ from positional import BIASES, SKEW_EXP_MAX_NORM, KVShift, Rotation, build_bias,
 
 @dataclass(kw_only=True)
 class GPTConfig:
-    n_layer: int = 12
-    n_head: int = 8
-    n_embd: int = 512
+    n_layer: int = 12  # transformer blocks
+    n_head: int = 8  # attention heads per block
+    n_embd: int = 512  # width of the residual stream (the MLP is floor(8/3 n_embd) wide)
     head_dim: int = 64  # independent of n_embd / n_head (128 in the paper)
-    vocab_size: int = 50304
+    vocab_size: int = 50304  # embedding rows: the tokenizer's ids padded up (GPT-2: 50257 -> 50304)
     block_size: int = 1024  # training context; the model itself runs at any length
     pos: str = "rope"  # an encoding of positional.ENCODINGS, or "rotation+additive"
-    kv_shift: bool = False
+    kv_shift: bool = False  # KV-shift: each key and value mixed with the previous token's by a learned gate
     attn_backend: str = "auto"  # separable biases: "auto" (tile on CUDA in bf16/fp16, else lifted), "lifted", "tile"; or "dense"
-    norm_eps: float = 1e-5
+    norm_eps: float = 1e-5  # epsilon of every RMSNorm
     qk_norm: str = "before"  # QK RMSNorm "before" the rotation (exact relative law) or "after" it (official code)
     # multiplicative encodings
-    rope_base: float = 10000.0
+    rope_base: float = 10000.0  # rope, grape_m*: θ_i = rope_base^(-2i/head_dim) (the initial spectrum)
     learn_spectrum: bool = True  # grape_m*: learn log θ (False freezes it: grape_m == rope)
     spectrum_per_head: bool = False  # grape_m*: one spectrum per head instead of one shared
     spectrum_scale: float = 1.0  # grape_m*: learn spectrum_scale·log θ (official: 16, so log θ learns 16x slower)

@@ -4,6 +4,7 @@
     python train.py configs/medium/fox.toml --batch_size=8        # any key can be overridden: --key=value
     torchrun --nproc_per_node=8 train.py configs/medium/fox.toml  # NCCL on GPUs, gloo on CPUs
     python train.py configs/medium/fox.toml --resume              # continue RUN_DIR/ckpt.pt exactly
+    python train.py --resume runs/medium/fox                      # the same, with the run's own settings
     python train.py configs/medium/fox.toml --resume --allow_changes=lr,warmup_iters --lr=5e-4
                                                                   # continue with deliberately changed settings
 
@@ -25,23 +26,38 @@ import functools
 import json
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
 
-from config import ConfigError, TrainConfig, resolve
+from config import ConfigError, TrainConfig, describe_keys, resolve
 from data.shards import DataError
 from hf.init_from import initial_state
 from training.checkpointing import (FIXED_FOR_A_RUN, TRAJECTORY_KEYS, Checkpointer, check_resume_compatible,
                                     load_checkpoint, restore)
 from training.distributed import Distributed, is_collective_failure
 from training.errors import TrainError
-from training.metrics import (Metrics, Throughput, atomic_write_text, code_version, gpu_peak_flops, peak_memory,
-                              start_wandb, trim_metrics)
+from training.metrics import (Metrics, Throughput, atomic_write_text, code_version, duration, gpu_peak_flops,
+                              peak_memory, start_wandb, trim_metrics)
 from training.divergence import DivergenceMonitor, divergence_error
 from training.optimizer import lr_at, make_optimizer, set_lr
 from training.step import StepResult, confirmation, evaluate, train_step
 from training.stopping import StopSignals
+
+
+HELP_OPTIONS = """usage: python train.py CONFIG [--key=value ...] [--resume [--allow_changes=KEY,...]]
+       python train.py --resume RUN_DIR [--key=value ...]
+
+options:
+  CONFIG                  a TOML config file (configs/); or, with --resume, a run directory or its config.json,
+                          which continues that run with its own settings
+  --resume                continue RUN_DIR/ckpt.pt exactly (RUN_DIR: train.out_dir); the settings that shape the
+                          loss sequence must be the checkpoint's
+  --allow_changes=K1,K2   with --resume: let these of those settings change on purpose (recorded in the run): """ \
+    + ", ".join(k for k in TRAJECTORY_KEYS if k not in FIXED_FOR_A_RUN) + """
+  --key=value             any key below (a bare --flag sets a true/false key to true)
+  -h, --help              this text"""
 
 
 @dataclasses.dataclass
@@ -76,7 +92,8 @@ def parse_args(argv: list[str]) -> Arguments:
             raise ConfigError(f"unexpected argument {arg!r}: give one config file, then --key=value overrides.")
     if config_path is None:
         raise ConfigError("no config file given: python train.py CONFIG [--key=value ...], e.g. "
-                          "python train.py configs/quickstart.toml")
+                          "python train.py configs/quickstart.toml, or python train.py --resume RUN_DIR to continue "
+                          "a run with its own settings")
     if allowed and not resume:
         raise ConfigError("--allow_changes only applies to --resume (a new run takes any settings).")
     return Arguments(config_path, resume, overrides, allowed)
@@ -289,14 +306,15 @@ def validate(model, data_dir: str, cfg: TrainConfig, block_size: int, ddp: Distr
         val_losses.append((step, val_loss))
 
 
-def log_train(metrics: Metrics, throughput: Throughput, step: int, lr: float, result: StepResult,
+def log_train(metrics: Metrics, throughput: Throughput, step: int, end_iter: int, lr: float, result: StepResult,
               cfg: TrainConfig, tokens_per_step: int) -> None:
-    rate = throughput.read(step)
+    rate = throughput.read(step, end_iter)
     metrics.write({"type": "train", "iter": step, "tokens": step * tokens_per_step, "loss": result.loss, "lr": lr,
                    "grad_norm": result.grad_norm, "param_norm": result.param_norm, **rate},
                   f"iter {step:>6}/{cfg.num_steps} | loss {result.loss:.4f} | lr {lr:.2e} | grad norm "
                   f"{result.grad_norm:.3f} | {rate['tokens_per_s']:,.0f} tok/s"
-                  + (f" | MFU {100 * rate['mfu']:.1f}%" if rate["mfu"] is not None else ""))
+                  + (f" | MFU {100 * rate['mfu']:.1f}%" if rate["mfu"] is not None else "")
+                  + f" | {duration(rate['elapsed_s'])} elapsed, {duration(rate['eta_s'])} left")
 
 
 def check(monitor: DivergenceMonitor, result: StepResult, step: int, raw_model, checkpointer: Checkpointer,
@@ -369,7 +387,7 @@ def run(argv: list[str]) -> dict:
                 losses.append(result.loss)
                 logged = step % cfg.log_interval == 0 or step == end_iter
                 if logged:
-                    log_train(metrics, throughput, step, lr, result, cfg, tokens_per_step)
+                    log_train(metrics, throughput, step, end_iter, lr, result, cfg, tokens_per_step)
                 evaluated = bool(cfg.eval_interval) and (step % cfg.eval_interval == 0 or step == cfg.num_steps)
                 if evaluated:
                     validate(model, data_dir, cfg, T, ddp, autocast, metrics, step, stops, val_losses)
@@ -404,9 +422,9 @@ def run(argv: list[str]) -> dict:
 def main() -> None:
     rank = int(os.environ.get("RANK", 0))
     if any(arg in ("-h", "--help") for arg in sys.argv[1:]):
-        print(__doc__.strip() + "\n\ntrain keys and defaults:\n" + "\n".join(
-            f"  --{f.name}={f.default}" for f in dataclasses.fields(TrainConfig))
-            + "\nmodel keys: the fields of model.GPTConfig (--model.<key>=... if a name is ambiguous).")
+        from model import GPTConfig
+        print(__doc__.strip() + "\n\n" + HELP_OPTIONS + "\n\n" + describe_keys(TrainConfig, "train") + "\n\n"
+              + describe_keys(GPTConfig, "model"))
         return
     try:
         run(sys.argv[1:])
@@ -418,6 +436,7 @@ def main() -> None:
     except (ConfigError, TrainError, DataError) as e:
         if rank == 0:
             print(f"error: {e}", file=sys.stderr, flush=True)
+        report_to_torchrun(f"error: {e}")
         code = 2 if isinstance(e, ConfigError) else 1
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
@@ -433,6 +452,18 @@ def main() -> None:
         sys.exit(1)  # without destroy_process_group, which could wait on the dead process
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def report_to_torchrun(sentence: str) -> None:
+    """Under torchrun, put the sentence in the worker's error file: torchrun's failure report then ends with it
+    as the root cause, instead of a pointer to its documentation."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if path:
+        try:
+            with open(path, "w") as f:
+                json.dump({"message": sentence, "timestamp": int(time.time())}, f)
+        except OSError:
+            pass  # the sentence was printed already
 
 
 if __name__ == "__main__":

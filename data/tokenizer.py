@@ -2,19 +2,28 @@
 
 get_tokenizer("gpt2") works offline when a copy of the GPT-2 ranks is on the machine. It looks, in order, at
   1. the file named by $GRAPE_GPT2_RANKS (a tiktoken ranks file),
-  2. whisper/assets/gpt2.tiktoken of the PyPI package openai-whisper (byte-identical to tiktoken's GPT-2 ranks;
-     `pip install --no-deps openai-whisper==20250625` installs it without its heavy dependencies),
-  3. tiktoken.get_encoding("gpt2") (its cache, else a download).
-Each local file is checked against the known sha256 of the GPT-2 ranks, so all three give the same ids.
+  2. data_cache/gpt2.tiktoken in this repository, which `python3 -m data.tokenizer --fetch-gpt2-ranks` puts there
+     once: it downloads the source package openai-whisper==20250625 from PyPI (its whisper/assets/gpt2.tiktoken
+     is byte-identical to tiktoken's GPT-2 ranks) and keeps that one file, installing nothing,
+  3. whisper/assets/gpt2.tiktoken of an installed openai-whisper package,
+  4. tiktoken.get_encoding("gpt2") (its cache, else a download).
+Each local file is checked against the known sha256 of the GPT-2 ranks, so all of them give the same ids.
 """
 import functools
 import hashlib
 import importlib.util
 import os
+import subprocess
+import sys
+import tarfile
+import tempfile
 
 from data.shards import DataError
 
 GPT2_RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
+REPO_RANKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data_cache", "gpt2.tiktoken")
+RANKS_PACKAGE = "openai-whisper==20250625"
+FETCH_COMMAND = "python3 -m data.tokenizer --fetch-gpt2-ranks"
 EOT_TEXT = "<|endoftext|>"
 TOKENIZER_NAMES = ("gpt2", "byte")
 
@@ -70,8 +79,7 @@ def _encoding_from_ranks(path):
     from tiktoken.load import load_tiktoken_bpe
     from tiktoken_ext.openai_public import r50k_pat_str
 
-    with open(path, "rb") as f:
-        digest = hashlib.sha256(f.read()).hexdigest()
+    digest = _sha256(path)
     if digest != GPT2_RANKS_SHA256:
         raise DataError(f"{path}: sha256 {digest[:12]}... is not that of the GPT-2 ranks ({GPT2_RANKS_SHA256[:12]}...); "
                         f"point $GRAPE_GPT2_RANKS at an unmodified gpt2.tiktoken / r50k_base.tiktoken file")
@@ -86,7 +94,7 @@ def gpt2_encoding():
         if not os.path.isfile(local):
             raise DataError(f"$GRAPE_GPT2_RANKS={local} is not a file; unset it or point it at gpt2.tiktoken")
         return _encoding_from_ranks(local)
-    local = _whisper_ranks_path()
+    local = REPO_RANKS if os.path.isfile(REPO_RANKS) else _whisper_ranks_path()
     if local:
         return _encoding_from_ranks(local)
     import tiktoken
@@ -96,8 +104,63 @@ def gpt2_encoding():
     except Exception as exc:  # tiktoken raises requests' ConnectionError, or others, when it cannot download
         raise DataError(
             f"the GPT-2 vocabulary is not on this machine and could not be downloaded ({type(exc).__name__}); "
-            "install a local copy with `pip install --no-deps openai-whisper==20250625`, or set "
-            "$GRAPE_GPT2_RANKS to a gpt2.tiktoken file, or use the 'byte' tokenizer") from None
+            f"put a local copy in place with `{FETCH_COMMAND}` (from PyPI), or set $GRAPE_GPT2_RANKS to a "
+            "gpt2.tiktoken file, or use the 'byte' tokenizer") from None
+
+
+def fetch_gpt2_ranks(target=REPO_RANKS):
+    """Put the GPT-2 ranks at `target` from the openai-whisper source package on PyPI (pip download: the package
+    index pip is configured with, no install, so pip has no dependencies to complain about). Returns the path."""
+    if os.path.isfile(target) and _sha256(target) == GPT2_RANKS_SHA256:
+        return target
+    with tempfile.TemporaryDirectory() as tmp:
+        result = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary",
+                                 ":all:", RANKS_PACKAGE, "-d", tmp], capture_output=True, text=True)
+        archives = [name for name in os.listdir(tmp) if name.endswith((".tar.gz", ".zip"))]
+        if result.returncode or not archives:
+            raise DataError(f"could not download {RANKS_PACKAGE} from the package index "
+                            f"({(result.stderr.strip().splitlines() or ['no archive'])[-1]}); on a machine without "
+                            "one, copy gpt2.tiktoken from a machine that has it and set $GRAPE_GPT2_RANKS")
+        with tarfile.open(os.path.join(tmp, archives[0])) as archive:
+            member = next((m for m in archive.getmembers() if m.name.endswith("whisper/assets/gpt2.tiktoken")), None)
+            if member is None:
+                raise DataError(f"{archives[0]} holds no whisper/assets/gpt2.tiktoken; set $GRAPE_GPT2_RANKS instead")
+            data = archive.extractfile(member).read()
+    if hashlib.sha256(data).hexdigest() != GPT2_RANKS_SHA256:
+        raise DataError(f"the gpt2.tiktoken in {RANKS_PACKAGE} does not have the GPT-2 ranks' sha256; "
+                        "set $GRAPE_GPT2_RANKS to a known copy")
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    with open(target + ".tmp", "wb") as f:
+        f.write(data)
+    os.replace(target + ".tmp", target)
+    return target
+
+
+def _sha256(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def main(argv=None):
+    import argparse
+    parser = argparse.ArgumentParser(description="Tokenizer files. --fetch-gpt2-ranks puts the GPT-2 BPE ranks in "
+                                                 "data_cache/ once (from PyPI), so the gpt2 tokenizer works offline.",
+                                     allow_abbrev=False)
+    parser.add_argument("--fetch-gpt2-ranks", action="store_true", help="download the ranks file (about 1 MB)")
+    args = parser.parse_args(argv)
+    if not args.fetch_gpt2_ranks:
+        parser.print_help()
+        return
+    try:
+        path = fetch_gpt2_ranks()
+    except DataError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(1)
+    print(f"GPT-2 ranks in place: {path} (sha256 {GPT2_RANKS_SHA256[:12]}...)")
+
+
+if __name__ == "__main__":
+    main()
 
 
 @functools.lru_cache(maxsize=None)

@@ -817,3 +817,32 @@ def test_a_partial_checkpoint_write_left_by_a_kill_is_removed_at_the_next_start(
     train.run([config_file, "--stop_iter=3", "--resume", f"--out_dir={run_dir}"])
     assert not (run_dir / "ckpt.pt.tmp").exists()
     assert "removed" in capsys.readouterr().out and checkpoints.load(str(run_dir / "ckpt.pt"))["step"] == 3
+
+
+# ----------------------------------------------------------------------------- messages that show their values
+
+def test_under_torchrun_the_sentence_ends_torchruns_report(config_file, tmp_path):
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                             "train.py", config_file, "--max_iters=6", "--warmup_iters=20",
+                             f"--out_dir={tmp_path / 'run'}"], cwd=REPO, env=ENV, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode != 0
+    lines = [line.strip() for line in result.stderr.splitlines() if line.strip() and set(line.strip()) != {"="}]
+    sentence = "error: warmup_iters (20) must be between 0 and max_iters - 1 (5)"
+    assert sentence in lines[-1] and "To enable traceback" not in result.stderr
+
+
+def test_an_include_that_is_missing_names_the_file_that_includes_it(tmp_path):
+    child = tmp_path / "child.toml"
+    child.write_text('include = "../base/nowhere.toml"\n[model]\npos = "fox"\n')
+    with pytest.raises(ConfigError, match="nowhere.toml, included from .*child.toml, does not exist; fix the include"):
+        train.run([str(child)])
+
+
+def test_missing_paper_data_names_the_command_that_prepares_it(tmp_path):
+    with pytest.raises(DataError, match="fineweb-edu-10B does not exist; prepare it with `python -m "
+                                        "data.prepare --dataset fineweb-edu --version 10B --out .*fineweb-edu-10B`"):
+        train.run([os.path.join(REPO, "configs", "small_gpu.toml"), "--device=cpu", "--n_layer=1", "--n_embd=32",
+                   "--n_head=1", "--head_dim=32", "--block_size=32", "--batch_size=1", "--global_batch_size=2",
+                   f"--data_dir={tmp_path / 'fineweb-edu-10B'}", f"--out_dir={tmp_path / 'run'}"])
+    assert not (tmp_path / "run").exists()

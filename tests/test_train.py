@@ -295,3 +295,57 @@ def test_plot_runs_draws_train_and_validation_curves(tmp_path):
     assert plot_runs.main([str(tmp_path / "rope"), str(tmp_path / "fox"), "--out", str(out)]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert plot_runs.main([str(tmp_path / "rope"), str(tmp_path / "missing"), "--out", str(out)]) == 2
+
+
+def test_resume_from_the_run_directory_alone_continues_with_the_runs_own_settings(config_file, tmp_path):
+    """A run started with overrides is continued by `train.py --resume RUN_DIR` (or RUN_DIR/config.json) with
+    exactly its settings: the same losses as an uninterrupted run. With the config file instead, the refusal names
+    both values of every key that differs."""
+    overrides = ["--n_layer=1", "--lr=5e-3", "--max_iters=8", "--warmup_iters=2"]
+    whole = train.run([config_file, *overrides, f"--out_dir={tmp_path / 'whole'}"])
+    run_dir = tmp_path / "run"
+    train.run([config_file, *overrides, "--stop_iter=3", f"--out_dir={run_dir}"])
+    with pytest.raises(train.TrainError, match="model.n_layer is 2 here but 1 in the checkpoint.*--n_layer=1"):
+        train.run([config_file, f"--out_dir={run_dir}", "--resume"])
+    middle = train.run(["--resume", str(run_dir), "--stop_iter=5"])
+    rest = train.run([str(run_dir / "config.json"), "--resume"])
+    assert middle["losses"] + rest["losses"] == pytest.approx(whole["losses"][3:], rel=1e-6)
+    assert rest["step"] == 8
+    with pytest.raises(ConfigError, match="holds no config.json, so it is not a run directory"):
+        train.run(["--resume", str(tmp_path)])
+
+
+def test_every_log_line_says_the_time_elapsed_and_left(config_file, tmp_path, capsys, monkeypatch):
+    import training.step
+    monkeypatch.setattr(training.step, "PROGRESS_EVERY_S", 0.0)  # every validation batch reports
+    out = train.run([config_file, "--max_iters=6", "--warmup_iters=2", "--eval_interval=3", "--eval_windows=12",
+                     f"--out_dir={tmp_path / 'run'}"])
+    records = read_metrics(tmp_path / "run")
+    elapsed = [r["elapsed_s"] for r in records]
+    assert [r["iter"] for r in records] == list(range(1, 7)) and out["step"] == 6
+    assert all(b > a for a, b in zip(elapsed, elapsed[1:]))  # monotone
+    for r in records:  # time left: the average time per step so far, times the steps left
+        assert r["eta_s"] == pytest.approx(r["elapsed_s"] / r["iter"] * (6 - r["iter"]))
+    assert records[-1]["eta_s"] == 0
+    console = capsys.readouterr().out
+    assert "elapsed, 0s left" in console.splitlines()[[i for i, line in enumerate(console.splitlines())
+                                                      if line.startswith("iter      6/6")][0]]
+    assert "validation: 4/12 windows" in console and "left" in console.split("validation: 4/12 windows")[1]
+
+
+def test_help_lists_every_key_with_its_default_and_meaning():
+    import dataclasses
+    from config import TrainConfig, field_help
+    text = subprocess.run([sys.executable, os.path.join(REPO, "train.py"), "--help"], capture_output=True, text=True,
+                          timeout=60).stdout
+    for cls in (TrainConfig, GPTConfig):
+        meanings = field_help(cls)
+        for field in dataclasses.fields(cls):
+            default = str(field.default).lower() if isinstance(field.default, bool) else field.default
+            line = f"  --{field.name}={default if default != '' else chr(34) * 2} ("
+            assert line in text, field.name
+            assert meanings[field.name] and meanings[field.name] in text, field.name  # every key has a meaning
+    assert "--resume" in text and "--allow_changes=K1,K2" in text and "python train.py --resume RUN_DIR" in text
+    # a continuation comment line is part of the meaning, a section comment is not
+    assert field_help(TrainConfig)["spike_factor"].endswith("always stop the run)")
+    assert "multiplicative encodings" not in field_help(GPTConfig)["qk_norm"]

@@ -11,7 +11,7 @@ import os
 import torch
 
 import checkpoints
-from config import TrainConfig
+from config import AS_TRAINED_BEFORE_KEY_EXISTED, TrainConfig
 from training.errors import TrainError
 from training.optimizer import load_optimizer_state
 
@@ -27,9 +27,6 @@ FIXED_FOR_A_RUN = {
                          "or skip data",
     "decay_params": "the optimizer's parameter groups, and the Adam moments saved with them, are built from it",
 }
-# The values of keys that checkpoints written before the key existed were trained with.
-TRAJECTORY_KEYS_BEFORE_RECIPES = {"decay_params": "matrices", "lr_schedule": "clean", "grad_scale": "mean",
-                                  "sampler": "windows", "reference_layout": ""}
 CHECKPOINT_KEYS = ("model", "model_config", "tokenizer", "train_config", "step", "optimizer", "rng")
 
 
@@ -62,7 +59,7 @@ def check_resume_compatible(ckpt: dict, model_cfg: dict, train_cfg: TrainConfig,
                          f"{flags(diff, saved_model)} (the run's own config.json holds them all)"
                          + ("; a checkpoint from before the recipe option was trained with --recipe=clean."
                             if older else "."))
-    saved = {key: ckpt["train_config"].get(key, TRAJECTORY_KEYS_BEFORE_RECIPES.get(key)) for key in TRAJECTORY_KEYS}
+    saved = {key: ckpt["train_config"].get(key, AS_TRAINED_BEFORE_KEY_EXISTED.get(key)) for key in TRAJECTORY_KEYS}
     current = {key: getattr(train_cfg, key) for key in TRAJECTORY_KEYS}
     for values in (saved, current):
         if values["grad_scale"] != "official" and values["sampler"] != "random_offsets":

@@ -107,23 +107,39 @@ def start_wandb(cfg: TrainConfig, run_name: str, resolved: dict, run_id: str | N
 
 
 class Throughput:
-    """Tokens/s and MFU over the steps since the last reading; time spent validating or checkpointing is left
-    out by calling restart() after it."""
+    """Tokens/s and MFU over the steps since the last reading (time spent validating or checkpointing is left
+    out by calling restart() after it), and the elapsed time and estimated time left of this invocation (those
+    include everything: they are what a user waits for)."""
 
     def __init__(self, step: int, tokens_per_step: int, flops_per_token: float, peak_flops: float | None,
                  world_size: int):
         self.tokens_per_step, self.flops_per_token = tokens_per_step, flops_per_token
         self.peak = peak_flops * world_size if peak_flops else None
+        self.started, self.first_step = time.perf_counter(), step
         self.restart(step)
 
     def restart(self, step: int) -> None:
         self.time, self.step = time.perf_counter(), step
 
-    def read(self, step: int) -> dict:
-        seconds = max(time.perf_counter() - self.time, 1e-9)
+    def read(self, step: int, end_step: int) -> dict:
+        now = time.perf_counter()
+        seconds = max(now - self.time, 1e-9)
         tokens_per_s = (step - self.step) * self.tokens_per_step / seconds
         mfu = self.flops_per_token * tokens_per_s / self.peak if self.peak else None
-        return {"tokens_per_s": tokens_per_s, "mfu": mfu, "ms_per_iter": 1000 * seconds / (step - self.step)}
+        elapsed = now - self.started
+        eta = elapsed / max(step - self.first_step, 1) * (end_step - step)
+        return {"tokens_per_s": tokens_per_s, "mfu": mfu, "ms_per_iter": 1000 * seconds / (step - self.step),
+                "elapsed_s": elapsed, "eta_s": eta}
+
+
+def duration(seconds: float) -> str:
+    """3h05m, 4m10s, 12s."""
+    seconds = int(round(seconds))
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    if seconds >= 60:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds}s"
 
 
 def peak_memory(device: torch.device) -> dict:

@@ -8,12 +8,15 @@ batch is split (1 process x 2 micro-batches reads what 2 processes x 1 read), an
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass
 
 import torch
 
 from config import TrainConfig
 from training.errors import TrainError
+
+PROGRESS_EVERY_S = 30.0  # a validation longer than this prints its progress this often
 
 
 @dataclass
@@ -89,13 +92,21 @@ def evaluate(model, data_dir: str, cfg: TrainConfig, block_size: int, ddp, autoc
     Each batch's mean loss is weighted by its number of windows (the last batch may be smaller). None when a stop
     request cut it short (checked between batches, so a stop never waits for a whole validation)."""
     from data.loader import validation_batches
+    from training.metrics import duration
     model.eval()
     total = torch.zeros(3, dtype=torch.float64, device=ddp.device)  # loss x windows, windows, stopped
+    started = last_said = time.perf_counter()
     for i, (x, y) in enumerate(validation_batches(data_dir, batch_size=cfg.batch_size, block_size=block_size,
                                                   max_windows=cfg.eval_windows)):
         if stops is not None and stops.requested:
             total[2] = 1
             break
+        now = time.perf_counter()
+        if i and now - last_said > PROGRESS_EVERY_S:  # a long validation says how far it is
+            done = i * cfg.batch_size
+            ddp.say(f"validation: {done}/{cfg.eval_windows} windows, {duration(now - started)} elapsed, "
+                    f"{duration((now - started) / done * (cfg.eval_windows - done))} left")
+            last_said = now
         if i % ddp.world_size != ddp.rank:
             continue
         with autocast():
