@@ -712,6 +712,9 @@ def test_resuming_a_good_checkpoint_with_a_bad_lr_keeps_it_and_its_advice_works(
     resumed = train.run([config_file, "--ckpt_interval=4", "--max_iters=40", "--stop_iter=16", f"--out_dir={run_dir}",
                          *advice_flags(message), "--lr=5e-3", "--warmup_iters=2"])
     assert resumed["step"] == 16 and all(math.isfinite(x) for x in resumed["losses"])
+    # the loss history behind the checks crossed both resumes: all 16 losses, not only this invocation's 8
+    logged = [r["loss"] for r in map(json.loads, open(run_dir / "metrics.jsonl")) if r["type"] == "train"]
+    assert checkpoints.load(str(run_dir / "ckpt.pt"))["divergence"]["recent"] == pytest.approx(logged) and len(logged) == 16
 
 
 def zeroing_nan_attention(monkeypatch):
