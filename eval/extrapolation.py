@@ -13,7 +13,6 @@ For a checkpoint trained at context L (its model_config.block_size):
   greedy continuation (KV cache) starts with the key. passkey_<run>.png is the accuracy heat map.
 Writes OUT/extrapolation.json and OUT/extrapolation.md and prints the tables.
 """
-import argparse
 import json
 import os
 import random
@@ -29,6 +28,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from data.shards import DataError  # noqa: E402
 from eval.checkpoint import UserError, autocast_context, describe_encoding, load_model, pick_device  # noqa: E402
+from eval.cli import make_parser  # noqa: E402
 from eval.lm_adapter import plan_windows  # noqa: E402
 
 PASSKEY_INTRO = "A pass key is hidden in the text below. Remember it.\n"
@@ -300,11 +300,11 @@ def parse_floats(text):
     return [float(x) for x in text.split(",") if x.strip()]
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser():
+    p = make_parser(__doc__)
     p.add_argument("--ckpt", nargs="+", required=True, help="run directories (or checkpoint files) to compare")
     p.add_argument("--data-dir", help="prepared data directory (default: the run's own, else the embedded corpus)")
-    p.add_argument("--out", help="output directory (default: RUN_DIR/eval for one run, else required)")
+    p.add_argument("--out", help="output directory (default: RUN_DIR/eval for one run; required for several)")
     p.add_argument("--context", type=int, help="training context L (default: the checkpoint's block_size)")
     p.add_argument("--factors", default="1,2,4,8", help="contexts to evaluate, as multiples of L")
     p.add_argument("--windows", type=int, default=16,
@@ -314,21 +314,28 @@ def parse_args(argv=None):
     p.add_argument("--passkey-factors", default="0.5,1,2,4,8", help="passkey prompt lengths, as multiples of L")
     p.add_argument("--depths", default="0,0.25,0.5,0.75,1", help="needle depths (0 = start, 1 = end)")
     p.add_argument("--passkey-trials", type=int, default=10, help="random keys per (length, depth); 0 skips passkey")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default=None)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random passkeys")
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    return p
+
+
+def parse_args(argv=None):
+    p = build_parser()
     args = p.parse_args(argv)
     try:
         args.factors = [int(f) for f in args.factors.split(",")]
         args.passkey_factors = parse_floats(args.passkey_factors)
         args.depths = parse_floats(args.depths)
-    except ValueError:
-        p.error("--factors takes integers and --passkey-factors/--depths numbers, comma-separated (e.g. 1,2,4,8)")
+    except ValueError as error:
+        p.error(f"--factors takes integers and --passkey-factors/--depths numbers, comma-separated, e.g. 1,2,4,8 "
+                f"({error})")
     if min(args.factors) < 1 or min(args.passkey_factors, default=1) <= 0 or args.windows < 1 or args.batch_tokens < 1:
-        p.error("--factors must be integers >= 1, --passkey-factors positive, --windows and --batch-tokens >= 1")
+        p.error(f"--factors must be integers >= 1 (got {args.factors}), --passkey-factors positive (got "
+                f"{args.passkey_factors}), --windows and --batch-tokens >= 1 (got {args.windows}, {args.batch_tokens})")
     if not all(0 <= d <= 1 for d in args.depths):
-        p.error("--depths must lie in [0, 1]")
+        p.error(f"--depths must lie in [0, 1] (got {args.depths})")
     if not 0 < args.stride_fraction <= 1:
-        p.error("--stride-fraction must be in (0, 1]")
+        p.error(f"--stride-fraction must be in (0, 1] (got {args.stride_fraction})")
     if args.out is None:
         if len(args.ckpt) > 1:
             p.error("--out DIR is required when comparing several checkpoints")

@@ -12,7 +12,6 @@ papers): acc for ARC-E, PIQA, SciQ and WinoGrande, acc_norm for ARC-C, HellaSwag
 --metric acc_norm averages acc_norm wherever lm-eval defines it (WinoGrande has only acc), --metric acc
 averages acc everywhere; the JSON holds all three averages.
 """
-import argparse
 import json
 import math
 import os
@@ -24,6 +23,7 @@ if __package__ in (None, ""):  # run as a script: import from the repo root, not
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from eval.checkpoint import UserError, describe_encoding  # noqa: E402
+from eval.cli import make_parser  # noqa: E402
 from eval.tasks import ZERO_SHOT_TASKS, check_data_file, expected_files_message  # noqa: E402
 
 PAPER_RESULTS = Path(__file__).resolve().parent / "paper_results.json"  # copy of the paper's Tables 1-2
@@ -43,14 +43,17 @@ METRIC_DESCRIPTIONS = {
 PAPER_SIZES = {"medium_353M": 353e6, "large_770M": 770e6}
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ckpt", help="run directory holding ckpt.pt (or a checkpoint file)")
+def build_parser():
+    p = make_parser(__doc__)
+    p.add_argument("--ckpt", help="run directory holding ckpt.pt, or a checkpoint file (required, except with "
+                                  "--export-data)")
     p.add_argument("--tasks", default=",".join(ZERO_SHOT_TASKS),
                    help="comma-separated subset of: " + ",".join(ZERO_SHOT_TASKS))
-    p.add_argument("--data-dir", help="directory with <task>.jsonl in the hub schema (offline evaluation)")
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--limit", type=int, default=None, help="evaluate only the first N documents per task")
+    p.add_argument("--data-dir", help="directory with <task>.jsonl in the hub schema, for offline evaluation "
+                                      "(default: the tasks from the Hugging Face hub)")
+    p.add_argument("--batch-size", type=int, default=16, help="sequences per forward pass")
+    p.add_argument("--limit", type=int, default=None,
+                   help="evaluate only the first N documents per task (default: all)")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     p.add_argument("--out", help="output directory (default: RUN_DIR/eval)")
     p.add_argument("--metric", choices=list(AVERAGE_METRICS), default="convention",
@@ -61,14 +64,20 @@ def parse_args(argv=None):
     p.add_argument("--log-samples", action="store_true",
                    help="also write OUT/samples_<task>.jsonl: per-document choice loglikelihoods")
     p.add_argument("--export-data", metavar="DIR",
-                   help="(needs internet) write each task's evaluation split to DIR/<task>.jsonl and exit")
+                   help="(needs internet) write each task's evaluation split to DIR/<task>.jsonl and exit "
+                        "(default: evaluate --ckpt)")
+    return p
+
+
+def parse_args(argv=None):
+    p = build_parser()
     args = p.parse_args(argv)
     args.tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     unknown = [t for t in args.tasks if t not in ZERO_SHOT_TASKS]
     if unknown:
         p.error(f"unknown task(s) {unknown}; choose from {', '.join(ZERO_SHOT_TASKS)}")
     if args.batch_size < 1 or (args.limit is not None and args.limit < 1):
-        p.error("--batch-size and --limit must be at least 1")
+        p.error(f"--batch-size and --limit must be at least 1 (got {args.batch_size} and {args.limit})")
     if not args.ckpt and not args.export_data:
         p.error("--ckpt RUN_DIR is required")
     return args

@@ -8,10 +8,16 @@ labelled with its directory name (or --labels), the way the paper's Figures 2-3 
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
+from pathlib import Path
+
+REPO = str(Path(__file__).resolve().parents[1])
+if REPO not in sys.path:  # run as a script, sys.path starts at scripts/
+    sys.path.insert(0, REPO)
+
+from eval.cli import make_parser  # noqa: E402
 
 
 def read_curves(run_dir: str) -> dict[str, list[tuple[int, float]]]:
@@ -44,19 +50,24 @@ def smooth(values: list[float], weight: float) -> list[float]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser():
+    parser = make_parser(__doc__)
     parser.add_argument("runs", nargs="+", help="run directories (each with metrics.jsonl)")
-    parser.add_argument("--out", default="loss_curves.png", help="output PNG (default loss_curves.png)")
+    parser.add_argument("--out", default="loss_curves.png", help="output PNG")
     parser.add_argument("--labels", nargs="*", help="one label per run (default: the directory names)")
-    parser.add_argument("--smooth", type=float, default=0.6, help="EMA weight for the training loss, 0..1 (default 0.6)")
-    parser.add_argument("--title", default="", help="figure title")
+    parser.add_argument("--smooth", type=float, default=0.6, help="EMA weight for the training loss, 0..1")
+    parser.add_argument("--title", default="", help="figure title (default: none)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.labels and len(args.labels) != len(args.runs):
         print(f"error: {len(args.labels)} labels for {len(args.runs)} runs; give one label per run", file=sys.stderr)
         return 2
     if not 0 <= args.smooth < 1:
-        print("error: --smooth must be in [0, 1)", file=sys.stderr)
+        print(f"error: --smooth must be in [0, 1) (got {args.smooth})", file=sys.stderr)
         return 2
     try:
         curves = [read_curves(run) for run in args.runs]

@@ -353,6 +353,12 @@ def test_torchrun_mode_trains_a_run_in_a_one_process_gloo_group(workspace, tmp_p
     ('base = "base.toml"\nencodings = ["rope"]\n[launch]\nmode = "slurm"\n', "in_process, torchrun, per_gpu"),
     ('base = "base.toml"\nencodings = ["rope"]\n[eval.extrapolation]\nwindowz = 2\n',
      "unrecognized arguments: --windowz=2"),
+    # prefixes of real options (passkey_trials, windows), which argparse's abbreviations used to take silently
+    ('base = "base.toml"\nencodings = ["rope"]\n[eval.extrapolation]\npasskey_trial = 2\n',
+     "unrecognized arguments: --passkey-trial=2"),
+    ('base = "base.toml"\nencodings = ["rope"]\n[eval.extrapolation]\nwindow = 2\n',
+     "unrecognized arguments: --window=2"),
+    ('base = "base.toml"\nencodings = ["rope"]\n[eval.zero_shot]\nbatch = 2\n', "unrecognized arguments: --batch=2"),
     ('base = "base.toml"\nencodings = ["rope"]\n[eval.perplexity]\n', "unknown evaluation [eval.perplexity]"),
     ('base = "base.toml"\nencodings = ["rope", "alibi"]\nreference = "fox"\n', "reference 'fox'"),
 ])
