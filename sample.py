@@ -86,7 +86,8 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.max_new_tokens < 1 or args.num_samples < 1 or args.temperature < 0 or args.top_k < 0:
         p.error(f"--max-new-tokens and --num-samples must be positive (got {args.max_new_tokens} and "
-                f"{args.num_samples}), --temperature and --top-k non-negative (got {args.temperature} and {args.top_k})")
+                f"{args.num_samples}), --temperature and --top-k non-negative "
+                f"(got {args.temperature} and {args.top_k})")
     return args
 
 

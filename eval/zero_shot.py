@@ -15,8 +15,11 @@ averages acc everywhere; the JSON holds all three averages.
 import json
 import math
 import os
+import socket
 import sys
 import tempfile
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: import from the repo root, not from eval/
@@ -86,6 +89,19 @@ def parse_args(argv=None):
 def hub_is_offline():
     return any(os.environ.get(v, "0").lower() in ("1", "true", "yes")
                for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def hub_unreachable(timeout_s=3.0):
+    """None when a TCP connection to the hub (HF_ENDPOINT, or the HTTPS proxy when one is set) opens within
+    timeout_s, else "host:port: why not". Offline, the datasets library retries for about 23 s before it fails."""
+    url = urllib.parse.urlsplit(urllib.request.getproxies().get("https")
+                                or os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    host, port = url.hostname, url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+        return None
+    except OSError as error:
+        return f"{host}:{port}: {error.strerror or error or type(error).__name__}"
 
 
 def is_connection_error(error):
@@ -194,6 +210,10 @@ def run(args):
         raise UserError("the Hugging Face hub is offline (HF_HUB_OFFLINE/HF_DATASETS_OFFLINE is set), so "
                         "the task data must come from local files: pass --data-dir DIR.\n"
                         + expected_files_message())
+    elif unreachable := hub_unreachable():
+        raise UserError(f"the Hugging Face hub cannot be reached ({unreachable}), so the task data must come from "
+                        "local files: pass --data-dir DIR (or set HF_DATASETS_OFFLINE=1 to use tasks already in "
+                        "the Hugging Face cache).\n" + expected_files_message())
 
     import lm_eval
     from lm_eval.tasks import TaskManager
