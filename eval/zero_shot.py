@@ -10,7 +10,8 @@ its metric. By default (--metric convention) the average follows the field's con
 Forgetting Transformer's evaluation on which the paper's builds (and of the Mamba, GLA and DeltaNet
 papers): acc for ARC-E, PIQA, SciQ and WinoGrande, acc_norm for ARC-C, HellaSwag and OpenBookQA.
 --metric acc_norm averages acc_norm wherever lm-eval defines it (WinoGrande has only acc), --metric acc
-averages acc everywhere; the JSON holds all three averages.
+averages acc everywhere; the JSON holds all three averages. While lm-eval scores, stderr gets progress lines
+(padded tokens through the model, elapsed time, ETA); the JSON records the seconds taken (elapsed_s).
 """
 import json
 import math
@@ -26,6 +27,7 @@ if __package__ in (None, ""):  # run as a script: import from the repo root, not
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from eval.checkpoint import UserError, describe_encoding  # noqa: E402
+from eval import progress as timing  # noqa: E402
 from eval.cli import make_parser  # noqa: E402
 from eval.tasks import ZERO_SHOT_TASKS, check_data_file, expected_files_message  # noqa: E402
 
@@ -221,6 +223,7 @@ def run(args):
     from eval.lm_adapter import GrapeLM
     from eval.tasks import write_offline_task_yamls
 
+    start = timing.clock()
     lm = GrapeLM(ckpt=args.ckpt, batch_size=args.batch_size, device=args.device)
     task_manager = TaskManager()
     with tempfile.TemporaryDirectory(prefix="grape_tasks_") as yaml_dir:
@@ -249,7 +252,7 @@ def run(args):
         "tasks": rows, "metric": args.metric, "average": averages[args.metric], "averages": averages,
         "average_metric": AVERAGE_METRICS[args.metric],
         "paper_size": size, "paper": paper_row(encoding, size),
-        "lm_eval_version": lm_eval.__version__,
+        "lm_eval_version": lm_eval.__version__, "elapsed_s": timing.clock() - start,
     }
     out_dir = args.out or os.path.join(args.ckpt if os.path.isdir(args.ckpt) else os.path.dirname(args.ckpt), "eval")
     os.makedirs(out_dir, exist_ok=True)
@@ -259,7 +262,8 @@ def run(args):
     if args.log_samples:
         write_samples(results, out_dir)
     print(table)
-    print(f"wrote {os.path.join(out_dir, 'zero_shot.json')} and zero_shot.md")
+    print(f"wrote {os.path.join(out_dir, 'zero_shot.json')} and zero_shot.md "
+          f"({timing.duration(report['elapsed_s'])} for {len(args.tasks)} tasks)")
     return report
 
 

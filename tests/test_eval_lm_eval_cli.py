@@ -4,6 +4,7 @@ The reference scores each fixture's choices directly with the model (test_eval_z
 recomputes acc and acc_norm; lm-eval's flags (--limit, --batch_size, --output_path) pass through.
 """
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -30,6 +31,8 @@ def test_lm_eval_cli_scores_our_checkpoint_on_local_task_files(tmp_path, monkeyp
     results = json.loads(results_file.read_text())
     err = capsys.readouterr().err
     assert f"results go to {tmp_path / 'run' / 'eval' / 'lm_eval.json'}" in err
+    assert re.search(r"^lm-eval: scoring [\d,]+ windows: [\d,]+/[\d,]+ tokens \(100%\), elapsed .*, ETA 0:00$", err,
+                     re.MULTILINE)  # lm-eval's requests reach the adapter with progress on
     if not torch.cuda.is_available():  # lm-eval asked for cuda:0 (no --device): the adapter fell back
         assert results["config"]["device"] == "cuda:0"
         assert "CUDA is not available; running on the CPU" in err
