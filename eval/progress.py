@@ -1,10 +1,11 @@
 """Progress lines for long evaluation jobs: work done, time elapsed and an estimate of the time left.
 
-    extrapolation seed1, loss: 12,288/49,152 tokens (25%), elapsed 0:12, ETA 0:36
+    extrapolation seed1, loss at 4 contexts: 12,288/49,152 tokens (25%), elapsed 0:12, ETA 0:36
 
-Plain lines on stderr (not a redrawn bar), so they read the same in a terminal and in a log file. A line is
-written when the job starts, at most every EVERY_S seconds while it runs, and when it ends. The ETA assumes the
-rest goes at the average rate so far, so the units should be proportional to the work (tokens, not batches).
+Plain lines, not a redrawn bar, so they read the same in a terminal and in a log file (on stderr; the study's
+own on stdout, beside its other lines). A line is written when the job starts, at most every EVERY_S seconds
+while it runs, and when it ends. The ETA assumes the rest goes at the average rate so far, so the units should
+be proportional to the work (tokens, not batches).
 """
 import sys
 import threading
@@ -28,8 +29,8 @@ def duration(seconds: float) -> str:
 class Progress:
     """Counts `total` units of work; advance(n) after each piece. Costs one clock read per call."""
 
-    def __init__(self, label: str, total: int, unit: str, every_s: float | None = None):
-        self.label, self.total, self.unit = label, max(0, int(total)), unit
+    def __init__(self, label: str, total: int, unit: str, every_s: float | None = None, stream: str = "stderr"):
+        self.label, self.total, self.unit, self.stream = label, max(0, int(total)), unit, stream
         self.every_s = EVERY_S if every_s is None else every_s
         self.done = 0
         self.lock = threading.Lock()  # the study advances one Progress from several job threads
@@ -52,6 +53,5 @@ class Progress:
             self._write(f"{self.label}: {self.done:,}/{self.total:,} {self.unit} ({percent:.0f}%), "
                         f"elapsed {duration(elapsed)}, ETA {duration(eta)}")
 
-    @staticmethod
-    def _write(line: str) -> None:
-        print(line, file=sys.stderr, flush=True)  # sys.stderr read now: the study may redirect it
+    def _write(self, line: str) -> None:
+        print(line, file=getattr(sys, self.stream), flush=True)  # looked up now: the study may redirect it

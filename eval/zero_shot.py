@@ -46,6 +46,7 @@ METRIC_DESCRIPTIONS = {
     "acc": "acc for every task",
 }
 PAPER_SIZES = {"medium_353M": 353e6, "large_770M": 770e6}
+PAPER_TOKENS = 50e9  # the paper's models were "pre-trained on 50B tokens" (paper_results.json's source)
 
 
 def build_parser():

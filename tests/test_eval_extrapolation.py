@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from data.tokenizer import get_tokenizer
 from eval import extrapolation as ex
 from eval.tiny import save_run, tiny_model
-from test_eval_progress import check_work_clock_lines, progress_lines, work_clock  # noqa: F401 (a fixture)
+from test_eval_progress import check_work_clock_lines, progress_lines
 
 L = 16
 

@@ -1,8 +1,8 @@
 """Progress lines of long evaluation jobs (eval/progress.py), read back from stderr.
 
-The jobs' tests (extrapolation, passkey, lm-eval scoring, the study) run against `work_clock`: a clock that
-moves one second per unit of work the job really does (tokens through the model, a training job), so the
-elapsed time of each line must equal the work done and its ETA the work left, exactly, and fall to 0.
+The jobs' tests (extrapolation, passkey, lm-eval scoring, the study) run against `work_clock` (conftest.py): a
+clock that moves one second per unit of work the job really does (tokens through the model, a training job), so
+the elapsed time of each line must equal the work done and its ETA the work left, exactly, and fall to 0.
 """
 import re
 
@@ -37,15 +37,6 @@ def check_work_clock_lines(lines):
     assert dones == sorted(set(dones)) and dones[-1] == total
     assert all(t == total and elapsed == done and eta == total - done for done, t, elapsed, eta in lines), lines
     return total
-
-
-@pytest.fixture
-def work_clock(monkeypatch):
-    """now[0] is the time; the test advances it by the work done. Every advance prints a line."""
-    now = [0.0]
-    monkeypatch.setattr(progress, "clock", lambda: now[0])
-    monkeypatch.setattr(progress, "EVERY_S", 0.0)
-    return now
 
 
 def test_lines_are_throttled_and_the_last_one_always_comes(monkeypatch, capsys):
