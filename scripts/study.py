@@ -431,7 +431,7 @@ class Runner:
             seconds = timing.clock() - start
             add_wall_clock(run, f"{job}_s", seconds)
         if error is None:
-            print(f"[study] {job} {label}: done in {timing.duration(seconds)}", flush=True)
+            print(f"[study] {job} {label} took {timing.duration(seconds)}", flush=True)
         return error
 
     def process(self, run: Run, slot=None) -> None:

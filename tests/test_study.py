@@ -305,7 +305,7 @@ def test_study_progress_counts_the_runs_with_work_left(workspace, tmp_path, work
     report = study.main([path])
     out = capsys.readouterr().out
     assert check_work_clock_lines(progress_lines(out, "[study] progress")) == 3
-    assert "[study] train rope seed 1" not in out and out.count(": done in 0:01") == 3
+    assert "[study] train rope seed 1" not in out and out.count(" took 0:01") == 3
     times = {(r["encoding"], r["seed"]): r["wall_clock_s"] for r in report["runs"]}
     assert times == {("rope", 1): {}, ("rope", 2): {"train_s": 1.0}, ("alibi", 1): {"train_s": 1.0},
                      ("alibi", 2): {"train_s": 1.0}}
