@@ -152,7 +152,8 @@ def test_cli_rejects_data_of_another_tokenizer(tmp_path, capsys):
     assert "tokenized with 'gpt2'" in capsys.readouterr().err
 
 
-def test_progress_lines_count_the_tokens_the_model_reads(tmp_path, data_dir, work_clock, monkeypatch, capsys):
+def test_progress_lines_count_the_tokens_the_model_reads(tmp_path, data_dir, work_clock, monkeypatch, capsys,
+                                                         one_thread):
     """The clock moves one second per token the model reads (forward passes, passkey prompts), so every line's
     elapsed time must be the work done, its ETA the work left, and the JSON's times the phases' token counts."""
     real_losses, real_generate = ex._token_losses, ex.cached_greedy_generate
@@ -171,9 +172,10 @@ def test_progress_lines_count_the_tokens_the_model_reads(tmp_path, data_dir, wor
     monkeypatch.setattr(ex, "_token_losses", timed_losses)
     monkeypatch.setattr(ex, "cached_greedy_generate", timed_generate)
     save_run(tiny_model(pos="alibi", block_size=16, seed=2), tmp_path / "run")
-    (result,) = ex.main(["--ckpt", str(tmp_path / "run"), "--data-dir", str(data_dir), "--factors", "1,2",
-                         "--windows", "3", "--passkey-factors", "8,16", "--depths", "0,1", "--passkey-trials", "2",
-                         "--batch-tokens", "40"])
+    args = ex.parse_args(["--ckpt", str(tmp_path / "run"), "--data-dir", str(data_dir), "--factors", "1,2",
+                          "--windows", "3", "--passkey-factors", "8", "--depths", "0,1", "--passkey-trials", "2",
+                          "--batch-tokens", "40"])
+    result = ex.evaluate_checkpoint(args.ckpt[0], args, "cpu")  # what main writes to extrapolation.json
     err = capsys.readouterr().err
     loss = check_work_clock_lines(progress_lines(err, "extrapolation run, loss at 2 contexts"))
     passkey = check_work_clock_lines(progress_lines(err, "extrapolation run, passkey"))
