@@ -287,8 +287,7 @@ def eval_marker(run: Run, name: str) -> str:
 
 
 def eval_finished(run: Run, name: str) -> bool:
-    """Its output exists and the marker written after it says: same arguments, same checkpoint file (a marker
-    without the checkpoint's identity, from an older study.py, counts as stale)."""
+    """Its output exists and the marker written after it says: same arguments, same checkpoint file."""
     output = os.path.join(run.run_dir, "eval", f"{name}.json")
     try:
         marker = json.loads(Path(eval_marker(run, name)).read_text())
@@ -296,7 +295,13 @@ def eval_finished(run: Run, name: str) -> bool:
     except (OSError, json.JSONDecodeError):
         return False
     identity = checkpoint_identity(run)
-    return identity is not None and marker == {"argv": run.evals[name], "checkpoint": identity}
+    if identity is None:
+        return False
+    if marker == {"argv": run.evals[name], "step": run.final_iter}:
+        # Written by an older study.py, which recorded no checkpoint: it holds if the checkpoint is older than the
+        # marker, so upgrading does not redo finished evaluations (hours on the GPU) while a retrained one is redone.
+        return identity["mtime_ns"] < os.stat(eval_marker(run, name)).st_mtime_ns
+    return marker == {"argv": run.evals[name], "checkpoint": identity}
 
 
 def run_done(run: Run) -> bool:

@@ -250,6 +250,25 @@ def test_a_retrained_checkpoint_has_its_evaluations_redone(finished, tmp_path, m
     assert re.search(r"^extrapolation seed1, loss at 2 contexts: [\d,]+/[\d,]+ tokens \(100%\)", err, re.MULTILINE)
 
 
+def test_a_marker_of_the_older_format_holds_until_its_checkpoint_is_rewritten(finished, tmp_path, monkeypatch):
+    """Markers written before the checkpoint was recorded ({argv, step}) stay valid while ckpt.pt is older than
+    them, so upgrading redoes nothing; once ckpt.pt is rewritten after them, the evaluation is redone."""
+    source, _ = finished
+    shutil.copytree(source, tmp_path / "copy")
+    monkeypatch.chdir(tmp_path / "copy")
+    run_dir = Path("out") / "alibi" / "seed2"
+    marker = run_dir / "eval" / "zero_shot.study.json"
+    marker.write_text(json.dumps({"argv": json.loads(marker.read_text())["argv"], "step": 6}) + "\n")
+    ckpt_time = (run_dir / "ckpt.pt").stat().st_mtime_ns
+    os.utime(marker, ns=(ckpt_time + 10**9, ckpt_time + 10**9))  # written a second after the checkpoint
+    calls = calls_of(monkeypatch)
+    study.main(["study.toml"])
+    assert calls == []
+    os.utime(run_dir / "ckpt.pt", ns=(ckpt_time + 2 * 10**9, ckpt_time + 2 * 10**9))  # rewritten after the marker
+    study.main(["study.toml"])  # both evaluations read a checkpoint that has changed since (the other by its marker)
+    assert calls == [("extrapolation", str(run_dir), False), ("zero_shot", str(run_dir), False)]
+
+
 def test_a_run_whose_records_are_lost_is_a_failure_in_every_table(finished, tmp_path, monkeypatch, capsys):
     """metrics.jsonl deleted: train.py resumes the final checkpoint with nothing to do, so the final loss cannot
     come back. The run used to count as finished, dropped from the loss table only (n = 2 -> 1 while the other
