@@ -7,13 +7,13 @@ One prefill pass over the prompt, then one token per step through the cache (any
 the model's cache carries each encoding's running state). Prints each sample, then the prefill
 time and the decoding speed in tokens/s.
 """
-import argparse
 import sys
 import time
 
 import torch
 
 from eval.checkpoint import UserError, autocast_context, load_model, pick_device
+from eval.cli import make_parser
 from model import sample_next
 
 
@@ -67,20 +67,27 @@ class StreamPrinter:
         print(text[len(self.printed):], flush=True)
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser():
+    p = make_parser(__doc__)
     p.add_argument("--ckpt", required=True, help="run directory holding ckpt.pt (or a checkpoint file)")
     p.add_argument("--prompt", default="", help="prompt text (default: start from the end-of-text token)")
-    p.add_argument("--prompt-file", help="read the prompt from this file instead")
-    p.add_argument("--max-new-tokens", type=int, default=200)
+    p.add_argument("--prompt-file", help="read the prompt from this file instead (default: use --prompt)")
+    p.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate per sample")
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=200, help="sample among the k most likely tokens (0 = all)")
-    p.add_argument("--num-samples", type=int, default=1)
-    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--num-samples", type=int, default=1, help="samples to generate from the prompt")
+    p.add_argument("--seed", type=int, default=1337, help="seed of the sampling")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    return p
+
+
+def parse_args(argv=None):
+    p = build_parser()
     args = p.parse_args(argv)
     if args.max_new_tokens < 1 or args.num_samples < 1 or args.temperature < 0 or args.top_k < 0:
-        p.error("--max-new-tokens and --num-samples must be positive, --temperature and --top-k non-negative")
+        p.error(f"--max-new-tokens and --num-samples must be positive (got {args.max_new_tokens} and "
+                f"{args.num_samples}), --temperature and --top-k non-negative "
+                f"(got {args.temperature} and {args.top_k})")
     return args
 
 

@@ -30,6 +30,7 @@ def load_model(ckpt, device="cpu"):
     if not os.path.isfile(path):
         raise UserError(f"no checkpoint at {path}: pass --ckpt a run directory that holds ckpt.pt "
                         f"(written by train.py) or the path of a .pt file")
+    not_a_checkpoint(path)
     try:
         model, ckpt_dict = GPT.from_checkpoint(path, map_location="cpu")
     except (OSError, ValueError) as error:  # damaged or refused file (one sentence already), unknown config key
@@ -47,6 +48,29 @@ def load_model(ckpt, device="cpu"):
         raise UserError(str(error)) from None
     model.to(device).eval()
     return model, tokenizer, ckpt_dict
+
+
+# What a torch.save file starts with: a zip archive (torch >= 1.6), or a pickle (the legacy format).
+TORCH_SAVE_MAGIC = (b"PK", b"\x80")
+RUN_FILES = {"config.json": "train.py's record of the run's settings",
+             "metrics.jsonl": "train.py's log of the run's losses"}
+
+
+def not_a_checkpoint(path):
+    """One sentence when `path` is some other file (a run's config.json, a text file): torch.load would call it
+    corrupt or truncated. A damaged checkpoint keeps its first bytes and is left to the loader's own message."""
+    with open(path, "rb") as f:
+        head = f.read(64)
+    if not head or head.startswith(TORCH_SAVE_MAGIC):
+        return
+    name = os.path.basename(path)
+    json_like = head.lstrip()[:1] in (b"{", b"[")
+    what = RUN_FILES.get(name) or ("a JSON file" if json_like else "a file that torch.save did not write")
+    run_dir = os.path.dirname(os.path.abspath(path))
+    instead = (f"pass --ckpt {os.path.dirname(path) or '.'} (its run directory, which holds ckpt.pt)"
+               if os.path.isfile(os.path.join(run_dir, "ckpt.pt"))
+               else "pass --ckpt a run directory that holds ckpt.pt (written by train.py), or the path of that file")
+    raise UserError(f"{path} is {what}, not a checkpoint: {instead}")
 
 
 def describe_encoding(model_config):

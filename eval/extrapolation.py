@@ -11,9 +11,10 @@ For a checkpoint trained at context L (its model_config.block_size):
 - passkey retrieval: a random 5-digit key hidden at several depths inside repeated filler text of
   L/2 .. 8L tokens, followed by "What is the pass key? The pass key is"; a trial counts when the
   greedy continuation (KV cache) starts with the key. passkey_<run>.png is the accuracy heat map.
-Writes OUT/extrapolation.json and OUT/extrapolation.md and prints the tables.
+Writes OUT/extrapolation.json and OUT/extrapolation.md and prints the tables. While it runs, stderr gets
+progress lines with the elapsed time and an ETA for each phase (tokens read by the model, prompt tokens of the
+passkey trials); the JSON records each phase's seconds (elapsed_s).
 """
-import argparse
 import json
 import os
 import random
@@ -29,7 +30,9 @@ import torch.nn.functional as F  # noqa: E402
 
 from data.shards import DataError  # noqa: E402
 from eval.checkpoint import UserError, autocast_context, describe_encoding, load_model, pick_device  # noqa: E402
+from eval.cli import make_parser  # noqa: E402
 from eval.lm_adapter import plan_windows  # noqa: E402
+from eval import progress as timing  # noqa: E402
 
 PASSKEY_INTRO = "A pass key is hidden in the text below. Remember it.\n"
 PASSKEY_FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.\n"
@@ -48,7 +51,7 @@ def _token_losses(model, inputs, targets, device):
     return losses.view(targets.shape).cpu()
 
 
-def nonoverlapping_loss(model, tokens, context, device="cpu", batch_tokens=16384):
+def nonoverlapping_loss(model, tokens, context, device="cpu", batch_tokens=16384, progress=None):
     """Mean loss at each position 0..context-1 over consecutive windows of context+1 tokens.
     Returns (per-position mean losses as a float64 array, number of windows)."""
     n_windows = (len(tokens) - 1) // context
@@ -61,10 +64,12 @@ def nonoverlapping_loss(model, tokens, context, device="cpu", batch_tokens=16384
         windows = torch.stack([torch.from_numpy(np.asarray(tokens[s:s + context + 1], dtype=np.int64))
                                for s in starts])
         total += _token_losses(model, windows[:, :-1], windows[:, 1:], device).double().sum(0)
+        if progress:
+            progress.advance(len(starts) * context)
     return (total / n_windows).numpy(), n_windows
 
 
-def sliding_window_loss(model, tokens, context, stride, device="cpu", batch_tokens=16384):
+def sliding_window_loss(model, tokens, context, stride, device="cpu", batch_tokens=16384, progress=None):
     """Mean loss over tokens[1:], each predicted inside a window of at most `context` tokens that
     advances by `stride` (the first window scores all its tokens). Returns (mean, tokens scored)."""
     windows = plan_windows(len(tokens), 1, context, stride)
@@ -81,6 +86,8 @@ def sliding_window_loss(model, tokens, context, stride, device="cpu", batch_toke
             for row, (_, _, k) in enumerate(same):
                 total += losses[row, -k:].sum().item()
                 count += k
+            if progress:
+                progress.advance(inputs.numel())
     return total / count, count
 
 
@@ -105,23 +112,22 @@ def build_passkey_prompt(tokenizer, n_tokens, depth, key):
     return ids, f" {key}"
 
 
-def passkey_accuracy(generate, tokenizer, lengths, depths, trials, seed=0):
+def passkey_accuracy(generate, tokenizer, lengths, depths, trials, seed=0, label="passkey"):
     """Accuracy[length][depth] over `trials` random keys. generate(list of token-id prompts,
-    max_new_tokens) -> list of generated strings. Also returns the prompts' actual token lengths."""
+    max_new_tokens) -> list of generated strings. Also returns the prompts' actual token lengths.
+    Progress lines count prompt tokens (all prompts are built first, so the total is exact)."""
     rng = random.Random(seed)
+    cells = {(i, j): [build_passkey_prompt(tokenizer, length, depth, rng.randint(10000, 99999)) for _ in range(trials)]
+             for i, length in enumerate(lengths) for j, depth in enumerate(depths)}
+    progress = timing.Progress(label, sum(len(ids) for cell in cells.values() for ids, _ in cell), "prompt tokens")
     accuracy = np.zeros((len(lengths), len(depths)))
-    actual_lengths = {}
-    for i, length in enumerate(lengths):
-        for j, depth in enumerate(depths):
-            prompts, answers = [], []
-            for _ in range(trials):
-                ids, answer = build_passkey_prompt(tokenizer, length, depth, rng.randint(10000, 99999))
-                prompts.append(ids)
-                answers.append(answer)
-            actual_lengths[length] = len(prompts[0])
-            max_new = max(len(tokenizer.encode(a)) for a in answers) + 1
-            outputs = generate(prompts, max_new)
-            accuracy[i, j] = np.mean([out.strip().startswith(a.strip()) for out, a in zip(outputs, answers)])
+    for (i, j), cell in cells.items():
+        prompts, answers = [ids for ids, _ in cell], [answer for _, answer in cell]
+        max_new = max(len(tokenizer.encode(a)) for a in answers) + 1
+        outputs = generate(prompts, max_new)
+        accuracy[i, j] = np.mean([out.strip().startswith(a.strip()) for out, a in zip(outputs, answers)])
+        progress.advance(sum(map(len, prompts)))
+    actual_lengths = {length: len(cells[i, len(depths) - 1][0][0]) for i, length in enumerate(lengths)}
     return accuracy, actual_lengths
 
 
@@ -184,11 +190,16 @@ def evaluate_checkpoint(run, args, device):
     tokens = tokens[:n_tokens]
     result = {"run": run, "name": args_name(run), "encoding": describe_encoding(ckpt["model_config"]),
               "train_context": train_context, "step": ckpt.get("step"), "val_tokens": n_tokens,
-              "data_dir": os.path.abspath(data_dir), "contexts": {}}
+              "data_dir": os.path.abspath(data_dir), "contexts": {}, "elapsed_s": {}}
+    strides = {context: max(1, int(context * args.stride_fraction)) for context in contexts}
+    work = sum((n_tokens - 1) // context * context + sum(end - start for start, end, _ in
+                                                         plan_windows(n_tokens, 1, context, strides[context]))
+               for context in contexts)  # the tokens the model reads: non-overlapping, then sliding windows
+    progress = timing.Progress(f"extrapolation {result['name']}, loss at {len(contexts)} contexts", work, "tokens")
     for context in contexts:
-        per_position, n_windows = nonoverlapping_loss(model, tokens, context, device, args.batch_tokens)
-        stride = max(1, int(context * args.stride_fraction))
-        sliding, n_scored = sliding_window_loss(model, tokens, context, stride, device, args.batch_tokens)
+        per_position, n_windows = nonoverlapping_loss(model, tokens, context, device, args.batch_tokens, progress)
+        stride = strides[context]
+        sliding, n_scored = sliding_window_loss(model, tokens, context, stride, device, args.batch_tokens, progress)
         centres, binned = bin_positions(per_position)
         result["contexts"][str(context)] = {
             "nonoverlapping": {"mean": float(per_position.mean()), "windows": n_windows,
@@ -200,10 +211,14 @@ def evaluate_checkpoint(run, args, device):
         }
         print(f"{result['name']}: context {context}: non-overlapping {per_position.mean():.4f} "
               f"({n_windows} windows), sliding {sliding:.4f} (stride {stride})", flush=True)
+    result["elapsed_s"]["loss"] = progress.elapsed()
     if args.passkey_trials > 0:
         lengths = [max(16, int(train_context * f)) for f in args.passkey_factors]
         generate = cached_greedy_generate(model, tokenizer, device, args.batch_tokens)
-        accuracy, actual = passkey_accuracy(generate, tokenizer, lengths, args.depths, args.passkey_trials, args.seed)
+        start = timing.clock()
+        accuracy, actual = passkey_accuracy(generate, tokenizer, lengths, args.depths, args.passkey_trials, args.seed,
+                                            label=f"extrapolation {result['name']}, passkey")
+        result["elapsed_s"]["passkey"] = timing.clock() - start
         result["passkey"] = {"lengths": lengths, "actual_lengths": [actual[n] for n in lengths],
                              "depths": list(args.depths), "trials": args.passkey_trials,
                              "accuracy": accuracy.tolist()}
@@ -300,11 +315,11 @@ def parse_floats(text):
     return [float(x) for x in text.split(",") if x.strip()]
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser():
+    p = make_parser(__doc__)
     p.add_argument("--ckpt", nargs="+", required=True, help="run directories (or checkpoint files) to compare")
     p.add_argument("--data-dir", help="prepared data directory (default: the run's own, else the embedded corpus)")
-    p.add_argument("--out", help="output directory (default: RUN_DIR/eval for one run, else required)")
+    p.add_argument("--out", help="output directory (default: RUN_DIR/eval for one run; required for several)")
     p.add_argument("--context", type=int, help="training context L (default: the checkpoint's block_size)")
     p.add_argument("--factors", default="1,2,4,8", help="contexts to evaluate, as multiples of L")
     p.add_argument("--windows", type=int, default=16,
@@ -314,21 +329,28 @@ def parse_args(argv=None):
     p.add_argument("--passkey-factors", default="0.5,1,2,4,8", help="passkey prompt lengths, as multiples of L")
     p.add_argument("--depths", default="0,0.25,0.5,0.75,1", help="needle depths (0 = start, 1 = end)")
     p.add_argument("--passkey-trials", type=int, default=10, help="random keys per (length, depth); 0 skips passkey")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default=None)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random passkeys")
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    return p
+
+
+def parse_args(argv=None):
+    p = build_parser()
     args = p.parse_args(argv)
     try:
         args.factors = [int(f) for f in args.factors.split(",")]
         args.passkey_factors = parse_floats(args.passkey_factors)
         args.depths = parse_floats(args.depths)
-    except ValueError:
-        p.error("--factors takes integers and --passkey-factors/--depths numbers, comma-separated (e.g. 1,2,4,8)")
+    except ValueError as error:
+        p.error(f"--factors takes integers and --passkey-factors/--depths numbers, comma-separated, e.g. 1,2,4,8 "
+                f"({error})")
     if min(args.factors) < 1 or min(args.passkey_factors, default=1) <= 0 or args.windows < 1 or args.batch_tokens < 1:
-        p.error("--factors must be integers >= 1, --passkey-factors positive, --windows and --batch-tokens >= 1")
+        p.error(f"--factors must be integers >= 1 (got {args.factors}), --passkey-factors positive (got "
+                f"{args.passkey_factors}), --windows and --batch-tokens >= 1 (got {args.windows}, {args.batch_tokens})")
     if not all(0 <= d <= 1 for d in args.depths):
-        p.error("--depths must lie in [0, 1]")
+        p.error(f"--depths must lie in [0, 1] (got {args.depths})")
     if not 0 < args.stride_fraction <= 1:
-        p.error("--stride-fraction must be in (0, 1]")
+        p.error(f"--stride-fraction must be in (0, 1] (got {args.stride_fraction})")
     if args.out is None:
         if len(args.ckpt) > 1:
             p.error("--out DIR is required when comparing several checkpoints")

@@ -25,9 +25,9 @@ import torch
 import torch.nn.functional as F
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
-from tqdm import tqdm
 
 from eval.checkpoint import autocast_context, load_model, pick_device
+from eval.progress import Progress
 from model import sample_next
 
 
@@ -110,10 +110,12 @@ class GrapeLM(TemplateLM):
         next tokens after the last len(targets) inputs. Returns [(sum logprob, all greedy)]."""
         order = sorted(range(len(items)), key=lambda i: -len(items[i][0]))  # long first: less padding
         results = [None] * len(items)
-        for b0 in tqdm(range(0, len(order), self.batch_size), disable=disable_tqdm,
-                       desc="scoring windows"):
-            batch = [order[j] for j in range(b0, min(b0 + self.batch_size, len(order)))]
-            width = max(len(items[i][0]) for i in batch)
+        batches = [order[b0:b0 + self.batch_size] for b0 in range(0, len(order), self.batch_size)]
+        widths = [max(len(items[i][0]) for i in batch) for batch in batches]
+        # Counted in padded tokens, what each forward pass costs (the longest windows come first).
+        progress = None if disable_tqdm else Progress(
+            f"lm-eval: scoring {len(items):,} windows", sum(w * len(b) for w, b in zip(widths, batches)), "tokens")
+        for batch, width in zip(batches, widths):
             idx = torch.zeros(len(batch), width, dtype=torch.long)
             for row, i in enumerate(batch):
                 tokens = items[i][0]
@@ -132,6 +134,8 @@ class GrapeLM(TemplateLM):
                 total = logprobs.gather(-1, target[:, None]).sum().item()
                 greedy = bool((scored.argmax(-1) == target).all())
                 results[i] = (total, greedy)
+            if progress:
+                progress.advance(width * len(batch))
         return results
 
     def _score_sequences(self, sequences, disable_tqdm=False):
@@ -185,7 +189,8 @@ class GrapeLM(TemplateLM):
             key = (json.dumps(settings, sort_keys=True), len(prompt))
             groups.setdefault(key, []).append(i)
         outputs = [None] * len(requests)
-        progress = tqdm(total=len(requests), disable=disable_tqdm, desc="generating")
+        progress = None if disable_tqdm else Progress(f"lm-eval: generating for {len(requests):,} requests", len(requests),
+                                                      "requests")
         for indices in groups.values():
             for b0 in range(0, len(indices), self.batch_size):
                 batch = indices[b0:b0 + self.batch_size]
@@ -194,8 +199,8 @@ class GrapeLM(TemplateLM):
                 for i, text in zip(batch, texts):
                     outputs[i] = text
                     self.cache_hook.add_partial("generate_until", requests[i].args, text)
-                progress.update(len(batch))
-        progress.close()
+                if progress:
+                    progress.advance(len(batch))
         return outputs
 
     def _generation_settings(self, gen_kwargs):

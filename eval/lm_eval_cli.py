@@ -10,9 +10,11 @@ This imports the adapter (eval/lm_adapter.py, which registers the model name) an
 lm-eval's entry point, so every `lm-eval run` flag works as lm-eval documents it (`--model_args` also takes
 `max_length` and `rolling_stride`). One flag is ours: `--data-dir DIR` reads the paper's seven tasks named in
 --tasks from DIR/<task>.jsonl (hub schema, as `eval/zero_shot.py --data-dir`) instead of the hub; other
-tasks come from lm-eval as usual. lm-eval asks for cuda:0 when --device is not given: without CUDA the
-adapter runs on the CPU and says so.
+tasks come from lm-eval as usual. Without --output_path the results go to the run's own eval/ folder,
+RUN_DIR/eval/lm_eval_<date>.json (lm-eval alone would save nothing). lm-eval asks for cuda:0 when --device is
+not given: without CUDA the adapter runs on the CPU and says so.
 """
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -62,18 +64,42 @@ def with_local_task_files(argv, data_dir, yaml_dir):
     return rest + ["--tasks", ",".join(paths.get(t, t) for t in names)]
 
 
+def default_output_path(args):
+    """lm-eval saves nothing without --output_path: for our model, RUN_DIR/eval/lm_eval.json (lm-eval adds the
+    date: RUN_DIR/eval/lm_eval_<date>.json, and samples_<task>_<date>.jsonl beside it with --log_samples)."""
+    if args.output_path or getattr(args, "config", None) or args.model != "grape":
+        return args.output_path
+    ckpt = (args.model_args or {}).get("ckpt")
+    if not ckpt:
+        return None
+    run_dir = ckpt if os.path.isdir(ckpt) else os.path.dirname(ckpt)
+    return os.path.join(run_dir, "eval", "lm_eval.json")
+
+
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv in (["-h"], ["--help"]):  # our flag and default first, then the options of `lm-eval run`
+        print(__doc__.strip() + "\n\nThe options of lm-eval's own command line (`lm-eval run`):\n")
+        argv = ["run", "--help"]
     try:
         data_dir, argv = take_option(argv, "--data-dir")
         import eval.lm_adapter  # noqa: F401  (registers the model name "grape")
-        from lm_eval.__main__ import cli_evaluate
+        from lm_eval._cli import HarnessCLI
+        from lm_eval.utils import setup_logging
 
         with tempfile.TemporaryDirectory(prefix="grape_tasks_") as yaml_dir:
             if data_dir is not None:
                 argv = with_local_task_files(argv, data_dir, yaml_dir)
             sys.argv = ["lm-eval", *argv]  # lm-eval's parser reads sys.argv
-            cli_evaluate()
+            # lm_eval.__main__.cli_evaluate, with our default output path set between parsing and running
+            setup_logging()
+            cli = HarnessCLI()
+            args = cli.parse_args()
+            if getattr(args, "command", None) == "run":
+                args.output_path = default_output_path(args)
+                if args.output_path:
+                    print(f"results go to {args.output_path} (with the date added to the name)", file=sys.stderr)
+            cli.execute(args)
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)

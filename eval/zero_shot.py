@@ -10,20 +10,25 @@ its metric. By default (--metric convention) the average follows the field's con
 Forgetting Transformer's evaluation on which the paper's builds (and of the Mamba, GLA and DeltaNet
 papers): acc for ARC-E, PIQA, SciQ and WinoGrande, acc_norm for ARC-C, HellaSwag and OpenBookQA.
 --metric acc_norm averages acc_norm wherever lm-eval defines it (WinoGrande has only acc), --metric acc
-averages acc everywhere; the JSON holds all three averages.
+averages acc everywhere; the JSON holds all three averages. While lm-eval scores, stderr gets progress lines
+(padded tokens through the model, elapsed time, ETA); the JSON records the seconds taken (elapsed_s).
 """
-import argparse
 import json
 import math
 import os
+import socket
 import sys
 import tempfile
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: import from the repo root, not from eval/
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from eval.checkpoint import UserError, describe_encoding  # noqa: E402
+from eval import progress as timing  # noqa: E402
+from eval.cli import make_parser  # noqa: E402
 from eval.tasks import ZERO_SHOT_TASKS, check_data_file, expected_files_message  # noqa: E402
 
 PAPER_RESULTS = Path(__file__).resolve().parent / "paper_results.json"  # copy of the paper's Tables 1-2
@@ -41,16 +46,20 @@ METRIC_DESCRIPTIONS = {
     "acc": "acc for every task",
 }
 PAPER_SIZES = {"medium_353M": 353e6, "large_770M": 770e6}
+PAPER_TOKENS = 50e9  # the paper's models were "pre-trained on 50B tokens" (paper_results.json's source)
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ckpt", help="run directory holding ckpt.pt (or a checkpoint file)")
+def build_parser():
+    p = make_parser(__doc__)
+    p.add_argument("--ckpt", help="run directory holding ckpt.pt, or a checkpoint file (required, except with "
+                                  "--export-data)")
     p.add_argument("--tasks", default=",".join(ZERO_SHOT_TASKS),
                    help="comma-separated subset of: " + ",".join(ZERO_SHOT_TASKS))
-    p.add_argument("--data-dir", help="directory with <task>.jsonl in the hub schema (offline evaluation)")
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--limit", type=int, default=None, help="evaluate only the first N documents per task")
+    p.add_argument("--data-dir", help="directory with <task>.jsonl in the hub schema, for offline evaluation "
+                                      "(default: the tasks from the Hugging Face hub)")
+    p.add_argument("--batch-size", type=int, default=16, help="sequences per forward pass")
+    p.add_argument("--limit", type=int, default=None,
+                   help="evaluate only the first N documents per task (default: all)")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     p.add_argument("--out", help="output directory (default: RUN_DIR/eval)")
     p.add_argument("--metric", choices=list(AVERAGE_METRICS), default="convention",
@@ -61,14 +70,20 @@ def parse_args(argv=None):
     p.add_argument("--log-samples", action="store_true",
                    help="also write OUT/samples_<task>.jsonl: per-document choice loglikelihoods")
     p.add_argument("--export-data", metavar="DIR",
-                   help="(needs internet) write each task's evaluation split to DIR/<task>.jsonl and exit")
+                   help="(needs internet) write each task's evaluation split to DIR/<task>.jsonl and exit "
+                        "(default: evaluate --ckpt)")
+    return p
+
+
+def parse_args(argv=None):
+    p = build_parser()
     args = p.parse_args(argv)
     args.tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     unknown = [t for t in args.tasks if t not in ZERO_SHOT_TASKS]
     if unknown:
         p.error(f"unknown task(s) {unknown}; choose from {', '.join(ZERO_SHOT_TASKS)}")
     if args.batch_size < 1 or (args.limit is not None and args.limit < 1):
-        p.error("--batch-size and --limit must be at least 1")
+        p.error(f"--batch-size and --limit must be at least 1 (got {args.batch_size} and {args.limit})")
     if not args.ckpt and not args.export_data:
         p.error("--ckpt RUN_DIR is required")
     return args
@@ -77,6 +92,19 @@ def parse_args(argv=None):
 def hub_is_offline():
     return any(os.environ.get(v, "0").lower() in ("1", "true", "yes")
                for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def hub_unreachable(timeout_s=3.0):
+    """None when a TCP connection to the hub (HF_ENDPOINT, or the HTTPS proxy when one is set) opens within
+    timeout_s, else "host:port: why not". Offline, the datasets library retries for about 23 s before it fails."""
+    url = urllib.parse.urlsplit(urllib.request.getproxies().get("https")
+                                or os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    host, port = url.hostname, url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+        return None
+    except OSError as error:
+        return f"{host}:{port}: {error.strerror or error or type(error).__name__}"
 
 
 def is_connection_error(error):
@@ -185,6 +213,10 @@ def run(args):
         raise UserError("the Hugging Face hub is offline (HF_HUB_OFFLINE/HF_DATASETS_OFFLINE is set), so "
                         "the task data must come from local files: pass --data-dir DIR.\n"
                         + expected_files_message())
+    elif unreachable := hub_unreachable():
+        raise UserError(f"the Hugging Face hub cannot be reached ({unreachable}), so the task data must come from "
+                        "local files: pass --data-dir DIR (or set HF_DATASETS_OFFLINE=1 to use tasks already in "
+                        "the Hugging Face cache).\n" + expected_files_message())
 
     import lm_eval
     from lm_eval.tasks import TaskManager
@@ -192,6 +224,7 @@ def run(args):
     from eval.lm_adapter import GrapeLM
     from eval.tasks import write_offline_task_yamls
 
+    start = timing.clock()
     lm = GrapeLM(ckpt=args.ckpt, batch_size=args.batch_size, device=args.device)
     task_manager = TaskManager()
     with tempfile.TemporaryDirectory(prefix="grape_tasks_") as yaml_dir:
@@ -220,7 +253,7 @@ def run(args):
         "tasks": rows, "metric": args.metric, "average": averages[args.metric], "averages": averages,
         "average_metric": AVERAGE_METRICS[args.metric],
         "paper_size": size, "paper": paper_row(encoding, size),
-        "lm_eval_version": lm_eval.__version__,
+        "lm_eval_version": lm_eval.__version__, "elapsed_s": timing.clock() - start,
     }
     out_dir = args.out or os.path.join(args.ckpt if os.path.isdir(args.ckpt) else os.path.dirname(args.ckpt), "eval")
     os.makedirs(out_dir, exist_ok=True)
@@ -230,7 +263,8 @@ def run(args):
     if args.log_samples:
         write_samples(results, out_dir)
     print(table)
-    print(f"wrote {os.path.join(out_dir, 'zero_shot.json')} and zero_shot.md")
+    print(f"wrote {os.path.join(out_dir, 'zero_shot.json')} and zero_shot.md "
+          f"({timing.duration(report['elapsed_s'])} for {len(args.tasks)} tasks)")
     return report
 
 

@@ -3,12 +3,12 @@
     python scripts/study.py configs/studies/smoke.toml            # CPU, offline, tiny settings
     python scripts/study.py configs/studies/table1_medium.toml    # the paper's Table 1 rows, torchrun on 8 GPUs
 
-A study file (docs/study.md) names a base config, the encodings, the seeds, [overrides] of any train/model key,
-[launch] (in_process | torchrun | per_gpu) and [eval.extrapolation] / [eval.zero_shot] with the options of
-eval/extrapolation.py and eval/zero_shot.py. Each run trains with train.py into OUT/<encoding>/seed<seed>, then
-its evaluations write OUT/<encoding>/seed<seed>/eval/. OUT/report.md, report.json and the plots are built only
-from those files. Run the same command again to continue: finished runs and evaluations are skipped, an
-interrupted run resumes from its checkpoint, a failed run is reported while the others go on.
+Each run trains with train.py into OUT/<encoding>/seed<seed>, then its evaluations write
+OUT/<encoding>/seed<seed>/eval/. OUT/report.md, report.json and the plots are built only from those files.
+Run the same command again to continue: finished runs and evaluations are skipped, an interrupted run resumes
+from its checkpoint, an evaluation of a checkpoint that has since been replaced is redone, and a failed run
+(or one whose records are lost) is reported while the others go on. The console shows each job, its time, and
+the study's progress with an ETA. docs/study.md has the details.
 """
 from __future__ import annotations
 
@@ -24,7 +24,6 @@ import statistics
 import subprocess
 import sys
 import threading
-import time
 import tomllib
 import traceback
 from concurrent.futures import ThreadPoolExecutor
@@ -39,6 +38,8 @@ from training.metrics import atomic_write_text
 from config import ConfigError, resolve  # noqa: E402
 from data.shards import DataError  # noqa: E402
 from eval import extrapolation, zero_shot  # noqa: E402
+from eval import progress as timing  # noqa: E402
+from eval.cli import make_parser  # noqa: E402
 from model import GPTConfig  # noqa: E402
 from scripts import plot_runs  # noqa: E402
 
@@ -46,7 +47,36 @@ LAUNCH_MODES = ("in_process", "torchrun", "per_gpu")
 EVALUATIONS = {"extrapolation": extrapolation, "zero_shot": zero_shot}  # name -> module with main(argv)
 STUDY_KEYS = {"name", "base", "encodings", "seeds", "reference", "out_dir", "overrides", "launch", "eval"}
 LAUNCH_KEYS = {"mode", "gpus", "gpus_per_run"}
+DEFAULT_SEEDS = [1337]  # train.py's own default seed
 CONFIDENCE = 0.95
+# Every key with its default: the text of --help and of docs/study.md (a test holds them equal, and the
+# defaults stated here equal those load_study applies).
+STUDY_FILE_EXAMPLE = """\
+name = "my_study"                   # default: the study file's name without .toml
+base = "../base/medium.toml"        # required: the base config, relative to the study file
+encodings = ["rope", "alibi", "fox+kv_shift", "rope+grape_ap"]  # required: model.pos (+kv_shift: model.kv_shift)
+seeds = [1337, 1338, 1339]          # default [1337]: train.seed (initialisation, order of the training windows)
+reference = "rope"                  # default "rope" if listed, else the first encoding: differences are to it
+out_dir = "runs/my_study"           # default runs/<name>, relative to the directory the study runs in
+
+[overrides]                         # default none: any [model] or [train] key, as train.py's --key=value
+max_iters = 5000                    # tokens per run = max_iters x global_batch_size x block_size
+block_size = 2048
+
+[launch]
+mode = "torchrun"                   # default "in_process"; "torchrun" or "per_gpu" run jobs as subprocesses
+gpus_per_run = 8                    # default 1: torchrun's processes (GPUs) per run; per_gpu uses 1
+gpus = 8                            # default gpus_per_run: a count, or ids such as [0, 1, 2, 3]
+
+[eval.extrapolation]                # default none: options of eval/extrapolation.py (its --help), _ for -
+factors = [1, 2, 4, 8]
+windows = 16
+passkey_trials = 10
+
+[eval.zero_shot]                    # default none: options of eval/zero_shot.py (its --help), _ for -
+data_dir = "data_cache/zero_shot"   # python eval/zero_shot.py --export-data data_cache/zero_shot (online, once)
+paper_size = "medium_353M"
+"""
 
 
 class StudyError(Exception):
@@ -65,6 +95,8 @@ class Run:
     train_args: list[str]          # train.py arguments without --resume
     final_iter: int  # the iteration train.py ends at: max_iters, or max_iters + 1 under the official schedule
     evals: dict[str, list[str]]    # evaluation name -> its CLI arguments
+    model: dict                    # the resolved model config (dataclasses.asdict of GPTConfig)
+    tokens: int                    # the tokens training reads: steps x global batch x context
 
 
 @dataclasses.dataclass
@@ -81,6 +113,7 @@ class Study:
     gpus: list[str]
     gpus_per_run: int
     runs: list[Run]
+    seeds_defaulted: bool = False  # the file names no seeds: said on the console, since one seed has no spread
 
 
 # ----------------------------------------------------------------------------- the study file
@@ -132,7 +165,7 @@ def load_study(path: str) -> Study:
         raise StudyError(f"{path} names no base config: add base = \"../medium/rope.toml\" "
                          "(relative to the study file).")
     base = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(path)), raw["base"]))
-    encodings, seeds = raw.get("encodings"), raw.get("seeds", [1337])
+    encodings, seeds = raw.get("encodings"), raw.get("seeds", DEFAULT_SEEDS)
     if not isinstance(encodings, list) or not encodings or not all(isinstance(e, str) for e in encodings) \
             or len(set(encodings)) != len(encodings):
         raise StudyError(f"{path}: encodings must be a list of distinct names such as [\"rope\", \"fox+kv_shift\"].")
@@ -175,7 +208,7 @@ def load_study(path: str) -> Study:
             train_args = [base, *overrides, f"--pos={pos}", f"--kv_shift={str(kv_shift).lower()}",
                           f"--seed={seed}", f"--out_dir={run_dir}"]
             try:
-                _, train_cfg = resolve(base, train_args[1:], GPTConfig)
+                model_cfg, train_cfg = resolve(base, train_args[1:], GPTConfig)
             except ConfigError as e:
                 raise StudyError(f"{path}, run {encoding} seed {seed}: {e}") from None
             if train_cfg.eval_interval == 0:
@@ -187,9 +220,11 @@ def load_study(path: str) -> Study:
                 argv += [arg for key, value in options.items() for arg in as_cli(key, value, dash="-", bool_flags=True)]
                 check_eval_args(eval_name, argv, path)
                 evals[eval_name] = argv
-            runs.append(Run(encoding, seed, run_dir, train_args, train_cfg.num_steps, evals))
+            tokens = train_cfg.num_steps * train_cfg.global_batch_size * model_cfg.block_size
+            runs.append(Run(encoding, seed, run_dir, train_args, train_cfg.num_steps, evals,
+                            dataclasses.asdict(model_cfg), tokens))
     return Study(name, os.path.abspath(path), base, out_dir, list(encodings), list(seeds), reference, overrides,
-                 mode, gpus, gpus_per_run, runs)
+                 mode, gpus, gpus_per_run, runs, "seeds" not in raw)
 
 
 # ----------------------------------------------------------------------------- what is already done
@@ -206,11 +241,45 @@ def read_records(run_dir: str) -> list[dict]:
     return records
 
 
-def run_finished(run: Run) -> bool:
-    """train.py wrote its end-of-run summary at the final iteration (a resumed run drops older summaries) and the checkpoint."""
+def run_trained(run: Run) -> bool:
+    """train.py wrote its end-of-run summary at the final iteration (a resumed run drops older summaries) and the
+    checkpoint: nothing is left to train."""
     summaries = [r for r in read_records(run.run_dir) if r.get("type") == "summary"]
     return (os.path.isfile(os.path.join(run.run_dir, "ckpt.pt")) and bool(summaries)
             and summaries[-1].get("stopped") == "done" and summaries[-1].get("iter") == run.final_iter)
+
+
+def final_val_loss(run: Run) -> float | None:
+    """The validation loss train.py logged at the final iteration, None if metrics.jsonl lacks it."""
+    vals = [r for r in read_records(run.run_dir) if r.get("type") == "val" and r.get("iter") == run.final_iter]
+    return vals[-1]["val_loss"] if vals else None
+
+
+def run_finished(run: Run) -> bool:
+    """Trained, with its final validation loss on record: only such runs enter the report's tables, all of them."""
+    return run_trained(run) and final_val_loss(run) is not None
+
+
+def lost_records(run: Run) -> str | None:
+    """Why a trained run cannot be reported (its metrics.jsonl deleted or cut), or None. Resuming cannot repair it:
+    train.py finds its checkpoint at the final iteration and has nothing to do."""
+    if not run_trained(run) or final_val_loss(run) is not None:
+        return None
+    metrics = os.path.join(run.run_dir, "metrics.jsonl")
+    return (f"{run.run_dir}/ckpt.pt is at the final iteration {run.final_iter} but {metrics} has no validation loss "
+            f"at that iteration (the file was deleted or cut short), so the run's final loss is unknown and resuming "
+            f"cannot log it again; restore {metrics}, or move {run.run_dir} aside and run the study again to train "
+            "the run anew")
+
+
+def checkpoint_identity(run: Run) -> dict | None:
+    """What tells the checkpoint an evaluation read from a retrained one, without reading it: its size and
+    modification time (rewriting ckpt.pt changes them; a copy that keeps times, cp -p or shutil.copy2, does not)."""
+    try:
+        stat = os.stat(os.path.join(run.run_dir, "ckpt.pt"))
+    except OSError:
+        return None
+    return {"step": run.final_iter, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
 
 
 def eval_marker(run: Run, name: str) -> str:
@@ -218,14 +287,25 @@ def eval_marker(run: Run, name: str) -> str:
 
 
 def eval_finished(run: Run, name: str) -> bool:
-    """Its output exists and the marker written after it says: same arguments, same checkpoint step."""
+    """Its output exists and the marker written after it says: same arguments, same checkpoint file."""
     output = os.path.join(run.run_dir, "eval", f"{name}.json")
     try:
         marker = json.loads(Path(eval_marker(run, name)).read_text())
         json.loads(Path(output).read_text())
     except (OSError, json.JSONDecodeError):
         return False
-    return marker == {"argv": run.evals[name], "step": run.final_iter}
+    identity = checkpoint_identity(run)
+    if identity is None:
+        return False
+    if marker == {"argv": run.evals[name], "step": run.final_iter}:
+        # Written by an older study.py, which recorded no checkpoint: it holds if the checkpoint is older than the
+        # marker, so upgrading does not redo finished evaluations (hours on the GPU) while a retrained one is redone.
+        return identity["mtime_ns"] < os.stat(eval_marker(run, name)).st_mtime_ns
+    return marker == {"argv": run.evals[name], "checkpoint": identity}
+
+
+def run_done(run: Run) -> bool:
+    return run_finished(run) and all(eval_finished(run, name) for name in run.evals)
 
 
 def add_wall_clock(run: Run, key: str, seconds: float) -> None:
@@ -267,6 +347,22 @@ def last_error_line(text: str) -> str | None:
     return lines[-1][len("error:"):].strip() if lines else None
 
 
+class Tee(io.TextIOBase):
+    """Writes to several streams: an evaluation's stderr is both kept (for its error line) and shown."""
+
+    def __init__(self, *streams):
+        self.streams = streams
+
+    def write(self, text: str) -> int:
+        for stream in self.streams:
+            stream.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        for stream in self.streams:
+            stream.flush()
+
+
 def in_process_job(job: str, argv: list[str], run_dir: str) -> str | None:
     """Run train.run or an evaluation's main here; returns None on success, else one sentence."""
     captured = io.StringIO()
@@ -276,7 +372,7 @@ def in_process_job(job: str, argv: list[str], run_dir: str) -> str | None:
             if result["stopped"] in ("sigterm", "interrupted"):
                 raise StudyInterrupted
             return None
-        with contextlib.redirect_stderr(captured):
+        with contextlib.redirect_stderr(Tee(captured, sys.stderr)):  # its progress lines still reach the console
             EVALUATIONS[job].main(argv)
         return None
     except (ConfigError, train.TrainError, DataError) as e:
@@ -331,6 +427,18 @@ class Runner:
             raise StudyInterrupted
         return last_error_line(Path(log).read_text()) or f"exit code {code}; see {log}"
 
+    def timed_job(self, run: Run, job: str, argv: list[str], slot, label: str) -> str | None:
+        """A job with its time: on the console when it ends, and added to RUN_DIR/study_time.json."""
+        start = timing.clock()
+        try:
+            error = self.job(run, job, argv, slot)
+        finally:
+            seconds = timing.clock() - start
+            add_wall_clock(run, f"{job}_s", seconds)
+        if error is None:
+            print(f"[study] {job} {label} took {timing.duration(seconds)}", flush=True)
+        return error
+
     def process(self, run: Run, slot=None) -> None:
         label = f"{run.encoding} seed {run.seed}"
         status = {"status": "done", "errors": []}
@@ -338,15 +446,11 @@ class Runner:
         try:
             if self.stop.is_set():
                 raise StudyInterrupted
-            if not run_finished(run):
+            if not run_trained(run):
                 argv = train_argv(run)
                 print(f"[study] {'resume' if '--resume' in argv else 'train'} {label} -> {run.run_dir}", flush=True)
-                start = time.perf_counter()
-                try:
-                    error = self.job(run, "train", argv, slot)
-                finally:
-                    add_wall_clock(run, "train_s", time.perf_counter() - start)
-                if error is None and not run_finished(run):
+                error = self.timed_job(run, "train", argv, slot, label)
+                if error is None and not run_trained(run):
                     summary = next((r for r in reversed(read_records(run.run_dir)) if r.get("type") == "summary"), {})
                     if self.stop.is_set() or summary.get("stopped") in ("sigterm", "interrupted"):
                         raise StudyInterrupted
@@ -356,22 +460,25 @@ class Runner:
                     status.update(status="failed", errors=[f"training: {error}"])
                     print(f"[study] FAILED {label}: training: {error}", flush=True)
                     return
+            lost = lost_records(run)
+            if lost:
+                status.update(status="failed", errors=[f"records: {lost}"])
+                print(f"[study] FAILED {label}: records: {lost}", flush=True)
+                return
             for name, argv in run.evals.items():
                 if eval_finished(run, name):
                     continue
                 if self.stop.is_set():
                     raise StudyInterrupted
                 print(f"[study] {name} {label}", flush=True)
-                start = time.perf_counter()
-                error = self.job(run, name, argv, slot)
-                add_wall_clock(run, f"{name}_s", time.perf_counter() - start)
+                checkpoint = checkpoint_identity(run)  # before the job: the file it is about to read
+                error = self.timed_job(run, name, argv, slot, label)
                 if error is not None:
                     status.update(status="failed")
                     status["errors"].append(f"{name}: {error}")
                     print(f"[study] FAILED {label}: {name}: {error}", flush=True)
                     continue
-                marker = {"argv": argv, "step": run.final_iter}
-                atomic_write_text(eval_marker(run, name), json.dumps(marker) + "\n")
+                atomic_write_text(eval_marker(run, name), json.dumps({"argv": argv, "checkpoint": checkpoint}) + "\n")
         except (StudyInterrupted, KeyboardInterrupt):
             status.update(status="interrupted")
             self.stop.set()
@@ -388,9 +495,18 @@ class Runner:
 
     def run_each(self) -> None:
         runs = self.study.runs
+        # The ETA counts only runs with work left: finished ones are skipped in no time.
+        pending = {id(run) for run in runs if not run_done(run)}
+        progress = timing.Progress("[study] progress", len(pending), "runs", every_s=0, stream="stdout")
+
+        def process_and_count(run, slot=None):
+            self.process(run, slot)
+            if id(run) in pending and not self.stop.is_set():
+                progress.advance(1)
+
         if self.study.mode == "in_process":
             for run in runs:  # in the main thread, so train.py's Ctrl-C handler (checkpoint, then stop) works
-                self.process(run)
+                process_and_count(run)
                 if self.stop.is_set():
                     raise StudyInterrupted
             return
@@ -401,7 +517,7 @@ class Runner:
         def on_free_slot(run):
             slot = slots.get()
             try:
-                self.process(run, slot)
+                process_and_count(run, slot)
             finally:
                 slots.put(slot)
 
@@ -470,7 +586,6 @@ def read_json(path: str):
 def run_row(run: Run, status: dict) -> dict:
     records = read_records(run.run_dir)
     curves = plot_runs.read_curves(run.run_dir) if records else {"train": [], "val": []}
-    vals = [r for r in records if r.get("type") == "val"]
     trains = [r for r in records if r.get("type") == "train"]
     summary = next((r for r in reversed(records) if r.get("type") == "summary"), {})
     finished = run_finished(run)
@@ -484,7 +599,7 @@ def run_row(run: Run, status: dict) -> dict:
         "status": status.get("status", "done" if finished else "not run"), "errors": status.get("errors", []),
         "finished": finished, "iter": trains[-1]["iter"] if trains else 0,
         "tokens": trains[-1]["tokens"] if trains else 0,
-        "final_val_loss": vals[-1]["val_loss"] if finished and vals and vals[-1]["iter"] == run.final_iter else None,
+        "final_val_loss": final_val_loss(run) if finished else None,
         "val_curve": curves["val"], "wall_clock_s": times, "gpus": gpus,
         "gpu_hours": wall / 3600 * gpus, "peak_memory_gb": summary.get("peak_memory_gb"),
     }
@@ -524,11 +639,47 @@ def zero_shot_summary(reports: list[dict]) -> dict:
             "paper_size": reports[0]["paper_size"], "paper": reports[0]["paper"]}
 
 
+def count_parameters(model: dict) -> int:
+    """A model's parameter count from its config alone (built on the meta device: no memory, no initialisation)."""
+    import torch
+    from model import GPT
+
+    with torch.device("meta"):
+        return GPT(GPTConfig(**model)).num_params()
+
+
+def setup_summary(study: Study, first_outputs: dict) -> dict:
+    """What every number was measured on: the model, the tokens per run, the evaluation sizes (from the first
+    output of each evaluation), and whether the paper's row shown beside ours comes from a comparable model."""
+    run = study.runs[0]  # the runs differ only in encoding and seed
+    model = run.model
+    params = {e: count_parameters(next(r.model for r in study.runs if r.encoding == e)) for e in study.encodings}
+    setup = {"model": {key: model[key] for key in ("n_layer", "n_embd", "n_head", "head_dim", "block_size",
+                                                   "vocab_size")},
+             "parameters": params, "tokens_per_run": run.tokens, "iterations": run.final_iter,
+             "sequences_per_iteration": run.tokens // (run.final_iter * model["block_size"])}
+    zs, ex = first_outputs.get("zero_shot"), first_outputs.get("extrapolation")
+    if zs:
+        size = zs["paper_size"]
+        setup["zero_shot_documents"] = {task: row["n"] for task, row in zs["tasks"].items()}
+        setup["paper"] = {"size": size, "parameters": zero_shot.PAPER_SIZES[size], "tokens": zero_shot.PAPER_TOKENS,
+                          # within a factor 2 in size and 10 in tokens: the paper's numbers are a fair target
+                          "comparable": min(params.values()) >= zero_shot.PAPER_SIZES[size] / 2
+                          and run.tokens >= zero_shot.PAPER_TOKENS / 10}
+    if ex:
+        setup["extrapolation"] = {"val_tokens": ex["val_tokens"], "windows": {
+            context: cell["nonoverlapping"]["windows"] for context, cell in ex["contexts"].items()}}
+        if "passkey" in ex:
+            setup["passkey"] = {"lengths": ex["passkey"]["actual_lengths"], "depths": len(ex["passkey"]["depths"]),
+                                "trials": ex["passkey"]["trials"]}
+    return setup
+
+
 def build_report(study: Study, statuses: dict) -> dict:
     rows = [run_row(run, statuses.get((run.encoding, run.seed), {})) for run in study.runs]
     final = {e: {r["seed"]: r["final_val_loss"] for r in rows if r["encoding"] == e and r["final_val_loss"] is not None}
              for e in study.encodings}
-    encodings = {}
+    encodings, first_outputs = {}, {}
     for encoding in study.encodings:
         finished = [run for run in study.runs if run.encoding == encoding and run_finished(run)]
         diff = None if encoding == study.reference else paired_difference(final[encoding], final[study.reference])
@@ -541,19 +692,54 @@ def build_report(study: Study, statuses: dict) -> dict:
             outputs = [o[0] if isinstance(o, list) else o for o in outputs if o]
             if outputs:
                 entry[name] = summarize(outputs) | {"seeds": [run.seed for run in finished if eval_finished(run, name)]}
+                first_outputs.setdefault(name, outputs[0])
         encodings[encoding] = entry
     return {"study": study.name, "study_file": study.path, "base": study.base, "overrides": study.overrides,
             "seeds": study.seeds, "reference": study.reference, "launch": {"mode": study.mode, "gpus": study.gpus,
                                                                            "gpus_per_run": study.gpus_per_run},
             "rule": f"a difference to {study.reference} exceeds the seed spread when the two-sided "
                     f"{CONFIDENCE:.0%} Student-t interval of the mean per-seed paired difference excludes 0",
-            "runs": rows, "encodings": encodings}
+            "setup": setup_summary(study, first_outputs), "runs": rows, "encodings": encodings}
 
 
 def fmt(stat: dict | None, digits: int = 4) -> str:
     if not stat or stat.get("mean") is None:
         return "–"
     return f"{stat['mean']:.{digits}f}" + (f" ± {stat['std']:.{digits}f}" if stat.get("std") is not None else "")
+
+
+def setup_lines(setup: dict) -> list[str]:
+    m = setup["model"]
+    params = ", ".join(f"{encoding} {n:,}" for encoding, n in setup["parameters"].items())
+    lines = [f"- Model: {m['n_layer']} layers, width {m['n_embd']} ({m['n_head']} heads × {m['head_dim']}), context "
+             f"{m['block_size']} tokens, vocabulary {m['vocab_size']}; parameters: {params}.",
+             f"- Training: {setup['tokens_per_run']:,} tokens per run ({setup['iterations']} iterations × "
+             f"{setup['sequences_per_iteration']} sequences × {m['block_size']} tokens); the Runs table has each "
+             "run's own count."]
+    if "zero_shot_documents" in setup:
+        lines.append("- Zero-shot: documents per task: "
+                     + ", ".join(f"{task} {n}" for task, n in setup["zero_shot_documents"].items()) + ".")
+    if "extrapolation" in setup:
+        ex = setup["extrapolation"]
+        lines.append(f"- Extrapolation: the first {ex['val_tokens']:,} validation tokens; non-overlapping windows "
+                     "per context: " + ", ".join(f"{c} tokens: {n}" for c, n in ex["windows"].items()) + ".")
+    if "passkey" in setup:
+        p = setup["passkey"]
+        trials = f"{p['trials']} trial{'s' if p['trials'] != 1 else ''}"
+        lines.append(f"- Passkey: prompts of {', '.join(map(str, p['lengths']))} tokens × {p['depths']} depths × "
+                     f"{trials} = {len(p['lengths']) * p['depths'] * p['trials']} prompts per run.")
+    return lines
+
+
+def paper_warning(setup: dict) -> list[str]:
+    paper = setup.get("paper")
+    if not paper or paper["comparable"]:
+        return []
+    params = ", ".join(f"{n:,}" for n in sorted(set(setup["parameters"].values())))
+    return [f"**Warning:** the paper's {paper['size']} row below comes from a {paper['parameters'] / 1e6:,.0f}M-"
+            f"parameter model trained on {paper['tokens'] / 1e9:,.0f}B tokens; this study's model has {params} "
+            f"parameters and saw {setup['tokens_per_run']:,} tokens per run. Beside it, our numbers show that the "
+            "pipeline works, not how the encodings compare at the paper's scale.", ""]
 
 
 def markdown(report: dict, plots: dict) -> str:
@@ -564,6 +750,7 @@ def markdown(report: dict, plots: dict) -> str:
              f"seeds {report['seeds']}, launch {report['launch']['mode']}. Every number is mean ± sample standard "
              "deviation over seeds, read from the runs' own metrics.jsonl and eval/*.json "
              "(report.json holds them all).",
+             "", "## Setup", "", *setup_lines(report["setup"]),
              "", "## Final validation loss", "",
              f"| encoding | seeds | val loss | − {ref} (paired) | {CONFIDENCE:.0%} t-interval "
              "| exceeds seed spread |",
@@ -598,7 +785,7 @@ def markdown(report: dict, plots: dict) -> str:
     if zs:
         first = next(iter(zs.values()))
         tasks = list(first["tasks"])
-        lines += ["", "## Zero-shot accuracy (%)", "",
+        lines += ["", "## Zero-shot accuracy (%)", "", *paper_warning(report["setup"]),
                   "The metric eval/zero_shot.py averages (named per task), ours beside the paper's row:", "",
                   "| encoding | " + " | ".join(f"{t} ({first['tasks'][t]['average_metric']})" for t in tasks)
                   + " | average |", "|---|" + "---:|" * (len(tasks) + 1)]
@@ -635,7 +822,8 @@ def write_plots(study: Study, report: dict) -> dict:
         path = os.path.join(study.out_dir, "loss_curves.png")
         labels = [f"{r['encoding']} seed {r['seed']}" for r in done]
         with contextlib.redirect_stdout(io.StringIO()):  # plot_runs prints the path
-            plot_runs.main([r["run_dir"] for r in done] + ["--out", path, "--title", study.name, "--labels", *labels])
+            plot_runs.main([r["run_dir"] for r in done] + ["--out", path, "--title", study.name, "--labels", *labels,
+                                                           "--groups", *[r["encoding"] for r in done]])
         plots["loss_curves"] = "loss_curves.png"
     results = []
     for run in study.runs:
@@ -660,9 +848,10 @@ def write_report(study: Study, statuses: dict) -> dict:
 
 def run_study(path: str) -> dict:
     study = load_study(path)
+    seeds = f"seeds {study.seeds}" + (" (the default; set seeds = [...] for a seed spread)"
+                                      if study.seeds_defaulted else "")
     print(f"[study] {study.name}: {len(study.encodings)} encodings x {len(study.seeds)} seeds = "
-          f"{len(study.runs)} runs, "
-          f"launch {study.mode}, output {study.out_dir}", flush=True)
+          f"{len(study.runs)} runs, {seeds}, launch {study.mode}, output {study.out_dir}", flush=True)
     runner = Runner(study)
     runner.run_all()
     report = write_report(study, runner.status)
@@ -672,13 +861,17 @@ def run_study(path: str) -> dict:
     return report
 
 
+def build_parser():
+    parser = make_parser(__doc__, epilog="The study file (TOML), every key with its default:\n\n"
+                         + STUDY_FILE_EXAMPLE)
+    parser.add_argument("study", help="the study file, e.g. configs/studies/smoke.toml")
+    return parser
+
+
 def main(argv: list[str] | None = None) -> dict:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1 or argv[0].startswith("-"):
-        print(__doc__.strip(), file=sys.stderr)
-        sys.exit(0 if argv and argv[0] in ("-h", "--help") else 2)
+    args = build_parser().parse_args(argv)
     try:
-        report = run_study(argv[0])
+        report = run_study(args.study)
     except StudyError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

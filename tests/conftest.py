@@ -10,3 +10,14 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def work_clock(monkeypatch):
+    """A clock for eval/progress.py that only the test moves (now[0] += seconds), and a progress line on every
+    advance: the elapsed times and ETAs printed are then exact (tests/test_eval_progress.py reads them)."""
+    from eval import progress
+    now = [0.0]
+    monkeypatch.setattr(progress, "clock", lambda: now[0])
+    monkeypatch.setattr(progress, "EVERY_S", 0.0)
+    return now

@@ -10,6 +10,7 @@ from data.tokenizer import get_tokenizer
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from eval.lm_adapter import GrapeLM, plan_windows
 from eval.tiny import tiny_model
+from test_eval_progress import check_work_clock_lines, progress_lines
 
 WINDOW = 24
 
@@ -198,3 +199,19 @@ def test_right_padding_is_exact_for_stateful_encodings(pos, kv_shift):
     for (context, continuation), (logprob, _) in zip((c.args for c in cases), batched):
         expected = single_window_reference(model, tok.encode(context), tok.encode(continuation), WINDOW)
         assert logprob == pytest.approx(expected, abs=1e-4)
+
+
+def test_scoring_progress_counts_the_padded_tokens_of_each_forward_pass(lm, work_clock, monkeypatch, capsys):
+    """The clock moves one second per token the model reads (padding included), so elapsed = done and
+    ETA = what is left on every line (zero-shot's progress: lm-eval hands all its requests to one call)."""
+    model = lm.model
+
+    def timed(idx, **kwargs):
+        work_clock[0] += idx.numel()
+        return model(idx, **kwargs)
+    monkeypatch.setattr(lm, "model", timed)
+    cases = [("The cat sat on the", " mat"), ("Q: 2+2?\nA:", " four"), ("x" * 40, " long"), ("a", " b"),
+             ("", "no context")]
+    lm.loglikelihood([request(c, x) for c, x in cases])
+    total = check_work_clock_lines(progress_lines(capsys.readouterr().err, "lm-eval: scoring 5 windows"))
+    assert total == work_clock[0]

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from data.tokenizer import get_tokenizer
 from eval import extrapolation as ex
 from eval.tiny import save_run, tiny_model
+from test_eval_progress import check_work_clock_lines, progress_lines
 
 L = 16
 
@@ -100,16 +101,21 @@ def test_passkey_accuracy_grid_orientation_and_averaging():
     assert [abs(actual[n] - n) < 100 for n in lengths] == [True] * 3
 
 
-def test_cli_on_tiny_model_writes_sane_outputs(tmp_path):
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
     from data.prepare import files_source, prepare
 
+    root = tmp_path_factory.mktemp("data")
     rng = np.random.default_rng(1)
     words = "alpha beta gamma delta river stone cloud seven quiet numbers".split()
-    corpus = tmp_path / "corpus.jsonl"
+    corpus = root / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"text": " ".join(rng.choice(words, 80))}) + "\n" for _ in range(60)))
-    data_dir = tmp_path / "data"
-    prepare(files_source(str(corpus)), str(data_dir), tokenizer="byte", val_tokens=3000, workers=1,
+    prepare(files_source(str(corpus)), str(root / "data"), tokenizer="byte", val_tokens=3000, workers=1,
             progress_bar=False)
+    return root / "data"
+
+
+def test_cli_on_tiny_model_writes_sane_outputs(tmp_path, data_dir):
     run = tmp_path / "run"
     model = tiny_model(pos="rope", block_size=64, seed=2)
     save_run(model, run, step=3)
@@ -144,3 +150,35 @@ def test_cli_rejects_data_of_another_tokenizer(tmp_path, capsys):
     with pytest.raises(SystemExit):
         ex.main(["--ckpt", str(run), "--data-dir", str(tmp_path / "data"), "--passkey-trials", "0"])
     assert "tokenized with 'gpt2'" in capsys.readouterr().err
+
+
+def test_progress_lines_count_the_tokens_the_model_reads(tmp_path, data_dir, work_clock, monkeypatch, capsys,
+                                                         one_thread):
+    """The clock moves one second per token the model reads (forward passes, passkey prompts), so every line's
+    elapsed time must be the work done, its ETA the work left, and the JSON's times the phases' token counts."""
+    real_losses, real_generate = ex._token_losses, ex.cached_greedy_generate
+
+    def timed_losses(model, inputs, targets, device):
+        work_clock[0] += inputs.numel()
+        return real_losses(model, inputs, targets, device)
+
+    def timed_generate(*args):
+        generate = real_generate(*args)
+
+        def run(prompts, max_new_tokens):
+            work_clock[0] += sum(map(len, prompts))
+            return generate(prompts, max_new_tokens)
+        return run
+    monkeypatch.setattr(ex, "_token_losses", timed_losses)
+    monkeypatch.setattr(ex, "cached_greedy_generate", timed_generate)
+    save_run(tiny_model(pos="alibi", block_size=16, seed=2), tmp_path / "run")
+    args = ex.parse_args(["--ckpt", str(tmp_path / "run"), "--data-dir", str(data_dir), "--factors", "1,2",
+                          "--windows", "3", "--passkey-factors", "8", "--depths", "0,1", "--passkey-trials", "2",
+                          "--batch-tokens", "40"])
+    result = ex.evaluate_checkpoint(args.ckpt[0], args, "cpu")  # what main writes to extrapolation.json
+    err = capsys.readouterr().err
+    loss = check_work_clock_lines(progress_lines(err, "extrapolation run, loss at 2 contexts"))
+    passkey = check_work_clock_lines(progress_lines(err, "extrapolation run, passkey"))
+    # A total above or below the tokens really read would leave done short of it or elapsed off done.
+    assert result["elapsed_s"] == {"loss": loss, "passkey": passkey}
+    assert passkey == 2 * 2 * sum(result["passkey"]["actual_lengths"])  # 2 depths x 2 trials per length

@@ -4,6 +4,7 @@ The reference scores each fixture's choices directly with the model (test_eval_z
 recomputes acc and acc_norm; lm-eval's flags (--limit, --batch_size, --output_path) pass through.
 """
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -23,14 +24,18 @@ def test_lm_eval_cli_scores_our_checkpoint_on_local_task_files(tmp_path, monkeyp
     model = tiny_model(pos="grape_m", block_size=256, seed=5)
     save_run(model, tmp_path / "run")
     monkeypatch.setattr(sys, "argv", list(sys.argv))  # main() hands its arguments to lm-eval through sys.argv
+    # Without --output_path the results land in the run's own eval/ folder (lm-eval alone saves nothing).
     lm_eval_cli.main(["--model", "grape", "--model_args", f"ckpt={tmp_path / 'run'}", "--tasks", ",".join(TASKS),
-                      "--data-dir", str(FIXTURES), "--limit", str(LIMIT), "--batch_size", "3",
-                      "--output_path", str(tmp_path / "out")])
-    (results_file,) = (tmp_path / "out").glob("*/results_*.json")
+                      "--data-dir", str(FIXTURES), "--limit", str(LIMIT), "--batch_size", "3"])
+    (results_file,) = (tmp_path / "run" / "eval").glob("lm_eval_*.json")
     results = json.loads(results_file.read_text())
+    err = capsys.readouterr().err
+    assert f"results go to {tmp_path / 'run' / 'eval' / 'lm_eval.json'}" in err
+    assert re.search(r"^lm-eval: scoring [\d,]+ windows: [\d,]+/[\d,]+ tokens \(100%\), elapsed .*, ETA 0:00$", err,
+                     re.MULTILINE)  # lm-eval's requests reach the adapter with progress on
     if not torch.cuda.is_available():  # lm-eval asked for cuda:0 (no --device): the adapter fell back
         assert results["config"]["device"] == "cuda:0"
-        assert "CUDA is not available; running on the CPU" in capsys.readouterr().err
+        assert "CUDA is not available; running on the CPU" in err
     tok = get_tokenizer("byte")
     for task in TASKS:
         rows = [json.loads(line) for line in open(FIXTURES / f"{task}.jsonl")][:LIMIT]
@@ -57,3 +62,19 @@ def test_lm_eval_cli_with_a_bad_data_dir_is_one_sentence(tmp_path, capsys):
     message = capsys.readouterr().err
     assert message.startswith("error: ") and "lacks the fields ['sol1', 'sol2', 'label']" in message
     assert str(Path(tmp_path) / "sciq.jsonl") in message and "Traceback" not in message
+
+
+@pytest.mark.parametrize("extra,expected", [
+    ([], "RUN/eval/lm_eval.json"),
+    (["--output_path", "mine"], "mine"), (["-o", "mine"], "mine"),
+    (["--output", "mine"], "mine"),  # lm-eval's parser takes abbreviations
+    (["--model", "hf"], None),       # another model: lm-eval's own behaviour
+])
+def test_lm_eval_output_path_defaults_to_the_runs_eval_folder_unless_given(tmp_path, monkeypatch, extra, expected):
+    from lm_eval._cli import HarnessCLI
+    (tmp_path / "RUN").mkdir()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["lm-eval", "--model", "grape", "--model_args", "ckpt=RUN", "--tasks", "piqa",
+                                      *extra])
+    args = HarnessCLI().parse_args()
+    assert lm_eval_cli.default_output_path(args) == (expected and str(Path(expected)))

@@ -72,3 +72,17 @@ def test_damaged_checkpoints_are_one_clear_error(run, tmp_path, capsys):
         err = capsys.readouterr().err
         assert exit_info.value.code == 2 and message in err and "Traceback" not in err, (name, err)
         assert len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("name,what", [("config.json", "train.py's record of the run's settings"),
+                                       ("notes.json", "a JSON file"), ("notes.txt", "a file that torch.save did not write")])
+def test_a_file_that_is_not_a_checkpoint_is_named_with_what_to_pass(run, capsys, name, what):
+    # A run's config.json passed as --ckpt used to be reported as a corrupt or truncated checkpoint.
+    _, run_dir = run
+    (run_dir / name).write_text('{"model": {"n_layer": 2}}\n' if name.endswith(".json") else "hello\n")
+    with pytest.raises(SystemExit) as exit_info:
+        sample.main(["--ckpt", str(run_dir / name)])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and len(err.splitlines()) == 1
+    assert err == (f"error: {run_dir / name} is {what}, not a checkpoint: pass --ckpt {run_dir} "
+                   "(its run directory, which holds ckpt.pt)")

@@ -159,6 +159,38 @@ def test_offline_without_data_dir_says_how_to_supply_it(tmp_path, monkeypatch, c
     assert "--data-dir" in message and "hellaswag.jsonl" in message and "ctx_a" in message
 
 
+@pytest.mark.parametrize("endpoint,address", [(None, "huggingface.co:443"), ("http://mirror.lan:8080", "mirror.lan:8080")])
+def test_an_unreachable_hub_is_one_message_before_any_work(tmp_path, monkeypatch, capsys, endpoint, address):
+    """Without HF_HUB_OFFLINE and without a network, the datasets library retried for ~23 s before the message;
+    now one connection attempt to the hub (or HF_ENDPOINT) decides, before the model or lm-eval is touched."""
+    import socket
+
+    import lm_eval
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE", "HTTPS_PROXY", "https_proxy",
+                 "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    if endpoint:
+        monkeypatch.setenv("HF_ENDPOINT", endpoint)
+    else:
+        monkeypatch.delenv("HF_ENDPOINT", raising=False)
+    tried = []
+
+    def no_network(address, timeout=None):
+        tried.append((address, timeout))
+        raise OSError(101, "Network is unreachable")
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    monkeypatch.setattr(lm_eval, "simple_evaluate", lambda *a, **k: pytest.fail("evaluation started offline"))
+    with pytest.raises(SystemExit) as exit_info:
+        zero_shot.main(["--ckpt", str(tmp_path / "no_run_needed")])
+    assert exit_info.value.code == 2
+    host, port = address.split(":")
+    assert tried == [((host, int(port)), 3.0)]
+    first_line = capsys.readouterr().err.splitlines()[0]
+    assert first_line == (f"error: the Hugging Face hub cannot be reached ({address}: Network is unreachable), so "
+                          "the task data must come from local files: pass --data-dir DIR (or set "
+                          "HF_DATASETS_OFFLINE=1 to use tasks already in the Hugging Face cache).")
+
+
 def test_incomplete_data_dir_names_the_missing_files(tmp_path, capsys):
     (tmp_path / "piqa.jsonl").write_text(json.dumps({"goal": "g", "sol1": "a"}) + "\n")
     with pytest.raises(SystemExit):

@@ -62,6 +62,37 @@ def test_plot_runs_draws_each_runs_smoothed_train_and_raw_validation_curve(tmp_p
     assert "thousands" in ax_train.get_xlabel() and out.stat().st_size > 0
 
 
+def test_plot_runs_gives_each_group_one_hue_in_shades_and_a_single_point_a_marker(tmp_path, saved_figures):
+    """Seeds of one encoding share a hue (lighter shades), encodings differ; a run whose only logged point is its
+    last step (log_interval > max_iters) is drawn as a marker, not as an invisible one-point line."""
+    import colorsys
+
+    from matplotlib.colors import to_rgb
+    from scripts import plot_runs
+    runs = {"rope1": 4, "rope2": 4, "fox1": 1, "rope3": 4, "fox2": 4}
+    for name, n_points in runs.items():
+        (tmp_path / name).mkdir()
+        lines = [{"type": "train", "iter": i + 1, "tokens": 100 * (i + 1), "loss": 5.0 - i} for i in range(n_points)]
+        lines.append({"type": "val", "iter": n_points, "tokens": 100 * n_points, "val_loss": 4.0})
+        (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    groups = [name[:-1] for name in runs]
+    assert plot_runs.main([str(tmp_path / name) for name in runs] + ["--out", str(tmp_path / "loss.png"),
+                                                                     "--groups", *groups]) == 0
+    ax_train, ax_val = saved_figures[0].axes[:2]
+    for ax in (ax_train, ax_val):
+        lines = {line.get_label(): line for line in ax.get_lines()}
+        colours = {name: to_rgb(lines[name].get_color()) for name in runs}
+        hue = {name: colorsys.rgb_to_hsv(*colour)[0] for name, colour in colours.items()}
+        for group in ("rope", "fox"):
+            members = [name for name in runs if name.startswith(group)]
+            assert all(hue[m] == pytest.approx(hue[members[0]], abs=1e-9) for m in members)
+            assert len({colours[m] for m in members}) == len(members)  # shades: no two seeds alike
+        assert abs(hue["rope1"] - hue["fox1"]) > 0.05
+    single = {line.get_label(): line for line in ax_train.get_lines()}["fox1"]
+    assert list(single.get_xdata()) == [100] and single.get_marker() not in (None, "", "None")
+    assert {line.get_label(): line for line in ax_train.get_lines()}["rope1"].get_marker() in (None, "", "None")
+
+
 def result(name, train_context, curves):
     return {"name": name, "encoding": name, "train_context": train_context,
             "contexts": {str(c): {"nonoverlapping": {"binned_positions": list(range(len(v))), "binned_loss": v}}

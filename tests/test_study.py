@@ -7,6 +7,7 @@ eval/extrapolation.py and eval/zero_shot.py (two tasks of the fixtures) on each 
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import sys
@@ -20,7 +21,8 @@ import torch
 import train
 from eval import extrapolation, zero_shot
 from scripts import study
-from tests.helpers import prepare_byte_corpus, synthetic_text, tiny_config
+from test_eval_progress import check_work_clock_lines, progress_lines
+from tests.helpers import TINY_MODEL, prepare_byte_corpus, synthetic_text, tiny_config
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures" / "zero_shot"
@@ -212,6 +214,188 @@ def test_resuming_a_half_finished_study_redoes_nothing_finished(finished, tmp_pa
         assert ours["extrapolation"]["contexts"] == theirs["extrapolation"]["contexts"]
 
 
+def calls_of(monkeypatch):
+    """Record (job, run directory, resumed) of every train.run / evaluation main the study calls."""
+    calls = []
+    for name, module, function in (("train", train, "run"), ("extrapolation", extrapolation, "main"),
+                                   ("zero_shot", zero_shot, "main")):
+        def counted(argv, _real=getattr(module, function), _name=name):
+            where = next(a for a in argv if "seed" in a and "out" in a).removeprefix("--out_dir=")
+            calls.append((_name, where, "--resume" in argv))
+            return _real(argv)
+        monkeypatch.setattr(module, function, counted)
+    return calls
+
+
+def test_a_retrained_checkpoint_has_its_evaluations_redone(finished, tmp_path, monkeypatch, capsys):
+    """Deleting a run's ckpt.pt retrains it; its evaluations read the old checkpoint and must be redone (they were
+    kept: the marker recorded arguments and step only). Every other run is left alone."""
+    source, first = finished
+    shutil.copytree(source, tmp_path / "copy")  # copy2 keeps the files' times: the other markers stay valid
+    monkeypatch.chdir(tmp_path / "copy")
+    run_dir = Path("out") / "rope" / "seed1"
+    (run_dir / "ckpt.pt").unlink()
+    calls = calls_of(monkeypatch)
+    report = study.main(["study.toml"])
+    assert calls == [("train", str(run_dir), False), ("extrapolation", str(run_dir), False),
+                     ("zero_shot", str(run_dir), False)]
+    stat = (run_dir / "ckpt.pt").stat()
+    for name in ("extrapolation", "zero_shot"):  # each marker names the checkpoint it read
+        marker = json.loads((run_dir / "eval" / f"{name}.study.json").read_text())
+        assert marker["checkpoint"] == {"step": 6, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    assert [r["final_val_loss"] for r in report["runs"]] == [r["final_val_loss"] for r in first["runs"]]
+    out, err = capsys.readouterr()
+    assert "[study] progress: 1/1 runs (100%)" in out  # only this run had work left
+    # the in-process evaluations' progress lines reach the console (stderr was only captured for errors before)
+    assert re.search(r"^extrapolation seed1, loss at 2 contexts: [\d,]+/[\d,]+ tokens \(100%\)", err, re.MULTILINE)
+
+
+def test_a_marker_of_the_older_format_holds_until_its_checkpoint_is_rewritten(finished, tmp_path, monkeypatch):
+    """Markers written before the checkpoint was recorded ({argv, step}) stay valid while ckpt.pt is older than
+    them, so upgrading redoes nothing; once ckpt.pt is rewritten after them, the evaluation is redone."""
+    source, _ = finished
+    shutil.copytree(source, tmp_path / "copy")
+    monkeypatch.chdir(tmp_path / "copy")
+    run_dir = Path("out") / "alibi" / "seed2"
+    marker = run_dir / "eval" / "zero_shot.study.json"
+    marker.write_text(json.dumps({"argv": json.loads(marker.read_text())["argv"], "step": 6}) + "\n")
+    ckpt_time = (run_dir / "ckpt.pt").stat().st_mtime_ns
+    os.utime(marker, ns=(ckpt_time + 10**9, ckpt_time + 10**9))  # written a second after the checkpoint
+    calls = calls_of(monkeypatch)
+    study.main(["study.toml"])
+    assert calls == []
+    os.utime(run_dir / "ckpt.pt", ns=(ckpt_time + 2 * 10**9, ckpt_time + 2 * 10**9))  # rewritten after the marker
+    study.main(["study.toml"])  # both evaluations read a checkpoint that has changed since (the other by its marker)
+    assert calls == [("extrapolation", str(run_dir), False), ("zero_shot", str(run_dir), False)]
+
+
+def test_a_run_whose_records_are_lost_is_a_failure_in_every_table(finished, tmp_path, monkeypatch, capsys):
+    """metrics.jsonl deleted: train.py resumes the final checkpoint with nothing to do, so the final loss cannot
+    come back. The run used to count as finished, dropped from the loss table only (n = 2 -> 1 while the other
+    tables kept 2), exit 0, on every rerun. Now it is a failure that says what to do, and out of every table."""
+    source, _ = finished
+    shutil.copytree(source, tmp_path / "copy")
+    monkeypatch.chdir(tmp_path / "copy")
+    run_dir = Path("out") / "rope" / "seed2"
+    (run_dir / "metrics.jsonl").unlink()
+    calls = calls_of(monkeypatch)
+    for attempt in range(2):  # the rerun reports it again, without training
+        with pytest.raises(SystemExit) as exit_info:
+            study.main(["study.toml"])
+        assert exit_info.value.code == 1
+        assert calls == ([("train", str(run_dir), True)] if attempt == 0 else [])
+        calls.clear()
+        report = json.loads(Path("out/report.json").read_text())
+        row = next(r for r in report["runs"] if (r["encoding"], r["seed"]) == ("rope", 2))
+        assert row["status"] == "failed" and row["final_val_loss"] is None
+        metrics = run_dir / "metrics.jsonl"
+        assert row["errors"] == [f"records: {run_dir}/ckpt.pt is at the final iteration 6 but {metrics} has no "
+                                 "validation loss at that iteration (the file was deleted or cut short), so the run's "
+                                 f"final loss is unknown and resuming cannot log it again; restore {metrics}, or "
+                                 f"move {run_dir} aside and run the study again to train the run anew"]
+        rope = report["encodings"]["rope"]
+        assert rope["final_val_loss"]["seeds"] == rope["extrapolation"]["seeds"] == rope["zero_shot"]["seeds"] == [1]
+        assert report["encodings"]["alibi"]["difference_to_reference"]["seeds"] == [1]
+        assert f"- rope seed 2: records: {run_dir}/ckpt.pt is at the final iteration 6" in \
+            Path("out/report.md").read_text()
+    assert "[study] FAILED rope seed 2: records:" in capsys.readouterr().out
+
+
+def test_study_progress_counts_the_runs_with_work_left(workspace, tmp_path, work_clock, monkeypatch, capsys):
+    """One finished run and three to train, each training job one second on the test's clock: the progress line
+    after each counts only the three (elapsed = runs done, ETA = runs left), study_time.json holds each job's
+    second, and the loss-curve plot gives each encoding one hue (its seeds in shades)."""
+    import colorsys
+
+    from matplotlib.colors import to_rgb
+    from matplotlib.figure import Figure
+    shutil.copy(workspace / "base.toml", tmp_path / "base.toml")
+    path = study_file(tmp_path, evals="")
+    monkeypatch.chdir(tmp_path)
+    train.run(study.load_study(path).runs[0].train_args)  # rope seed 1 finished before the study starts
+    real_run = train.run
+
+    def one_second(argv):
+        work_clock[0] += 1
+        return real_run(argv)
+    monkeypatch.setattr(train, "run", one_second)
+    figures, save = [], Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: (figures.append(self), save(self, *a, **k))[1])
+    report = study.main([path])
+    out = capsys.readouterr().out
+    assert check_work_clock_lines(progress_lines(out, "[study] progress")) == 3
+    assert "[study] train rope seed 1" not in out and out.count(" took 0:01") == 3
+    times = {(r["encoding"], r["seed"]): r["wall_clock_s"] for r in report["runs"]}
+    assert times == {("rope", 1): {}, ("rope", 2): {"train_s": 1.0}, ("alibi", 1): {"train_s": 1.0},
+                     ("alibi", 2): {"train_s": 1.0}}
+    lines = {line.get_label(): to_rgb(line.get_color()) for line in figures[0].axes[0].get_lines()}
+    hue = {label: colorsys.rgb_to_hsv(*colour)[0] for label, colour in lines.items()}
+    assert hue["rope seed 1"] == pytest.approx(hue["rope seed 2"]) and lines["rope seed 1"] != lines["rope seed 2"]
+    assert hue["alibi seed 1"] == pytest.approx(hue["alibi seed 2"]) and abs(hue["rope seed 1"] - hue["alibi seed 1"]) > 0.05
+
+
+def test_report_states_the_model_the_tokens_and_the_evaluation_sizes(finished):
+    """report.md says what the numbers were measured on, each value from an independent source, and warns that the
+    tiny model sits beside the paper's 353M row."""
+    root, report = finished
+    setup = report["setup"]
+    out = root / "out"
+    for encoding in ENCODINGS:  # the count zero_shot.py took from the real model
+        n_params = json.loads((out / encoding / "seed1" / "eval" / "zero_shot.json").read_text())["n_params"]
+        assert setup["parameters"][encoding] == n_params
+    assert {k: setup["model"][k] for k in TINY_MODEL} == TINY_MODEL
+    assert setup["tokens_per_run"] == 6 * 4 * 32 == records(out / "rope" / "seed1", "train")[-1]["tokens"]
+    docs = {task: len((FIXTURES / f"{task}.jsonl").read_text().splitlines()) for task in ("arc_easy", "winogrande")}
+    assert setup["zero_shot_documents"] == docs
+    assert setup["extrapolation"] == {"val_tokens": 2 * 64 + 1, "windows": {"32": 128 // 32, "64": 128 // 64}}
+    assert setup["passkey"]["depths"] == 2 and setup["passkey"]["trials"] == 1 and len(setup["passkey"]["lengths"]) == 1
+    markdown = (out / "report.md").read_text()
+    params = ", ".join(f"{e} {setup['parameters'][e]:,}" for e in ENCODINGS)
+    assert (f"- Model: 2 layers, width 32 (2 heads × 16), context 32 tokens, vocabulary 320; parameters: {params}."
+            in markdown)
+    assert "- Training: 768 tokens per run (6 iterations × 4 sequences × 32 tokens)" in markdown
+    assert f"- Zero-shot: documents per task: arc_easy {docs['arc_easy']}, winogrande {docs['winogrande']}." in markdown
+    assert "- Extrapolation: the first 129 validation tokens; non-overlapping windows per context: 32 tokens: 4, " \
+           "64 tokens: 2." in markdown
+    assert f"- Passkey: prompts of {setup['passkey']['lengths'][0]} tokens × 2 depths × 1 trial = 2 prompts" in markdown
+    warning = next(line for line in markdown.splitlines() if line.startswith("**Warning:**"))
+    assert "medium_353M row below comes from a 353M-parameter model trained on 50B tokens" in warning
+    assert "saw 768 tokens per run" in warning and markdown.index(warning) < markdown.index("| rope (ours) |")
+
+
+def test_help_and_docs_show_every_study_key_with_the_default_it_takes(workspace, tmp_path, capsys):
+    """--help prints the annotated study file; docs/study.md holds the same text; every key of a study file is in
+    it; and the defaults it states are those a study file without the key gets."""
+    import tomllib
+    with pytest.raises(SystemExit) as exit_info:
+        study.main(["--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    assert study.STUDY_FILE_EXAMPLE in text
+    assert study.STUDY_FILE_EXAMPLE in (REPO / "docs" / "study.md").read_text()
+    example = tomllib.loads(study.STUDY_FILE_EXAMPLE)
+    assert set(example) == study.STUDY_KEYS and set(example["launch"]) == study.LAUNCH_KEYS
+    assert set(example["eval"]) == set(study.EVALUATIONS)
+    stated = {line.split(" = ")[0].strip(): line.split("#", 1)[1] for line in study.STUDY_FILE_EXAMPLE.splitlines()
+              if " = " in line and "#" in line}
+    shutil.copy(workspace / "base.toml", tmp_path / "base.toml")
+    for encodings in (["alibi", "fox"], ["alibi", "rope"]):
+        (tmp_path / "bare.toml").write_text(f'base = "base.toml"\nencodings = {json.dumps(encodings)}\n')
+        bare = study.load_study(str(tmp_path / "bare.toml"))
+        assert f"default {bare.seeds}:" in stated["seeds"] and bare.seeds_defaulted
+        assert f'default "{bare.mode}"' in stated["mode"] and f"default {bare.gpus_per_run}:" in stated["gpus_per_run"]
+        assert bare.out_dir == os.path.join("runs", bare.name) and "default runs/<name>" in stated["out_dir"]
+        assert bare.name == "bare" and "the study file's name without .toml" in stated["name"]
+        assert bare.reference == ("rope" if "rope" in encodings else encodings[0])
+        assert 'default "rope" if listed, else the first encoding' in stated["reference"]
+    # the example itself is a valid study (with its base config where the shipped studies keep theirs)
+    (tmp_path / "studies").mkdir()
+    (tmp_path / "studies" / "example.toml").write_text(
+        study.STUDY_FILE_EXAMPLE.replace('"../base/medium.toml"', f'"{REPO / "configs" / "base" / "medium.toml"}"'))
+    loaded = study.load_study(str(tmp_path / "studies" / "example.toml"))
+    assert loaded.seeds == [1337, 1338, 1339] and loaded.mode == "torchrun" and len(loaded.runs) == 12
+
+
 # ----------------------------------------------------------------------------- failures and Ctrl-C
 
 def test_a_failed_run_is_reported_and_the_others_go_on(workspace, tmp_path, monkeypatch, capsys):
@@ -353,6 +537,12 @@ def test_torchrun_mode_trains_a_run_in_a_one_process_gloo_group(workspace, tmp_p
     ('base = "base.toml"\nencodings = ["rope"]\n[launch]\nmode = "slurm"\n', "in_process, torchrun, per_gpu"),
     ('base = "base.toml"\nencodings = ["rope"]\n[eval.extrapolation]\nwindowz = 2\n',
      "unrecognized arguments: --windowz=2"),
+    # prefixes of real options (passkey_trials, windows), which argparse's abbreviations used to take silently
+    ('base = "base.toml"\nencodings = ["rope"]\n[eval.extrapolation]\npasskey_trial = 2\n',
+     "unrecognized arguments: --passkey-trial=2"),
+    ('base = "base.toml"\nencodings = ["rope"]\n[eval.extrapolation]\nwindow = 2\n',
+     "unrecognized arguments: --window=2"),
+    ('base = "base.toml"\nencodings = ["rope"]\n[eval.zero_shot]\nbatch = 2\n', "unrecognized arguments: --batch=2"),
     ('base = "base.toml"\nencodings = ["rope"]\n[eval.perplexity]\n', "unknown evaluation [eval.perplexity]"),
     ('base = "base.toml"\nencodings = ["rope", "alibi"]\nreference = "fox"\n', "reference 'fox'"),
 ])

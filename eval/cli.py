@@ -1,0 +1,21 @@
+"""The argument parser every command-line program of eval/, sample.py and scripts/ builds."""
+import argparse
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the module docstring's layout and appends each option's default to its help, unless the help says
+    it in words already (options whose default is None explain what happens without them)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        stated = "default" in text or action.default is None or action.default is False  # (0 == False, but is not)
+        if stated or not action.option_strings or action.default is argparse.SUPPRESS:
+            return text
+        return f"{text} (default: %(default)s)".lstrip()
+
+
+def make_parser(description: str, **kwargs) -> argparse.ArgumentParser:
+    """allow_abbrev=False: argparse would otherwise take --window for --windows, so a misspelled option in a
+    study file's [eval.*] table or on the command line would pass silently."""
+    return argparse.ArgumentParser(description=description, formatter_class=HelpFormatter, allow_abbrev=False,
+                                   **kwargs)
