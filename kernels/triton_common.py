@@ -11,17 +11,28 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 @triton.jit
-def load_tile(ptr, bh, n_rows, rows, row_ok, cols, width):
-    """The (rows, cols) tile of a contiguous (B·H, n_rows, width) tensor, zeros outside it. The offset of
-    the (batch·head) slice is 64-bit: B·H·T·D passes 2³¹ at e.g. B·H = 512, T = 32768, D = 128."""
-    return tl.load(ptr + bh.to(tl.int64) * n_rows * width + rows[:, None] * width + cols[None, :],
-                   mask=row_ok[:, None] & (cols[None, :] < width), other=0.0)
+def _tile_pointers_and_mask(ptr, bh, n_rows, rows, row_ok, WIDTH: tl.constexpr, BLOCK: tl.constexpr):
+    """Pointers and mask of the (rows, BLOCK) tile of a contiguous (B·H, n_rows, WIDTH) tensor. The offset of
+    the (batch·head) slice is a 64-bit scalar (B·H·T·D passes 2³¹ at e.g. B·H = 512, T = 32768, D = 128);
+    the offsets within it stay 32-bit, one register per vector instead of two. WIDTH is a compile-time
+    constant so that the compiler sees the row offsets and the column mask constant over 16-byte runs:
+    with a run-time width a row's loads split into one per element."""
+    cols = tl.arange(0, BLOCK)
+    base = ptr + bh.to(tl.int64) * n_rows * WIDTH
+    return base + (rows[:, None] * WIDTH + cols[None, :]), row_ok[:, None] & (cols[None, :] < WIDTH)
 
 
 @triton.jit
-def store_tile(ptr, value, bh, n_rows, rows, row_ok, cols, width):
-    tl.store(ptr + bh.to(tl.int64) * n_rows * width + rows[:, None] * width + cols[None, :], value,
-             mask=row_ok[:, None] & (cols[None, :] < width))
+def load_tile(ptr, bh, n_rows, rows, row_ok, WIDTH: tl.constexpr, BLOCK: tl.constexpr):
+    """The (rows, BLOCK) tile of a contiguous (B·H, n_rows, WIDTH) tensor, zeros outside it."""
+    pointers, mask = _tile_pointers_and_mask(ptr, bh, n_rows, rows, row_ok, WIDTH, BLOCK)
+    return tl.load(pointers, mask=mask, other=0.0)
+
+
+@triton.jit
+def store_tile(ptr, value, bh, n_rows, rows, row_ok, WIDTH: tl.constexpr, BLOCK: tl.constexpr):
+    pointers, mask = _tile_pointers_and_mask(ptr, bh, n_rows, rows, row_ok, WIDTH, BLOCK)
+    tl.store(pointers, value, mask=mask)
 
 
 def pow2(n: int) -> int:

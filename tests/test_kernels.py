@@ -205,12 +205,11 @@ def run_triton_cases(path):
     """Child process (TRITON_INTERPRET=1): every case's kernel output and gradients, and whole models
     whose GRAPE-AP attention is forced onto the Triton kernel, saved to path."""
     import attention
-    from kernels.grape_ap import grape_ap_attention
-    from kernels.grape_ap_triton import grape_ap_triton
+    from kernels.grape_ap import grape_ap_attention, grape_ap_triton
     results = []
     for case in TRITON_CASES + [LONG_FP16_CASE]:
         inputs, slopes = triton_case_inputs(case)
-        fn = lambda *a, case=case: grape_ap_triton(*a, config=(*case[5], 1, 1, case[7]))  # noqa: E731
+        fn = lambda *a, case=case: grape_ap_triton(*a, config=(*case[5], 1, 1, *case[5], 1, 1, case[7]))  # noqa: E731
         results.append(values_and_grads(fn, inputs, slopes, 1 / math.sqrt(case[4]), triton_grad_out(case)))
     # the model calls attention.grape_ap_attention; on CPU tensors "auto" would pick the chunked path
     attention.grape_ap_attention = lambda *a, **kw: grape_ap_attention(*a, **kw, backend="triton")
