@@ -90,7 +90,7 @@ def grape_ap_triton(q, k, v, p, r, slopes, scale: float, *, config=None):
     # instead of the op copying the model's strided q, k, v views once in each pass
     q, k, v = (x.contiguous() for x in (q, k, v))
     p, r = (x.float().contiguous() for x in (p, r))
-    return path_attention(q, k, v, p, r, slopes, scale, "triton", list(config or default_config(q.dtype)))
+    return path_attention(q, k, v, p, r, slopes, scale, "triton", list(config or default_config(q.shape[3], q.dtype)))
 
 
 # --------------------------------------------------------------------------------------------------

@@ -47,16 +47,29 @@ LOG2E = 1.0 / math.log(2.0)
 
 
 @triton.jit
-def _tri_dot(x, tri, acc, SPLIT: tl.constexpr):
-    """acc + x·tri with fp32 accumulation: x as hi + lo parts in tri's dtype (SPLIT), else one fp32 dot.
-    The parts keep 22 bits (fp16) or 16 bits (bf16) of x, and down to 2^-25 absolute where fp16's lo part
-    is subnormal: below the error of the fast log2 that computes ψ."""
+def _split_dot(x, y, acc, SPLIT: tl.constexpr):
+    """acc + x·y with fp32 accumulation, x fp32: as hi + lo parts in y's dtype (SPLIT), else one fp32 dot.
+    Two parts keep 22 bits (fp16) or 16 bits (bf16) of x, and down to 2^-25 absolute where fp16's lo part
+    is subnormal."""
     if SPLIT:
-        hi = x.to(tri.dtype)
-        acc = tl.dot(hi, tri, acc)
-        acc = tl.dot((x - hi.to(tl.float32)).to(tri.dtype), tri, acc)
+        hi = x.to(y.dtype)
+        acc = tl.dot(hi, y, acc)
+        acc = tl.dot((x - hi.to(tl.float32)).to(y.dtype), y, acc)
     else:
-        acc = tl.dot(x, tri, acc, input_precision="ieee")
+        acc = tl.dot(x, y, acc, input_precision="ieee")
+    return acc
+
+
+@triton.jit
+def _split_dot_both(x, y, acc, SPLIT: tl.constexpr, LOW: tl.constexpr):
+    """acc + x·y for fp32 x and y: hi + lo parts of both in LOW (three dots, hi·hi + lo·hi + hi·lo),
+    else one fp32 dot. For the path gradients, whose small y (r or p) would otherwise be rounded once."""
+    if SPLIT:
+        y_hi = y.to(LOW)
+        acc = _split_dot(x, y_hi, acc, SPLIT)
+        acc = tl.dot(x.to(LOW), (y - y_hi.to(tl.float32)).to(LOW), acc)
+    else:
+        acc = tl.dot(x, y, acc, input_precision="ieee")
     return acc
 
 
@@ -113,7 +126,7 @@ def _biased_logits(q, k, pz, rz, carry, slope, qk_scale, gt, visible, MASKED: tl
     if MASKED:
         psi = tl.where(visible, psi, 0.0)
     s = tl.dot(q, tl.trans(k), input_precision=QK_PRECISION) * qk_scale + carry[:, None]
-    s = _tri_dot(psi, gt, s, SPLIT)
+    s = _split_dot(psi, gt, s, SPLIT)
     if MASKED:
         s = tl.where(visible, s, float("-inf"))
     return s, psi, weight
@@ -194,8 +207,8 @@ def _bwd_query_tiles(dq, dpath_weight, dpath_suffix, carry, carry_ds, q, do, pz,
                      K, V, R, RZ, CARRY_PSI, CARRY_DS, bh, Tk, N_KTILES, PASS_ROWS, slope, qk_scale,
                      gt, ge, lo, hi, D: tl.constexpr, DV: tl.constexpr, DP: tl.constexpr,
                      KZ: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DP: tl.constexpr,
-                     BLOCK_N: tl.constexpr, MASKED: tl.constexpr, SPLIT: tl.constexpr, FAST_LOG2: tl.constexpr,
-                     QK_PRECISION: tl.constexpr):
+                     BLOCK_N: tl.constexpr, RATIO: tl.constexpr, MASKED: tl.constexpr, SPLIT: tl.constexpr,
+                     FAST_LOG2: tl.constexpr, QK_PRECISION: tl.constexpr):
     for it in range(lo, hi):
         kb = lo + hi - 1 - it
         cols = kb * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -204,23 +217,23 @@ def _bwd_query_tiles(dq, dpath_weight, dpath_suffix, carry, carry_ds, q, do, pz,
         v = load_tile(V, bh, Tk, cols, col_ok, DV, BLOCK_DV)
         rz = load_tile(RZ, bh, Tk, cols, col_ok, KZ, KZ)
         # r_0 as zero: ψ(i, 0) is in no bias, so key 0 adds nothing to dp (its dψ is zero only up to rounding)
-        r = load_tile(R, bh, Tk, cols, col_ok & (cols >= 1), DP, BLOCK_DP).to(k.dtype)
-        # the key-major kernel restarts from these boundary values; 64-bit: B·H·⌈Tk/BLOCK_N⌉·pass_rows
-        # passes 2³¹ at e.g. B·H = 256, Tk = 128k
-        boundary = (bh.to(tl.int64) * N_KTILES + kb) * PASS_ROWS + pass_rows
-        tl.store(CARRY_PSI + boundary, carry, mask=row_ok)
-        tl.store(CARRY_DS + boundary, carry_ds, mask=row_ok)
+        r = load_tile(R, bh, Tk, cols, col_ok & (cols >= 1), DP, BLOCK_DP)
+        # the key-major kernel restarts from these values at the right edge of each of its key tiles (RATIO
+        # of these); 64-bit: B·H·⌈Tk/BLOCK_N⌉·pass_rows passes 2³¹ at e.g. B·H = 256, Tk = 128k
+        boundary = (bh.to(tl.int64) * N_KTILES + kb // RATIO) * PASS_ROWS + pass_rows
+        edge = row_ok & ((pass_rows * 0 + kb % RATIO) == RATIO - 1)  # row-shaped: the interpreter's masks
+        tl.store(CARRY_PSI + boundary, carry, mask=edge)
+        tl.store(CARRY_DS + boundary, carry_ds, mask=edge)
         visible = cols[None, :] <= t[:, None]
         _, ds, psi, weight = _backward_tile(q, k, v, do, pz, rz, lse, delta, carry, slope, qk_scale, gt, visible,
                                             MASKED, SPLIT, FAST_LOG2, QK_PRECISION)
         dq += tl.dot(ds.to(k.dtype), k, input_precision=QK_PRECISION)
-        suffix = _tri_dot(ds, ge, tl.zeros_like(ds), SPLIT)  # Σ_{j>=ℓ} dS(i, j) within the tile
+        suffix = _split_dot(ds, ge, tl.zeros_like(ds), SPLIT)  # Σ_{j>=ℓ} dS(i, j) within the tile
         # dp_i = Σ_ℓ weight·(E_i - carry_ds_i - suffix)·r_ℓ with E_i known only at the end of the row:
-        # accumulate Σ weight·r and Σ weight·(carry_ds + suffix)·r apart
-        weight_r = tl.dot(weight.to(k.dtype), r, input_precision=QK_PRECISION)
-        dpath_weight += weight_r
-        dpath_suffix += carry_ds[:, None] * weight_r + tl.dot((weight * suffix).to(k.dtype), r,
-                                                              input_precision=QK_PRECISION)
+        # accumulate Σ weight·r (one part: E_i is a rounding error, its term small) and
+        # Σ weight·(carry_ds + suffix)·r (hi + lo parts: the products carry the path gradient) apart
+        dpath_weight += tl.dot(weight.to(ge.dtype), r.to(ge.dtype), input_precision=QK_PRECISION)
+        dpath_suffix = _split_dot_both(weight * (carry_ds[:, None] + suffix), r, dpath_suffix, SPLIT, ge.dtype)
         carry += tl.sum(psi, axis=1)
         carry_ds += tl.sum(ds, axis=1)
     return dq, dpath_weight, dpath_suffix, carry, carry_ds
@@ -231,7 +244,7 @@ def _bwd_query(Q, K, V, R, PZ, RZ, SLOPES, DO, LSE, DELTA, DQ, DPATH, DS_TOTAL, 
                qk_scale, Tq, Tk, H, N_KTILES, PASS_ROWS, first_row,
                D: tl.constexpr, DV: tl.constexpr, DP: tl.constexpr, KZ: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DP: tl.constexpr,
-               SPLIT: tl.constexpr, FAST_LOG2: tl.constexpr, QK_PRECISION: tl.constexpr):
+               RATIO: tl.constexpr, SPLIT: tl.constexpr, FAST_LOG2: tl.constexpr, QK_PRECISION: tl.constexpr):
     bh = tl.program_id(1)
     slope = tl.load(SLOPES + bh % H)
     pass_rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # row index within this pass
@@ -251,14 +264,17 @@ def _bwd_query(Q, K, V, R, PZ, RZ, SLOPES, DO, LSE, DELTA, DQ, DPATH, DS_TOTAL, 
     carry = tl.zeros([BLOCK_M], tl.float32)
     carry_ds = tl.zeros([BLOCK_M], tl.float32)
     n_full, n_tiles = _key_tile_range(first_row + tl.program_id(0) * BLOCK_M, Tq, Tk, BLOCK_M, BLOCK_N)
+    # whole key-kernel tiles, so that every boundary the key kernel reads is stored (the extra tiles are
+    # past every row's diagonal: masked, they add nothing)
+    n_tiles = tl.cdiv(n_tiles, RATIO) * RATIO
     dq, dpath_weight, dpath_suffix, carry, carry_ds = _bwd_query_tiles(
         dq, dpath_weight, dpath_suffix, carry, carry_ds, q, do, pz, lse, delta, t, row_ok, pass_rows, K, V, R, RZ,
         CARRY_PSI, CARRY_DS, bh, Tk, N_KTILES, PASS_ROWS, slope, qk_scale, gt, ge, n_full, n_tiles,
-        D, DV, DP, KZ, BLOCK_D, BLOCK_DV, BLOCK_DP, BLOCK_N, True, SPLIT, FAST_LOG2, QK_PRECISION)
+        D, DV, DP, KZ, BLOCK_D, BLOCK_DV, BLOCK_DP, BLOCK_N, RATIO, True, SPLIT, FAST_LOG2, QK_PRECISION)
     dq, dpath_weight, dpath_suffix, carry, carry_ds = _bwd_query_tiles(
         dq, dpath_weight, dpath_suffix, carry, carry_ds, q, do, pz, lse, delta, t, row_ok, pass_rows, K, V, R, RZ,
         CARRY_PSI, CARRY_DS, bh, Tk, N_KTILES, PASS_ROWS, slope, qk_scale, gt, ge, 0, n_full,
-        D, DV, DP, KZ, BLOCK_D, BLOCK_DV, BLOCK_DP, BLOCK_N, False, SPLIT, FAST_LOG2, QK_PRECISION)
+        D, DV, DP, KZ, BLOCK_D, BLOCK_DV, BLOCK_DP, BLOCK_N, RATIO, False, SPLIT, FAST_LOG2, QK_PRECISION)
     row_total = carry_ds  # E_i = Σ_j dS(i, j)
     tl.store(DS_TOTAL + bh * Tq + rows, row_total, mask=row_ok)
     store_tile(DQ, dq * (qk_scale * 0.6931471805599453), bh, Tq, rows, row_ok, D, BLOCK_D)  # × scale
@@ -289,10 +305,10 @@ def _bwd_key_tiles(dk, dv_acc, dr, k, v, rz, cols, Q, P, PZ, DO, LSE, DELTA, DS_
                                               MASKED, SPLIT, FAST_LOG2, QK_PRECISION)
         dv_acc += tl.dot(tl.trans(probs.to(do.dtype)), do, input_precision=QK_PRECISION)
         dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=QK_PRECISION)
-        suffix = _tri_dot(ds, ge, tl.zeros_like(ds), SPLIT)
+        suffix = _split_dot(ds, ge, tl.zeros_like(ds), SPLIT)
         dz = weight * ((row_total - carry_ds)[:, None] - suffix)  # weight·dψ, dψ(i, ℓ) = Σ_{j<ℓ} dS(i, j)
-        p = load_tile(P, bh, Tq, rows, row_ok, DP, BLOCK_DP).to(q.dtype)
-        dr += tl.dot(tl.trans(dz.to(q.dtype)), p, input_precision=QK_PRECISION)
+        p = load_tile(P, bh, Tq, rows, row_ok, DP, BLOCK_DP)
+        dr = _split_dot_both(tl.trans(dz), p, dr, SPLIT, ge.dtype)
     return dk, dv_acc, dr
 
 
@@ -351,8 +367,8 @@ def _bwd_key(Q, K, V, P, PZ, RZ, SLOPES, DO, LSE, DELTA, DK, DV_OUT, DR, DS_TOTA
 
 
 # --------------------------------------------------------------------------------------------------
-# Launchers. config = (fwd BLOCK_M, fwd BLOCK_N, fwd warps, fwd stages,
-#                      bwd BLOCK_M, bwd BLOCK_N, bwd warps, bwd stages, bwd pass rows)
+# Launchers. config = the (BLOCK_M, BLOCK_N, warps, stages) of the forward, the query-major and the
+# key-major backward kernel, then the backward's pass rows: 13 integers (see default_config).
 
 
 def _path_operands(p: torch.Tensor, r: torch.Tensor, split: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -396,43 +412,50 @@ def triton_forward(q, k, v, p, r, slopes, scale: float, config) -> tuple[torch.T
 
 
 def backward_pass_rows(Tq: int, block_m: int, pass_rows: int) -> int:
-    """Query rows per backward pass: a multiple of the query tile, at most Tq rounded up to one."""
+    """Query rows per backward pass: a multiple of block_m (the larger query tile of the two kernels), at
+    most Tq rounded up to one."""
     whole = max(1, triton.cdiv(Tq, block_m)) * block_m
     return min(whole, max(block_m, pass_rows // block_m * block_m))
 
 
 def triton_backward(grad_out, q, k, v, p, r, slopes, out, lse, scale: float, config):
     """(dq, dk, dv, dp, dr) in fp32."""
-    block_m, block_n, warps, stages, pass_rows = config[4:9]
+    query_tiles, key_tiles, pass_rows = config[4:8], config[8:12], config[12]
     B, H, Tq, _ = q.shape
     Tk = k.shape[2]
     dq = torch.empty(q.shape, device=q.device, dtype=torch.float32)
     dp = torch.empty(p.shape, device=q.device, dtype=torch.float32)
     # keys that no query sees (Tq = 0) get zero gradients; several passes add into dk, dv, dr
-    rows_per_pass = backward_pass_rows(Tq, block_m, pass_rows)
+    rows_per_pass = backward_pass_rows(Tq, max(query_tiles[0], key_tiles[0]), pass_rows)
     n_passes = triton.cdiv(Tq, rows_per_pass)
     make = torch.empty if n_passes == 1 else torch.zeros
     dk, dv, dr = (make(x.shape, device=q.device, dtype=torch.float32) for x in (k, v, r))
     if n_passes == 0 or B * H == 0:
         return dq, dk, dv, dp, dr
     delta = (grad_out.float() * out.float()).sum(-1)  # D_i = dO_i·O_i
-    n_ktiles = triton.cdiv(Tk, block_n)
+    n_ktiles = triton.cdiv(Tk, key_tiles[1])
     carry_psi = torch.empty(B * H, n_ktiles, rows_per_pass, device=q.device, dtype=torch.float32)
     carry_ds = torch.empty_like(carry_psi)
     ds_total = torch.empty(B, H, Tq, device=q.device, dtype=torch.float32)
-    sizes = _constexprs(q, v, p, block_m, block_n)
-    pz, rz = _path_operands(p, r, sizes["SPLIT"])
-    sizes.update(DP=p.shape[3], BLOCK_DP=pow2(p.shape[3]), num_warps=warps, num_stages=stages)
+    split = q.dtype != torch.float32
+    pz, rz = _path_operands(p, r, split)
+    launch = []
+    for block_m, block_n, warps, stages in (query_tiles, key_tiles):
+        sizes = _constexprs(q, v, p, block_m, block_n)
+        sizes.update(DP=p.shape[3], BLOCK_DP=pow2(p.shape[3]), num_warps=warps, num_stages=stages)
+        launch.append(sizes)
+    query_sizes, key_sizes = launch
+    query_sizes["RATIO"] = key_tiles[1] // query_tiles[1]
     for first_row in range(0, Tq, rows_per_pass):
         end_row = min(Tq, first_row + rows_per_pass)
-        _bwd_query[(triton.cdiv(end_row - first_row, block_m), B * H)](
+        _bwd_query[(triton.cdiv(end_row - first_row, query_tiles[0]), B * H)](
             q, k, v, r, pz, rz, slopes, grad_out, lse, delta, dq, dp, ds_total, carry_psi, carry_ds,
-            scale * LOG2E, Tq, Tk, H, n_ktiles, rows_per_pass, first_row, **sizes)
-        key_tiles = triton.cdiv(min(Tk, Tk - Tq + end_row), block_n)  # the keys this pass's rows see
-        _bwd_key[(key_tiles, B * H)](
+            scale * LOG2E, Tq, Tk, H, n_ktiles, rows_per_pass, first_row, **query_sizes)
+        seen = triton.cdiv(min(Tk, Tk - Tq + end_row), key_tiles[1])  # the key tiles this pass's rows see
+        _bwd_key[(seen, B * H)](
             q, k, v, p, pz, rz, slopes, grad_out, lse, delta, dk, dv, dr, ds_total, carry_psi, carry_ds,
             scale * LOG2E, Tq, Tk, H, n_ktiles, rows_per_pass, first_row, end_row,
-            ACCUMULATE=n_passes > 1, **sizes)
+            ACCUMULATE=n_passes > 1, **key_sizes)
     return dq, dk, dv, dp, dr
 
 
@@ -442,13 +465,17 @@ def triton_backward(grad_out, q, k, v, p, r, slopes, out, lse, scale: float, con
 PASS_ROWS = 2048
 
 
-def default_config(dtype: torch.dtype = torch.bfloat16) -> tuple[int, ...]:
-    """(fwd BLOCK_M, BLOCK_N, warps, stages, bwd BLOCK_M, BLOCK_N, warps, stages, pass rows). bf16/fp16:
-    none of the three kernels spills on sm_90 at D = 64 or 128 (scripts/kernel_resources.py,
-    docs/kernel_resources.md). fp32 inputs run every dot without tensor cores, in tiles that fit an
-    A100's shared memory. The interpreter uses tiny tiles so the tests are fast."""
+def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16) -> tuple[int, ...]:
+    """Forward, query-major and key-major (BLOCK_M, BLOCK_N, warps, stages), then pass rows. bf16/fp16:
+    none of the three kernels spills registers on sm_90 at D = 64 and 128 (scripts/kernel_resources.py,
+    docs/kernel_resources.md), and the key-major kernel's BLOCK_N is a multiple of the query-major one's.
+    fp32 inputs run every dot without tensor cores, in tiles that fit an A100's shared memory. The
+    interpreter uses tiny tiles so that the tests are fast."""
     if INTERPRET:
-        return (16, 16, 1, 1, 16, 16, 1, 1, PASS_ROWS)
+        return (16, 16, 1, 1, 16, 16, 1, 1, 16, 32, 1, 1, PASS_ROWS)
     if dtype == torch.float32:
-        return (64, 32, 4, 2, 32, 32, 4, 2, PASS_ROWS)
-    return (128, 64, 8, 2, 128, 64, 8, 2, PASS_ROWS)
+        return (64, 32, 4, 2, 32, 32, 4, 1, 32, 32, 4, 1, PASS_ROWS)
+    # the query-major kernel's in-tile sums over 16 keys at D = 128 (32 spill: its dq accumulator is twice
+    # D = 64's); the key-major kernel's 32-query tiles (64 spill, two dk/dv accumulators)
+    query_n = 32 if head_dim <= 64 else 16
+    return (64, 64, 4, 2, 128, query_n, 8, 1, 32, 64, 8, 1, PASS_ROWS)

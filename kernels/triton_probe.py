@@ -26,7 +26,7 @@ def _probe_grape_ap(dtype: torch.dtype, device: torch.device) -> None:
     q, k, v, grad = (torch.randn(1, 1, 64, 64, device=device).to(dtype) for _ in range(4))
     p, r = (torch.randn(1, 1, 64, 8, device=device) for _ in range(2))
     slopes = torch.ones(1, device=device)
-    config = kernel.default_config(dtype)
+    config = kernel.default_config(64, dtype)
     out, lse = kernel.triton_forward(q, k, v, p, r, slopes, 0.125, config)
     kernel.triton_backward(grad, q, k, v, p, r, slopes, out, lse, 0.125, config)
 

@@ -165,13 +165,15 @@ def kernels_of(family: str, config, head_dim: int, dtype: str) -> list[tuple]:
                 ("_bwd_query", separable_triton._bwd_query, dict(common, BLOCK_M=long, BLOCK_N=short), bw, bs,
                  long * short),
                 ("_bwd_key", separable_triton._bwd_key, dict(common, BLOCK_M=short, BLOCK_N=long), bw, bs, long * short)]
-    fm, fn, fw, fs, bm, bn, bw, bs = config[:8]
+    (fm, fn, fw, fs), (qm, qn, qw, qs), (km, kn, kw, ks) = config[0:4], config[4:8], config[8:12]
     common = dict(D=head_dim, DV=head_dim, BLOCK_D=head_dim, BLOCK_DV=head_dim, KZ=32 if half else 16, SPLIT=half,
                   FAST_LOG2=half, QK_PRECISION="tf32" if half else "ieee")
-    backward = dict(common, DP=8, BLOCK_DP=16, BLOCK_M=bm, BLOCK_N=bn)
+    backward = dict(common, DP=8, BLOCK_DP=16)
     return [("_fwd", grape_ap_triton._fwd, dict(common, BLOCK_M=fm, BLOCK_N=fn), fw, fs, fm * fn),
-            ("_bwd_query", grape_ap_triton._bwd_query, backward, bw, bs, bm * bn),
-            ("_bwd_key", grape_ap_triton._bwd_key, dict(backward, ACCUMULATE=True), bw, bs, bm * bn)]
+            ("_bwd_query", grape_ap_triton._bwd_query, dict(backward, BLOCK_M=qm, BLOCK_N=qn, RATIO=kn // qn), qw, qs,
+             qm * qn),
+            ("_bwd_key", grape_ap_triton._bwd_key, dict(backward, BLOCK_M=km, BLOCK_N=kn, ACCUMULATE=True), kw, ks,
+             km * kn)]
 
 
 def measure(family, config, head_dim, dtype, arch) -> list[dict]:
@@ -261,7 +263,7 @@ def main(argv=None):
             separable = [tuple(map(int, c.split(","))) for c in args.separable] if args.separable else \
                 [separable_triton.default_config(head_dim, TORCH_DTYPES[dtype])]
             grape_ap = [tuple(map(int, c.split(","))) for c in args.grape_ap] if args.grape_ap else \
-                [grape_ap_triton.default_config(TORCH_DTYPES[dtype])]
+                [grape_ap_triton.default_config(head_dim, TORCH_DTYPES[dtype])]
             for family, configs in (("separable", separable), ("grape_ap", grape_ap)):
                 for config in configs:
                     for row in measure(family, config, head_dim, dtype, args.arch):
