@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from kernels.triton_probe import DTYPE_NAMES, triton_builds
 
-BACKENDS = ("auto", "chunked", "triton")
+BACKENDS = ("auto", "chunked", "triton", "decode")
 
 def check_inputs(q, k, v, p, r, slopes) -> None:
     """One clear sentence per shape mistake instead of a broadcast error deep in a matmul."""
@@ -63,20 +63,27 @@ def grape_ap_attention(q, k, v, p, r, slopes, scale: float, *, backend: str = "a
     slopes (H,) the positive α_h (constants, no gradient); returns (B,H,Tq,Dv) in v's dtype.
     Gradients flow to q, k, v, p and r.
 
-    "auto": one decoding query (Tq = 1) takes ``decode_attention`` (O(Tk), any device); CUDA tensors the
-    Triton kernels when this Triton builds them (else the chunked path, with one warning line); the rest
-    the chunked path."""
+    "auto": see ``auto_backend``."""
     check_inputs(q, k, v, p, r, slopes)
     if backend not in BACKENDS:
         raise ValueError(f"unknown grape_ap backend {backend!r}; valid: {', '.join(BACKENDS)}")
     if backend == "auto":
-        if q.shape[2] == 1:
-            return decode_attention(q, k, v, p, r, slopes, scale)
-        backend = "triton" if q.is_cuda and q.dtype in DTYPE_NAMES and triton_builds("grape_ap", DTYPE_NAMES[q.dtype]) \
-            else "chunked"
+        backend = auto_backend(q.device, q.dtype, q.shape[2])
+    if backend == "decode":
+        return decode_attention(q, k, v, p, r, slopes, scale)
     if backend == "triton":
         return grape_ap_triton(q, k, v, p, r, slopes, scale)
     return grape_ap_chunked(q, k, v, p, r, slopes, scale, block_size=block_size)
+
+
+def auto_backend(device: torch.device, dtype: torch.dtype, n_queries: int) -> str:
+    """One decoding query: "decode" (O(Tk), any device). CUDA: the Triton kernels where this Triton builds
+    them (else one warning line and the chunked path). Elsewhere "chunked"."""
+    if n_queries == 1:
+        return "decode"
+    if device.type == "cuda" and dtype in DTYPE_NAMES and triton_builds("grape_ap", DTYPE_NAMES[dtype]):
+        return "triton"
+    return "chunked"
 
 
 def grape_ap_triton(q, k, v, p, r, slopes, scale: float, *, config=None):

@@ -74,14 +74,21 @@ def _split_dot_both(x, y, acc, SPLIT: tl.constexpr, LOW: tl.constexpr):
 
 
 @triton.jit
+def boundary_index(bh, n_key_tiles, key_tile, pass_rows, pass_row):
+    """Where the boundary carries of (batch·head bh, key tile, row of the pass) live: 64-bit, since
+    B·H·⌈Tk/BLOCK_N⌉·pass_rows passes 2³¹ at e.g. B·H = 256, Tk = 128k."""
+    return (bh.to(tl.int64) * n_key_tiles + key_tile) * pass_rows + pass_row
+
+
+@triton.jit
 def _triangle(BLOCK_N: tl.constexpr, GREATER_EQUAL: tl.constexpr, DTYPE: tl.constexpr):
     """GT[a, b] = [a > b], or GE[a, b] = [a >= b], in DTYPE."""
     a = tl.arange(0, BLOCK_N)
     if GREATER_EQUAL:
-        tri = a[:, None] >= a[None, :]
+        tri = tl.where(a[:, None] >= a[None, :], 1.0, 0.0)
     else:
-        tri = a[:, None] > a[None, :]
-    return tri.to(DTYPE)
+        tri = tl.where(a[:, None] > a[None, :], 1.0, 0.0)
+    return tri.to(DTYPE)  # through fp32: Triton 3.0-3.2 lower a bool-to-fp16 cast to an invalid integer op
 
 
 @triton.jit
@@ -219,8 +226,8 @@ def _bwd_query_tiles(dq, dpath_weight, dpath_suffix, carry, carry_ds, q, do, pz,
         # r_0 as zero: ψ(i, 0) is in no bias, so key 0 adds nothing to dp (its dψ is zero only up to rounding)
         r = load_tile(R, bh, Tk, cols, col_ok & (cols >= 1), DP, BLOCK_DP)
         # the key-major kernel restarts from these values at the right edge of each of its key tiles (RATIO
-        # of these); 64-bit: B·H·⌈Tk/BLOCK_N⌉·pass_rows passes 2³¹ at e.g. B·H = 256, Tk = 128k
-        boundary = (bh.to(tl.int64) * N_KTILES + kb // RATIO) * PASS_ROWS + pass_rows
+        # of these)
+        boundary = boundary_index(bh, N_KTILES, kb // RATIO, PASS_ROWS, pass_rows)
         edge = row_ok & ((pass_rows * 0 + kb % RATIO) == RATIO - 1)  # row-shaped: the interpreter's masks
         tl.store(CARRY_PSI + boundary, carry, mask=edge)
         tl.store(CARRY_DS + boundary, carry_ds, mask=edge)
@@ -297,7 +304,7 @@ def _bwd_key_tiles(dk, dv_acc, dr, k, v, rz, cols, Q, P, PZ, DO, LSE, DELTA, DS_
         lse = tl.load(LSE + bh * Tq + rows, mask=row_ok, other=0.0)
         delta = tl.load(DELTA + bh * Tq + rows, mask=row_ok, other=0.0)
         row_total = tl.load(DS_TOTAL + bh * Tq + rows, mask=row_ok, other=0.0)
-        boundary = (bh.to(tl.int64) * N_KTILES + kb) * PASS_ROWS + rows - first_row
+        boundary = boundary_index(bh, N_KTILES, kb, PASS_ROWS, rows - first_row)
         carry = tl.load(CARRY_PSI + boundary, mask=row_ok, other=0.0)
         carry_ds = tl.load(CARRY_DS + boundary, mask=row_ok, other=0.0)
         visible = (cols[None, :] <= rows[:, None] + offset) & row_ok[:, None]
