@@ -41,6 +41,15 @@ def _probe_separable(dtype: torch.dtype, device: torch.device) -> None:
 
 
 PROBES = {"grape_ap": _probe_grape_ap, "separable": _probe_separable}
+# The oldest Triton each family is proven to build with (docs/triton_versions.md: compiled for sm_90 with each
+# Triton that torch 2.4 to 2.14 bring). Older ones are not probed: Triton 3.0 and 3.1 abort the whole process
+# (a failed C++ assertion, no Python exception) on the GRAPE-AP key-major kernel.
+MIN_TRITON = {"grape_ap": (3, 2), "separable": (3, 0)}
+
+
+def _version(text: str) -> tuple[int, ...]:
+    import re
+    return tuple(int(part) for part in re.findall(r"\d+", text)[:2])
 
 
 @torch.compiler.assume_constant_result
@@ -50,7 +59,10 @@ def triton_builds(family: str, dtype_name: str) -> bool:
     key = (family, dtype_name)
     if key not in _BUILDS:
         try:
+            import triton
             from kernels.triton_common import INTERPRET
+            if _version(triton.__version__) < MIN_TRITON[family]:
+                raise RuntimeError(f"these kernels need triton >= {'.'.join(map(str, MIN_TRITON[family]))}")
             device = torch.device("cpu" if INTERPRET else "cuda")
             PROBES[family](_DTYPES[dtype_name], device)
             _BUILDS[key] = True

@@ -445,5 +445,20 @@ def test_auto_falls_back_with_one_warning_when_triton_cannot_build(monkeypatch, 
     assert auto_backend(torch.device("cpu"), torch.float16, 64) == "chunked"
 
 
+
+def test_probe_does_not_try_a_triton_older_than_proven(monkeypatch, capsys):
+    # Triton 3.0 and 3.1 abort the process compiling the key-major kernel: no exception the probe could catch.
+    pytest.importorskip("triton")
+    import triton
+    from kernels import triton_probe
+    probed = []
+    monkeypatch.setattr(triton_probe, "_BUILDS", {})
+    monkeypatch.setitem(triton_probe.PROBES, "grape_ap", lambda dtype, device: probed.append(dtype))
+    monkeypatch.setattr(triton, "__version__", "3.1.0")
+    assert triton_probe.triton_builds("grape_ap", "bf16") is False and probed == []
+    err = capsys.readouterr().err
+    assert "triton 3.1.0 cannot build the grape_ap attention kernel" in err and "need triton >= 3.2" in err, err
+
+
 if __name__ == "__main__":
     run_triton_cases(sys.argv[1])
