@@ -41,7 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_common import INTERPRET, load_tile, pow2, query_tile, store_tile
+from kernels.triton_common import INTERPRET, key_tile_range, load_tile, online_softmax, pow2, query_tile, store_tile
 
 LOG2E = 1.0 / math.log(2.0)
 
@@ -154,22 +154,9 @@ def _fwd_tiles(acc, m_i, l_i, carry, q, pz, t, K, V, RZ, bh, Tk, slope, qk_scale
         visible = cols[None, :] <= t[:, None]
         s, psi, _ = _biased_logits(q, k, pz, rz, carry, slope, qk_scale, gt, visible,
                                    MASKED, SPLIT, FAST_LOG2, QK_PRECISION, False)
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        probs = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(probs, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(probs.to(v.dtype), v, input_precision=QK_PRECISION)
-        m_i = m_new
+        acc, m_i, l_i = online_softmax(acc, m_i, l_i, s, v, QK_PRECISION, True)
         carry += tl.sum(psi, axis=1)
     return acc, m_i, l_i, carry
-
-
-@triton.jit
-def _key_tile_range(first_row, Tq, Tk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """For the query tile starting at row first_row: the key tiles [0, n_full) that all its rows see
-    whole (no mask) and the end n_tiles of those any of them sees."""
-    first_t = Tk - Tq + first_row
-    return (first_t + 1) // BLOCK_N, tl.minimum(first_t + BLOCK_M - 1, Tk - 1) // BLOCK_N + 1
 
 
 @triton.jit
@@ -187,7 +174,7 @@ def _fwd(Q, K, V, PZ, RZ, SLOPES, OUT, LSE, qk_scale, Tq, Tk, H,
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
     carry = tl.zeros([BLOCK_M], tl.float32)
-    n_full, n_tiles = _key_tile_range(tl.program_id(0) * BLOCK_M, Tq, Tk, BLOCK_M, BLOCK_N)
+    n_full, n_tiles = key_tile_range(tl.program_id(0) * BLOCK_M, Tq, Tk, BLOCK_M, BLOCK_N)
     acc, m_i, l_i, carry = _fwd_tiles(acc, m_i, l_i, carry, q, pz, t, K, V, RZ, bh, Tk, slope, qk_scale, gt,
                                       n_full, n_tiles, D, DV, KZ, BLOCK_D, BLOCK_DV, BLOCK_N, True, SPLIT,
                                       FAST_LOG2, QK_PRECISION)
@@ -270,7 +257,7 @@ def _bwd_query(Q, K, V, R, PZ, RZ, SLOPES, DO, LSE, DELTA, DQ, DPATH, DS_TOTAL, 
     dpath_suffix = tl.zeros([BLOCK_M, BLOCK_DP], tl.float32)  # Σ_ℓ weight·Σ_{j>=ℓ} dS·r_ℓ
     carry = tl.zeros([BLOCK_M], tl.float32)
     carry_ds = tl.zeros([BLOCK_M], tl.float32)
-    n_full, n_tiles = _key_tile_range(first_row + tl.program_id(0) * BLOCK_M, Tq, Tk, BLOCK_M, BLOCK_N)
+    n_full, n_tiles = key_tile_range(first_row + tl.program_id(0) * BLOCK_M, Tq, Tk, BLOCK_M, BLOCK_N)
     # whole key-kernel tiles, so that every boundary the key kernel reads is stored (the extra tiles are
     # past every row's diagonal: masked, they add nothing)
     n_tiles = tl.cdiv(n_tiles, RATIO) * RATIO

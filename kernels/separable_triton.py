@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_common import INTERPRET, load_tile, pow2, query_tile, store_tile
+from kernels.triton_common import INTERPRET, key_tile_range, load_tile, online_softmax, pow2, query_tile, store_tile
 
 FEATURES = 3  # per token: position, rate, running sum
 
@@ -81,14 +81,6 @@ def _key_tile(q, q_pos, q_rate, q_sum, K, V, KF, bh, Tk, kb, scale, D: tl.conste
 
 
 @triton.jit
-def _key_tile_range(first_row, Tq, Tk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """For the query tile starting at row first_row: the key tiles [0, n_full) that all its queries see
-    whole (no mask needed) and the end n_tiles of those any of them sees."""
-    first_t = Tk - Tq + first_row
-    return (first_t + 1) // BLOCK_N, tl.minimum(first_t + BLOCK_M - 1, Tk - 1) // BLOCK_N + 1
-
-
-@triton.jit
 def _fwd_tiles(acc, m_i, l_i, q, q_pos, q_rate, q_sum, t, K, V, KF, bh, Tk, scale, lo, hi, D: tl.constexpr,
                DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
                HAS_RATE: tl.constexpr, HAS_SUM: tl.constexpr, MASKED: tl.constexpr, PRECISION: tl.constexpr):
@@ -97,12 +89,7 @@ def _fwd_tiles(acc, m_i, l_i, q, q_pos, q_rate, q_sum, t, K, V, KF, bh, Tk, scal
                                              BLOCK_DV, BLOCK_N, HAS_RATE, HAS_SUM, PRECISION)
         if MASKED:
             s = tl.where((cols[None, :] <= t[:, None]) & col_ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        probs = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(probs, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(probs.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
+        acc, m_i, l_i = online_softmax(acc, m_i, l_i, s, v, PRECISION, False)
     return acc, m_i, l_i
 
 
@@ -116,7 +103,7 @@ def _fwd(Q, K, V, QF, KF, OUT, LSE, scale, Tq, Tk, D: tl.constexpr, DV: tl.const
     m_i = tl.full([BLOCK_M], -1e30, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
-    n_full, n_tiles = _key_tile_range(tl.program_id(0) * BLOCK_M, Tq, Tk, BLOCK_M, BLOCK_N)
+    n_full, n_tiles = key_tile_range(tl.program_id(0) * BLOCK_M, Tq, Tk, BLOCK_M, BLOCK_N)
     acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, q_pos, q_rate, q_sum, t, K, V, KF, bh, Tk, scale, 0, n_full,
                                D, DV, BLOCK_D, BLOCK_DV, BLOCK_N, HAS_RATE, HAS_SUM, False, PRECISION)
     acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, q_pos, q_rate, q_sum, t, K, V, KF, bh, Tk, scale, n_full, n_tiles,
@@ -158,7 +145,7 @@ def _bwd_query(Q, K, V, QF, KF, DO, LSE, DELTA, DQ, DQF, scale, Tq, Tk, D: tl.co
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     d_rate = tl.zeros([BLOCK_M], tl.float32)
     d_sum = tl.zeros([BLOCK_M], tl.float32)
-    n_full, n_tiles = _key_tile_range(tl.program_id(0) * BLOCK_M, Tq, Tk, BLOCK_M, BLOCK_N)
+    n_full, n_tiles = key_tile_range(tl.program_id(0) * BLOCK_M, Tq, Tk, BLOCK_M, BLOCK_N)
     dq, d_rate, d_sum = _bwd_query_tiles(dq, d_rate, d_sum, q, do, lse, delta, q_pos, q_rate, q_sum, t, K, V, KF,
                                          bh, Tk, scale, 0, n_full, D, DV, BLOCK_D, BLOCK_DV, BLOCK_N, HAS_RATE, HAS_SUM,
                                          False, PRECISION)

@@ -1,4 +1,4 @@
-"""What the Triton kernels share: tile loads and stores, launch-size helpers, the interpreter switch."""
+"""What the Triton kernels share: tile loads and stores, tile ranges, the online softmax, the interpreter switch."""
 from __future__ import annotations
 
 import os
@@ -47,3 +47,27 @@ def query_tile(Tq, Tk, BLOCK_M: tl.constexpr):
     bh = tl.program_id(1)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     return bh, rows, rows < Tq, rows + (Tk - Tq)
+
+
+@triton.jit
+def key_tile_range(first_row, Tq, Tk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """For the query tile starting at row first_row: the key tiles [0, n_full) that all its rows see
+    whole (no mask needed) and the end n_tiles of those any of them sees."""
+    first_t = Tk - Tq + first_row
+    return (first_t + 1) // BLOCK_N, tl.minimum(first_t + BLOCK_M - 1, Tk - 1) // BLOCK_N + 1
+
+
+@triton.jit
+def online_softmax(acc, m_i, l_i, s, v, PRECISION: tl.constexpr, BASE2: tl.constexpr):
+    """FlashAttention's running softmax over one key tile of logits s (natural units, or log2 units when
+    BASE2): the new row maxima, row sums and output accumulator."""
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    if BASE2:
+        alpha = tl.exp2(m_i - m_new)
+        probs = tl.exp2(s - m_new[:, None])
+    else:
+        alpha = tl.exp(m_i - m_new)
+        probs = tl.exp(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(probs, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(probs.to(v.dtype), v, input_precision=PRECISION)
+    return acc, m_new, l_i
