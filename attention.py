@@ -68,7 +68,8 @@ def describe_backend(backend: str) -> str:
         "sdpa": "fused causal SDPA",
         "lifted": "fused causal SDPA on lifted q/k columns (homogeneous lift)",
         "tile": "Triton FlashAttention with the separable bias added in the tile (fp32)",
-        "path_integral": "GRAPE-AP path-integral attention (Triton kernel on CUDA, chunked elsewhere; O(T) memory)",
+        "path_integral": "GRAPE-AP path-integral attention (Triton kernels on CUDA, chunked elsewhere, one O(T) "
+                         "row per decoded token; O(T) memory)",
         "dense": "dense reference (materialised logits and bias)",
     }[backend]
 
