@@ -11,10 +11,12 @@ and S_i = F(i, t_i) constant per row (docs/derivations.md §4, docs/grape_ap_ker
   the backward pass, so training memory is O(T·block), not O(T²) (autograd through the loop would keep
   every block's intermediates; ``torch.utils.checkpoint`` per block measured 1.9x slower than this
   hand-written backward on the CPU at T = 2048, 1.2-1.9x at T = 512..4096: docs/benchmarks.md, ablation).
-* ``triton`` (CUDA): a FlashAttention-style kernel, see ``kernels/grape_ap_triton.py``.
+* ``triton`` (CUDA): FlashAttention-class kernels, see ``kernels/grape_ap_triton.py``; this module holds
+  their autograd wrapper (``grape_ap_triton``), the kernel module imports nothing from here.
+* ``decode``: one new query against the cache, one O(Tk) row (``decode_attention``).
 
-``grape_ap_attention`` picks Triton for CUDA tensors when Triton imports, the chunked path otherwise.
-Both run behind one PyTorch custom operator pair, ``grape::path_attention`` and its backward, each
+``grape_ap_attention(backend="auto")`` picks by ``auto_backend``. The chunked and Triton paths run behind
+one PyTorch custom operator pair, ``grape::path_attention`` and its backward, each
 with a shape-only "fake" implementation, so ``torch.compile`` traces a model straight through the
 attention (no graph break) and calls the kernel as one opaque node.
 

@@ -13,13 +13,14 @@ Everything runs in the exp2/log2 domain: z = p·r·log2(e) (log2(e) folded into 
 ψ·log2(e) = α·(min(z, 0) - log2(1 + 2^-|z|)) without another constant, and the logits are
 s = q·k·(scale·log2 e) + bias. Tiles wholly below the diagonal take a loop without mask work.
 
-Precision with bf16/fp16 inputs (fp32 inputs run every dot in fp32, "ieee"): every product of two
-fp32 values goes through the tensor cores as fp16 hi + lo parts with fp32 accumulation, 22 significant
-bits, about fp32 (lo parts scaled by 2^11 so that they stay normal). z = p·r takes the parts from the
-host (``_path_operands``: one K = 32 dot, no per-element work); the in-tile suffix of ψ splits ψ in
-registers. ψ is clamped at -2^15 (log2 units) to stay in fp16's range: any key left of such an edge has
-bias <= -2^15 and softmax weight exactly 0 with or without the clamp. dS keeps the inputs' dtype (bf16
-needs its range), also in hi + lo parts.
+Precision with bf16/fp16 inputs (fp32 inputs run every dot in fp32, "ieee", and Triton's exact log2):
+every fp32 operand goes through the tensor cores as hi + lo parts with fp32 accumulation, in fp16 22
+significant bits, about fp32 (scripts/split_precision.py measures the formats). z = p·r takes the parts
+from the host (``_path_operands``: one K = 32 dot, no per-element work); the in-tile suffix of ψ splits ψ
+in registers. ψ is clamped at -2^15 (log2 units) to stay in fp16's range: any key left of such an edge has
+bias <= -2^15 and softmax weight exactly 0 with or without the clamp. dS and the path gradients' tiles take
+parts in the inputs' dtype (bf16 needs its range). log2(1 + 2^-|z|) is the hardware's lg2.approx (one
+special-function instruction; Triton's log2 is a 20-instruction polynomial).
 
 Backward, with dS = P∘(dO·vᵀ - D) the gradient of the logits: the path gradient is the left prefix
 dψ(i, ℓ) = Σ_{j<ℓ} dS(i, j) = E_i - Σ_{j>=ℓ} dS(i, j), E_i = Σ_j dS(i, j) the row total (not zero in
@@ -28,7 +29,9 @@ bf16/fp16: docs/grape_ap_kernel.md), with the suffix again a running carry plus 
 ``_bwd_query`` (query-major: dq, dp and E) stores both running suffixes at every key-tile boundary;
 ``_bwd_key`` (key-major: dk, dv, dr) reads them back. The boundary values take
 8·B·H·pass_rows·⌈Tk/BLOCK_N⌉ bytes, linear in T for a fixed ``pass_rows``. Both kernels run the same
-tile function (``_backward_tile``).
+tile function (``_backward_tile``) on tiles of their own: the key-major kernel's key tiles are a whole
+number (RATIO) of the query-major kernel's, which stores the carries only at their edges. The tile sizes
+are those at which no kernel spills registers on sm_90 (``default_config``).
 
 The interpreter (TRITON_INTERPRET=1) runs these kernels on the CPU in fp32/fp16 for the tests; its bf16
 dot is wrong, so bf16 is checked on a GPU (scripts/gpu_check.sh).
