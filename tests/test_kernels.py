@@ -303,10 +303,11 @@ def boundary_index_under_interpreter(bh, n_key_tiles, key_tile, pass_rows, pass_
     from kernels.grape_ap_triton import boundary_index
 
     @triton.jit
-    def kernel(OUT, bh, n_key_tiles, key_tile, pass_rows, pass_row):
-        tl.store(OUT, boundary_index(bh, n_key_tiles, key_tile, pass_rows, pass_row))
+    def kernel(OUT, ARGS):  # int32 operands, as the kernels' program id and launch arguments are
+        tl.store(OUT, boundary_index(tl.load(ARGS), tl.load(ARGS + 1), tl.load(ARGS + 2), tl.load(ARGS + 3),
+                                     tl.load(ARGS + 4)))
     out = torch.zeros(1, dtype=torch.int64)
-    kernel[(1,)](out, bh, n_key_tiles, key_tile, pass_rows, pass_row)
+    kernel[(1,)](out, torch.tensor([bh, n_key_tiles, key_tile, pass_rows, pass_row], dtype=torch.int32))
     return out.item()
 
 
@@ -343,7 +344,7 @@ def test_triton_interpreter_matches_dense_reference(triton_results, index):
 def test_triton_fp16_path_gradients_as_accurate_as_attention_gradients(triton_results):
     # The path gradients dp, dr sum the logits' gradient over every key left of each edge. Written as a
     # suffix that assumes the rows of dS sum to zero, fp16/bf16 rounding of P and O made their error grow
-    # with T (dp 3.5e-2 relative at T = 512 against 7e-4 for dv); the left prefix keeps it at the level
+    # with T (dp 3.5e-2 relative at T = 512 against 7e-4 for dv); the left prefix keeps it below the level
     # of dq, dk, dv. Relative errors: max |error| / max |reference|, fp64 reference on the same inputs.
     case = LONG_FP16_CASE
     inputs, slopes = triton_case_inputs(case)
@@ -354,8 +355,10 @@ def test_triton_fp16_path_gradients_as_accurate_as_attention_gradients(triton_re
            for name, g, ref in zip("qkvpr", grads, ref_grads)}
     attention_worst = max(rel["q"], rel["k"], rel["v"])
     assert attention_worst < 2e-3, rel  # fp16's own level (unit roundoff 4.9e-4)
-    assert rel["p"] <= 4 * attention_worst and rel["r"] <= 4 * attention_worst, rel
-    assert ((out.double() - ref_out).abs().max() / ref_out.abs().max()).item() < 2e-3
+    # at most the attention gradients' error (measured 0.5x and 0.3x): the hi + lo operands of the path
+    # gradients' products and of the in-tile sums hold them there (one fp16 part each: 1.8x)
+    assert rel["p"] <= attention_worst and rel["r"] <= attention_worst, rel
+    assert ((out.double() - ref_out).abs().max() / ref_out.abs().max()).item() < 1e-3
 
 
 @pytest.mark.parametrize("index", range(len(MODEL_CASES)), ids=[f"{p}{'+kv_shift' if kv else ''}" for p, kv in MODEL_CASES])
