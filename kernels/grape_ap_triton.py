@@ -79,7 +79,7 @@ def _split_dot_both(x, y, acc, SPLIT: tl.constexpr, LOW: tl.constexpr):
 @triton.jit
 def boundary_index(bh, n_key_tiles, key_tile, pass_rows, pass_row):
     """Where the boundary carries of (batch·head bh, key tile, row of the pass) live: 64-bit, since
-    B·H·⌈Tk/BLOCK_N⌉·pass_rows passes 2³¹ at e.g. B·H = 256, Tk = 128k."""
+    B·H·⌈Tk/BLOCK_N⌉·pass_rows passes 2³¹ at e.g. B·H = 512, Tk = 128k in 32-key tiles."""
     return (bh.to(tl.int64) * n_key_tiles + key_tile) * pass_rows + pass_row
 
 

@@ -291,8 +291,9 @@ def empty_case_results(fn, B, H, Tq, Tk):
 LARGE_Z_SHAPE = (1, 2, 256, 256, 16, 8)
 LARGE_Z_TILES = (64, 64, 1, 1, 64, 64, 1, 1, 64, 64, 1, 1, 2048)
 DECODE_SHAPE = (1, 2, 37, 37, 16, 8)
-# (batch·head, key tiles, key tile, pass rows, row): (255·4096 + 4095)·2048 + 2047 = 2³¹ + 2³⁰ - 1 > 2³¹
-BOUNDARY_INDEX_ARGS = (255, 4096, 4095, 2048, 2047)
+# (batch·head, key tiles, key tile, pass rows, row) at B·H = 512, Tk = 128k in 32-key tiles:
+# (511·4096 + 4095)·2048 + 2047 = 2³² - 1, past int32
+BOUNDARY_INDEX_ARGS = (511, 4096, 4095, 2048, 2047)
 
 
 def boundary_index_under_interpreter(bh, n_key_tiles, key_tile, pass_rows, pass_row):
