@@ -5,7 +5,8 @@
 # Each Triton is installed once with `pip install --no-deps --target CACHE_DIR/VERSION triton==VERSION` and
 # used through PYTHONPATH; scripts/kernel_resources.py --brief compiles the separable kernel's and the GRAPE-AP
 # kernels' default tiles at D = 64 and 128 in bf16 and fp16 and reads registers and stack from the binaries.
-# A Triton that aborts (a failed assertion in its C++ passes) shows as "aborted" with the last line it printed.
+# A kernel that a Triton cannot build (an error, or a failed assertion that aborts its compiler process) is
+# named in the note column.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 cache=${1:-/tmp/triton-versions}
@@ -41,7 +42,9 @@ for pair in $pairs; do
         echo "$built of $lines build, $spill spill"
     }
     note=""
-    [ "$rc" -ne 0 ] && note="aborted (exit $rc) after: $(grep -v '^\s' "$log" | grep -i 'error\|assert' | tail -1 | cut -c1-160)"
+    failing=$(grep "fails:" "$log" | sed 's/^triton [^|]*| //; s/ | fails:.*//' | tr '\n' ',' | sed 's/,$//; s/,/, /g')
+    [ -n "$failing" ] && note="fail: $failing ($(grep -m1 "fails:" "$log" | sed 's/.*fails: //' | cut -c1-100))"
+    [ "$rc" -gt 1 ] && note="$note; the run itself ended with exit status $rc"
     echo "| $torch_versions | $version | $(summary separable) | $(summary grape_ap) | ${note//|//} |" | tee -a "$out.tmp"
 done
 mv "$out.tmp" "$out"
