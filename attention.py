@@ -12,7 +12,7 @@
   formulas read. Tests compare every fast path against it.
 
 ``attn_backend`` in the model config picks how a separable bias is applied ("lifted", "tile", or
-"auto": tile on CUDA with bf16/fp16 attention inputs when Triton imports, else lifted) or asks for
+"auto": tile on CUDA with bf16/fp16 attention inputs when Triton builds the kernel, else lifted) or asks for
 "dense"; encodings without a bias always run fused SDPA and GRAPE-AP always its own kernel.
 """
 from __future__ import annotations
@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from kernels import grape_ap_attention
 from kernels.lift import PARTS, split_lifted_columns
 from kernels.separable import separable_attention
+from kernels.triton_probe import DTYPE_NAMES, triton_builds
 from positional import AdditiveBias
 
 BACKENDS = ("auto", "lifted", "tile", "dense")
@@ -40,7 +41,8 @@ def resolve_backend(requested: str, bias: AdditiveBias | None, device: torch.dev
                     dtype: torch.dtype | None = None) -> str:
     """The backend one layer runs for attention inputs of ``dtype`` on ``device`` (None: only validate
     the name). "auto" takes the in-tile kernel only where it is built for: CUDA and bf16/fp16 inputs
-    (fp32 would run its dots without tensor cores, in tiles sized for half precision)."""
+    (fp32 would run its dots without tensor cores, in tiles sized for half precision), and only where the
+    installed Triton builds it (else one warning line and the lift)."""
     if requested not in BACKENDS:
         raise ValueError(f"unknown attn_backend {requested!r}; valid: {', '.join(BACKENDS)}")
     if requested == "dense":
@@ -52,7 +54,8 @@ def resolve_backend(requested: str, bias: AdditiveBias | None, device: torch.dev
     on_triton_device = device is not None and TRITON_AVAILABLE and (
         device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")
     if requested == "auto":
-        return "tile" if on_triton_device and dtype in HALF_DTYPES else "lifted"
+        return "tile" if on_triton_device and dtype in HALF_DTYPES and triton_builds("separable", DTYPE_NAMES[dtype]) \
+            else "lifted"
     if requested == "tile" and device is not None and not on_triton_device:
         raise ValueError("attn_backend='tile' runs a Triton kernel: it needs a CUDA device and the triton package "
                          f"(this model is on {device.type}{'' if TRITON_AVAILABLE else ', triton is not installed'}); "
@@ -65,7 +68,8 @@ def describe_backend(backend: str) -> str:
         "sdpa": "fused causal SDPA",
         "lifted": "fused causal SDPA on lifted q/k columns (homogeneous lift)",
         "tile": "Triton FlashAttention with the separable bias added in the tile (fp32)",
-        "path_integral": "GRAPE-AP path-integral attention (Triton kernel on CUDA, chunked elsewhere; O(T) memory)",
+        "path_integral": "GRAPE-AP path-integral attention (Triton kernels on CUDA, chunked elsewhere, one O(T) "
+                         "row per decoded token; O(T) memory)",
         "dense": "dense reference (materialised logits and bias)",
     }[backend]
 

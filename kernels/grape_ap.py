@@ -11,10 +11,12 @@ and S_i = F(i, t_i) constant per row (docs/derivations.md §4, docs/grape_ap_ker
   the backward pass, so training memory is O(T·block), not O(T²) (autograd through the loop would keep
   every block's intermediates; ``torch.utils.checkpoint`` per block measured 1.9x slower than this
   hand-written backward on the CPU at T = 2048, 1.2-1.9x at T = 512..4096: docs/benchmarks.md, ablation).
-* ``triton`` (CUDA): a FlashAttention-style kernel, see ``kernels/grape_ap_triton.py``.
+* ``triton`` (CUDA): FlashAttention-class kernels, see ``kernels/grape_ap_triton.py``; this module holds
+  their autograd wrapper (``grape_ap_triton``), the kernel module imports nothing from here.
+* ``decode``: one new query against the cache, one O(Tk) row (``decode_attention``).
 
-``grape_ap_attention`` picks Triton for CUDA tensors when Triton imports, the chunked path otherwise.
-Both run behind one PyTorch custom operator pair, ``grape::path_attention`` and its backward, each
+``grape_ap_attention(backend="auto")`` picks by ``auto_backend``. The chunked and Triton paths run behind
+one PyTorch custom operator pair, ``grape::path_attention`` and its backward, each
 with a shape-only "fake" implementation, so ``torch.compile`` traces a model straight through the
 attention (no graph break) and calls the kernel as one opaque node.
 
@@ -29,16 +31,9 @@ import functools
 import torch
 import torch.nn.functional as F
 
-BACKENDS = ("auto", "chunked", "triton")
+from kernels.triton_probe import DTYPE_NAMES, triton_builds
 
-
-def _triton_available() -> bool:
-    try:
-        from kernels import grape_ap_triton  # noqa: F401  (imports triton)
-    except ImportError:
-        return False
-    return True
-
+BACKENDS = ("auto", "chunked", "triton", "decode")
 
 def check_inputs(q, k, v, p, r, slopes) -> None:
     """One clear sentence per shape mistake instead of a broadcast error deep in a matmul."""
@@ -68,16 +63,43 @@ def grape_ap_attention(q, k, v, p, r, slopes, scale: float, *, backend: str = "a
     """GRAPE-AP attention. q (B,H,Tq,D), k (B,H,Tk,D), v (B,H,Tk,Dv); p (B,H,Tq,dp) the query path
     vectors already divided by d_p; r (B,H,Tk,dp) the rotated, RMS-normalised key path vectors;
     slopes (H,) the positive α_h (constants, no gradient); returns (B,H,Tq,Dv) in v's dtype.
-    Gradients flow to q, k, v, p and r."""
+    Gradients flow to q, k, v, p and r.
+
+    "auto": see ``auto_backend``."""
     check_inputs(q, k, v, p, r, slopes)
     if backend not in BACKENDS:
         raise ValueError(f"unknown grape_ap backend {backend!r}; valid: {', '.join(BACKENDS)}")
     if backend == "auto":
-        backend = "triton" if q.is_cuda and q.dtype != torch.float64 and _triton_available() else "chunked"
+        backend = auto_backend(q.device, q.dtype, q.shape[2])
+    if backend == "decode":
+        return decode_attention(q, k, v, p, r, slopes, scale)
     if backend == "triton":
-        from kernels.grape_ap_triton import grape_ap_triton
         return grape_ap_triton(q, k, v, p, r, slopes, scale)
     return grape_ap_chunked(q, k, v, p, r, slopes, scale, block_size=block_size)
+
+
+def auto_backend(device: torch.device, dtype: torch.dtype, n_queries: int) -> str:
+    """One decoding query: "decode" (O(Tk), any device). CUDA: the Triton kernels where this Triton builds
+    them (else one warning line and the chunked path). Elsewhere "chunked"."""
+    if n_queries == 1:
+        return "decode"
+    if device.type == "cuda" and dtype in DTYPE_NAMES and triton_builds("grape_ap", DTYPE_NAMES[dtype]):
+        return "triton"
+    return "chunked"
+
+
+def grape_ap_triton(q, k, v, p, r, slopes, scale: float, *, config=None):
+    """The Triton path (CUDA tensors, or CPU tensors under TRITON_INTERPRET=1), through the same
+    autograd-aware custom op as the chunked path. Returns v's dtype; dp, dr come back in p's and r's
+    dtypes. config: see ``kernels.grape_ap_triton.default_config``."""
+    from kernels.grape_ap_triton import default_config
+    if q.dtype != k.dtype or q.dtype != v.dtype:
+        raise ValueError(f"grape_ap (triton): q, k, v must share one dtype (got {q.dtype}, {k.dtype}, {v.dtype})")
+    # made contiguous (and p, r fp32) out here, so that autograd saves these copies for the backward
+    # instead of the op copying the model's strided q, k, v views once in each pass
+    q, k, v = (x.contiguous() for x in (q, k, v))
+    p, r = (x.float().contiguous() for x in (p, r))
+    return path_attention(q, k, v, p, r, slopes, scale, "triton", list(config or default_config(q.shape[3], q.dtype)))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -217,7 +239,7 @@ def chunked_forward(q, k, v, p, r, slopes, scale: float, block: int):
         logits, _ = _block_logits(q3[:, start:end], k3[:, :key_end], p3[:, start:end], r3[:, :key_end],
                                   neg_slopes, scale, diag_mask)
         torch.bmm(torch.softmax(logits, dim=-1), v3[:, :key_end], out=out[:, start:end])
-    return out.view(B, H, Tq, -1).to(v.dtype), q.new_empty(0, dtype=torch.float32)
+    return out.view(B, H, Tq, v.shape[3]).to(v.dtype), q.new_empty(0, dtype=torch.float32)
 
 
 @_no_autocast
@@ -230,8 +252,10 @@ def chunked_backward(grad_out, q, k, v, p, r, slopes, out, scale: float, block: 
     neg_slopes = _neg_slopes(slopes, B, q.device, dtype)
     offset = Tk - Tq
     row_dot = (do3 * out3).sum(-1, keepdim=True)  # D_i = dO_i·O_i = Σ_j P_ij dP_ij
-    dq, dp = torch.empty_like(q3), torch.empty_like(p3)
-    dk, dv, dr = torch.zeros_like(k3), torch.zeros_like(v3), torch.zeros_like(r3)
+    # contiguous like the op's fake outputs: *_like would copy the strides of a (B = 1) view of a
+    # transposed (B, T, H, D) tensor, and inductor checks the real strides against the fake ones
+    dq, dp = (torch.empty(x.shape, dtype=dtype, device=q.device) for x in (q3, p3))
+    dk, dv, dr = (torch.zeros(x.shape, dtype=dtype, device=q.device) for x in (k3, v3, r3))
     diag_mask = torch.ones(block, block, dtype=torch.bool, device=q.device).triu_(1)
     for start in range(0, Tq, block):
         end = min(start + block, Tq)
@@ -274,3 +298,19 @@ def grape_ap_chunked(q, k, v, p, r, slopes, scale: float, *, block_size: int | N
     B, H = q.shape[:2]
     block = block_size or default_block_size(B * H, k.shape[2])
     return path_attention(q, k, v, p, r, slopes, scale, "chunked", [block])
+
+
+@_no_autocast
+def decode_attention(q, k, v, p, r, slopes, scale: float):
+    """One query, the newest of the Tk positions (KV-cache decoding), in O(Tk) on any device: ψ for every
+    cached key, the bias b(j) = Σ_{ℓ>j} ψ(ℓ) as a reversed cumulative sum shifted by one key (the suffix
+    itself, no row-constant subtraction: fp32 accurate relative to |b|), one softmax row. On CUDA this
+    spreads the row over the whole GPU, where the tiled kernels would run one query tile per head with
+    all but one of its rows idle. fp32 (fp64 for fp64 inputs); returns v's dtype."""
+    dtype = _compute_dtype(q)
+    z = p.to(dtype) @ r.to(dtype).transpose(-1, -2)  # (B, H, 1, Tk)
+    psi = slopes.to(device=q.device, dtype=dtype).view(1, -1, 1, 1) * F.logsigmoid(z)
+    suffix = psi.flip(-1).cumsum(-1).flip(-1)  # Σ_{ℓ>=j} ψ(ℓ)
+    bias = F.pad(suffix[..., 1:], (0, 1))  # Σ_{ℓ>j} ψ(ℓ); the newest key has none
+    logits = scale * (q.to(dtype) @ k.to(dtype).transpose(-1, -2)) + bias
+    return (torch.softmax(logits, dim=-1) @ v.to(dtype)).to(v.dtype)

@@ -1,194 +1,328 @@
-"""Triton FlashAttention-style kernel for GRAPE-AP attention (forward and backward), O(T) memory.
+"""Triton FlashAttention-class kernels for GRAPE-AP attention (forward and backward), O(T) memory.
 
-Same contract as ``kernels.grape_ap.grape_ap_attention``. Per program: one (batch·head, query tile).
+Same contract as ``kernels.grape_ap.grape_ap_attention``; the derivation is in docs/grape_ap_kernel.md.
 
-Forward. Key tiles are visited from the diagonal towards key 0 (softmax does not care about the
-order), carrying per query row the *suffix* sum carry_i = Σ_{ℓ >= end of tile, ℓ <= t_i} ψ(i, ℓ). Inside
-a tile, bias(i, j) = carry_i + Σ_{j<ℓ<tile end} ψ(i, ℓ) = carry_i + total_i - cumsum_i(j). This is the
-bias itself (<= 0, small where the attention weight is large), not the left prefix sum shifted by
-a row constant, so its fp32 rounding error is relative to the bias, not to the whole row's sum.
-Then the usual online softmax; ψ = α·logsigmoid(p·rᵀ) is a (tile × tile × d_p) dot.
+Forward: one program per (batch·head, query tile) visits key tiles from the diagonal towards key 0 and
+carries, per query row, the suffix carry_i = Σ ψ(i, ℓ) over the keys right of the tile (ℓ <= t_i). Inside
+a tile the bias is carry_i plus the in-tile suffix Σ_{j<ℓ<tile end} ψ(i, ℓ), computed on the tensor cores
+as ψ·GT with GT[ℓ, j] = [ℓ > j] a triangular matrix of ones (the design of stick-breaking attention's
+kernels). Every sum is fp32 and covers only one tile, and ψ <= 0, so the bias carries fp32's error
+relative to |bias| (no carry + total - cumsum cancellation). Then the online softmax.
 
-Backward, with dS = P∘(dO·vᵀ - D) the gradient of the logits. The path gradient is the *left prefix*
-dψ(i, ℓ) = Σ_{j<ℓ} dS(i, j) (bias(i, j) contains ψ(i, ℓ) exactly when j < ℓ <= t_i). The right-to-left
-order gives running suffixes Σ_{j>=ℓ} dS(i, j), so it is written E_i - suffix with E_i = Σ_j dS(i, j).
-E_i is zero in exact arithmetic but not in bf16/fp16: the forward rounds P to the input dtype for the
-P·v product and O to the output dtype, so D_i = dO_i·O_i differs from Σ_j P_ij dP_ij by about one
-rounding unit. Dropping E_i (the suffix alone) puts that error on every ℓ to the left of where the
-row's attention lies, and dp, dr then sum it over all t_i of them: an error that grows with T
-(measured before this form: fp16 dp relative error 1.4e-2 at T = 256, 3.5e-2 at T = 512, against
-5e-4 for dq/dk/dv). With E_i the error of dψ(i, ℓ) is bounded by |E_i|·Σ_{j<ℓ} P_ij.
+Everything runs in the exp2/log2 domain: z = p·r·log2(e) (log2(e) folded into p on the host), so
+ψ·log2(e) = α·(min(z, 0) - log2(1 + 2^-|z|)) without another constant, and the logits are
+s = q·k·(scale·log2 e) + bias. Tiles wholly below the diagonal take a loop without mask work.
 
-Two kernels, both without atomics (deterministic), run once per *pass* of ``pass_rows`` query rows:
-``_bwd_query`` (query-major, like the forward) gives dq, dp and E, and stores both running suffixes at
-every key-tile boundary of the pass's rows; ``_bwd_key`` (key-major) reads them back to rebuild the
-same bias and gradient suffixes and adds the pass's share of dk, dv, dr. The boundary values take
-8·B·H·pass_rows·⌈Tk/BLOCK_N⌉ bytes: linear in T for a fixed ``pass_rows`` (one pass covers T <= pass_rows).
+Precision with bf16/fp16 inputs (fp32 inputs run every dot in fp32, "ieee", and Triton's exact log2):
+every fp32 operand goes through the tensor cores as hi + lo parts with fp32 accumulation, in fp16 22
+significant bits, about fp32 (scripts/split_precision.py measures the formats). z = p·r takes the parts
+from the host (``_path_operands``: one K = 32 dot, no per-element work); the in-tile suffix of ψ splits ψ
+in registers. ψ is clamped at -2^15 (log2 units) to stay in fp16's range: any key left of such an edge has
+bias <= -2^15 and softmax weight exactly 0 with or without the clamp. dS and the path gradients' tiles take
+parts in the inputs' dtype (bf16 needs its range). log2(1 + 2^-|z|) is the hardware's lg2.approx (one
+special-function instruction; Triton's log2 is a 20-instruction polynomial).
 
-Accumulation is fp32 throughout (inputs bf16/fp16/fp32). The path vectors p, r are passed as fp32;
-their dot uses 3xTF32 on the GPU (about fp32 accuracy at a small fraction of the q·k cost).
-The interpreter (TRITON_INTERPRET=1) runs these kernels on the CPU in fp32/fp16 for the tests; its
-bf16 dot is wrong, so bf16 is checked on a GPU (scripts/gpu_check.sh).
+Backward, with dS = P∘(dO·vᵀ - D) the gradient of the logits: the path gradient is the left prefix
+dψ(i, ℓ) = Σ_{j<ℓ} dS(i, j) = E_i - Σ_{j>=ℓ} dS(i, j), E_i = Σ_j dS(i, j) the row total (not zero in
+bf16/fp16: docs/grape_ap_kernel.md), with the suffix again a running carry plus a triangular dot
+(GE[j, ℓ] = [j >= ℓ]). Two kernels per pass of ``pass_rows`` query rows, without atomics (deterministic):
+``_bwd_query`` (query-major: dq, dp and E) stores both running suffixes at every key-tile boundary;
+``_bwd_key`` (key-major: dk, dv, dr) reads them back. The boundary values take
+8·B·H·pass_rows·⌈Tk/BLOCK_N⌉ bytes, linear in T for a fixed ``pass_rows``. Both kernels run the same
+tile function (``_backward_tile``) on tiles of their own: the key-major kernel's key tiles are a whole
+number (RATIO) of the query-major kernel's, which stores the carries only at their edges. The tile sizes
+are those at which no kernel spills registers on sm_90 (``default_config``).
+
+The interpreter (TRITON_INTERPRET=1) runs these kernels on the CPU in fp32/fp16 for the tests; its bf16
+dot is wrong, so bf16 is checked on a GPU (scripts/gpu_check.sh).
 """
 from __future__ import annotations
+
+import math
 
 import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_common import INTERPRET, load_tile, pow2, query_tile, store_tile
+from kernels.triton_common import INTERPRET, key_tile_range, load_tile, online_softmax, pow2, query_tile, store_tile
 
-
-
-@triton.jit
-def _logsigmoid_and_slope(z):
-    """logsigmoid(z) and its derivative sigmoid(-z), both without overflow for any z."""
-    e = tl.exp(-tl.abs(z))
-    log_sig = tl.minimum(z, 0.0) - tl.log(1.0 + e)
-    sig_neg = tl.where(z >= 0, e, 1.0) / (1.0 + e)
-    return log_sig, sig_neg
+LOG2E = 1.0 / math.log(2.0)
 
 
 @triton.jit
-def _path_bias(p, r, slope, carry, visible, Z_PRECISION: tl.constexpr):
-    """One tile's bias(i, j) = carry_i + Σ_{j<ℓ<tile end, ℓ<=t_i} ψ(i, ℓ), the tile's ψ row sums (the
-    next carry increment) and sigmoid(-z) for the backward pass."""
-    log_sig, sig_neg = _logsigmoid_and_slope(tl.dot(p, tl.trans(r), input_precision=Z_PRECISION))
-    psi = tl.where(visible, slope * log_sig, 0.0)
-    tile_total = tl.sum(psi, axis=1)
-    bias = carry[:, None] + tile_total[:, None] - tl.cumsum(psi, axis=1)
-    return bias, tile_total, sig_neg
+def _split_dot(x, y, acc, SPLIT: tl.constexpr):
+    """acc + x·y with fp32 accumulation, x fp32: as hi + lo parts in y's dtype (SPLIT), else one fp32 dot.
+    Two parts keep 22 bits (fp16) or 16 bits (bf16) of x, and down to 2^-25 absolute where fp16's lo part
+    is subnormal."""
+    if SPLIT:
+        hi = x.to(y.dtype)
+        acc = tl.dot(hi, y, acc)
+        acc = tl.dot((x - hi.to(tl.float32)).to(y.dtype), y, acc)
+    else:
+        acc = tl.dot(x, y, acc, input_precision="ieee")
+    return acc
 
 
 @triton.jit
-def _probs_and_ds(q, k, v, do, bias, lse, delta, visible, scale, QK_PRECISION: tl.constexpr):
-    """The backward pass's recomputed attention weights P and dS = P∘(dO·vᵀ - D) of one tile."""
-    s = tl.dot(q, tl.trans(k), input_precision=QK_PRECISION) * scale + bias
-    probs = tl.where(visible, tl.exp(s - lse[:, None]), 0.0)
-    ds = probs * (tl.dot(do, tl.trans(v), input_precision=QK_PRECISION) - delta[:, None])
-    return probs, ds
+def _split_dot_both(x, y, acc, SPLIT: tl.constexpr, LOW: tl.constexpr):
+    """acc + x·y for fp32 x and y: hi + lo parts of both in LOW (three dots, hi·hi + lo·hi + hi·lo),
+    else one fp32 dot. For the path gradients, whose small y (r or p) would otherwise be rounded once."""
+    if SPLIT:
+        y_hi = y.to(LOW)
+        acc = _split_dot(x, y_hi, acc, SPLIT)
+        acc = tl.dot(x.to(LOW), (y - y_hi.to(tl.float32)).to(LOW), acc)
+    else:
+        acc = tl.dot(x, y, acc, input_precision="ieee")
+    return acc
 
 
 @triton.jit
-def _path_grad_parts(ds, carry_ds, visible, cols, slope, sig_neg):
-    """The two parts of dz(i, ℓ) = dψ(i, ℓ)·α·sigmoid(-z) = weight·(E_i - suffix): the running suffix
-    Σ_{j>=ℓ} dS(i, j), the weight α·sigmoid(-z) (zero for ℓ = 0, which no bias contains, and for ℓ > t_i),
-    and the tile's dS row sums (the next carry_ds increment)."""
-    ds_total = tl.sum(ds, axis=1)
-    suffix = carry_ds[:, None] + ds_total[:, None] - tl.cumsum(ds, axis=1) + ds
-    weight = tl.where(visible & (cols[None, :] >= 1), slope * sig_neg, 0.0)
-    return suffix, weight, ds_total
+def boundary_index(bh, n_key_tiles, key_tile, pass_rows, pass_row):
+    """Where the boundary carries of (batch·head bh, key tile, row of the pass) live: 64-bit, since
+    B·H·⌈Tk/BLOCK_N⌉·pass_rows passes 2³¹ at e.g. B·H = 512, Tk = 128k in 32-key tiles."""
+    return (bh.to(tl.int64) * n_key_tiles + key_tile) * pass_rows + pass_row
 
 
 @triton.jit
-def _fwd(Q, K, V, P, R, SLOPES, OUT, LSE, scale, Tq, Tk, H, D, DV, DP,
-         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-         BLOCK_DP: tl.constexpr, Z_PRECISION: tl.constexpr, QK_PRECISION: tl.constexpr):
+def _triangle(BLOCK_N: tl.constexpr, GREATER_EQUAL: tl.constexpr, DTYPE: tl.constexpr):
+    """GT[a, b] = [a > b], or GE[a, b] = [a >= b], in DTYPE."""
+    a = tl.arange(0, BLOCK_N)
+    if GREATER_EQUAL:
+        tri = tl.where(a[:, None] >= a[None, :], 1.0, 0.0)
+    else:
+        tri = tl.where(a[:, None] > a[None, :], 1.0, 0.0)
+    return tri.to(DTYPE)  # through fp32: Triton 3.0-3.2 lower a bool-to-fp16 cast to an invalid integer op
+
+
+@triton.jit
+def _triangles(BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, LOW: tl.constexpr):
+    """GT for the in-tile suffix of ψ (fp16 parts) and GE for that of dS (parts in the inputs' dtype LOW)."""
+    if SPLIT:
+        gt = _triangle(BLOCK_N, False, tl.float16)
+        ge = _triangle(BLOCK_N, True, LOW)
+    else:
+        gt = _triangle(BLOCK_N, False, tl.float32)
+        ge = _triangle(BLOCK_N, True, tl.float32)
+    return gt, ge
+
+
+@triton.jit
+def _log2(x, FAST: tl.constexpr):
+    """log2 for x in [1, 2]: one MUFU.LG2 (absolute error about 2^-22) where FAST, else Triton's exact
+    log2 (about 20 instructions). The interpreter cannot run PTX."""
+    if FAST:
+        y = tl.inline_asm_elementwise("lg2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True,
+                                      pack=1)
+    else:
+        y = tl.log2(x)
+    return y
+
+
+@triton.jit
+def _biased_logits(q, k, pz, rz, carry, slope, qk_scale, gt, visible, MASKED: tl.constexpr, SPLIT: tl.constexpr,
+                   FAST_LOG2: tl.constexpr, QK_PRECISION: tl.constexpr, WITH_WEIGHT: tl.constexpr):
+    """One tile's logits s = q·k·scale·log2(e) + bias (log2 units; -inf past the diagonal when MASKED),
+    its ψ·log2(e) (zero past the diagonal) and, WITH_WEIGHT, the path gradient's weight α·sigmoid(-z)."""
+    z = tl.dot(pz, tl.trans(rz), input_precision="ieee")  # z·log2(e), see _path_operands
+    e = tl.exp2(-tl.abs(z))
+    soft = _log2(1.0 + e, FAST_LOG2)  # log2(1 + 2^-|z|): logsigmoid = min(z, 0) - soft, overflow-free
+    psi = tl.maximum(slope * (tl.minimum(z, 0.0) - soft), -32768.0)
+    weight = psi  # unused unless WITH_WEIGHT
+    if WITH_WEIGHT:  # α·sigmoid(-z) = α·(2^-|z| if z >= 0 else 1) / (1 + 2^-|z|), 2^-soft = 1/(1 + 2^-|z|);
+        # before the dots below, so that z, e and soft are dead during them
+        weight = slope * tl.where(z >= 0, e, 1.0) * tl.exp2(-soft)
+        if MASKED:
+            weight = tl.where(visible, weight, 0.0)
+    if MASKED:
+        psi = tl.where(visible, psi, 0.0)
+    s = tl.dot(q, tl.trans(k), input_precision=QK_PRECISION) * qk_scale + carry[:, None]
+    s = _split_dot(psi, gt, s, SPLIT)
+    if MASKED:
+        s = tl.where(visible, s, float("-inf"))
+    return s, psi, weight
+
+
+@triton.jit
+def _fwd_tiles(acc, m_i, l_i, carry, q, pz, t, K, V, RZ, bh, Tk, slope, qk_scale, gt, lo, hi,
+               D: tl.constexpr, DV: tl.constexpr, KZ: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+               BLOCK_N: tl.constexpr, MASKED: tl.constexpr, SPLIT: tl.constexpr, FAST_LOG2: tl.constexpr,
+               QK_PRECISION: tl.constexpr):
+    for it in range(lo, hi):
+        kb = lo + hi - 1 - it  # right to left: the suffix sums are then running sums
+        cols = kb * BLOCK_N + tl.arange(0, BLOCK_N)
+        col_ok = cols < Tk
+        k = load_tile(K, bh, Tk, cols, col_ok, D, BLOCK_D)
+        v = load_tile(V, bh, Tk, cols, col_ok, DV, BLOCK_DV)
+        rz = load_tile(RZ, bh, Tk, cols, col_ok, KZ, KZ)
+        visible = cols[None, :] <= t[:, None]
+        s, psi, _ = _biased_logits(q, k, pz, rz, carry, slope, qk_scale, gt, visible,
+                                   MASKED, SPLIT, FAST_LOG2, QK_PRECISION, False)
+        acc, m_i, l_i = online_softmax(acc, m_i, l_i, s, v, QK_PRECISION, True)
+        carry += tl.sum(psi, axis=1)
+    return acc, m_i, l_i, carry
+
+
+@triton.jit
+def _fwd(Q, K, V, PZ, RZ, SLOPES, OUT, LSE, qk_scale, Tq, Tk, H,
+         D: tl.constexpr, DV: tl.constexpr, KZ: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+         BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, SPLIT: tl.constexpr, FAST_LOG2: tl.constexpr,
+         QK_PRECISION: tl.constexpr):
     bh, rows, row_ok, t = query_tile(Tq, Tk, BLOCK_M)
     slope = tl.load(SLOPES + bh % H)
-    d = tl.arange(0, BLOCK_D)
-    dv = tl.arange(0, BLOCK_DV)
-    dp = tl.arange(0, BLOCK_DP)
-    q = load_tile(Q, bh, Tq, rows, row_ok, d, D)
-    p = load_tile(P, bh, Tq, rows, row_ok, dp, DP)
+    q = load_tile(Q, bh, Tq, rows, row_ok, D, BLOCK_D)
+    pz = load_tile(PZ, bh, Tq, rows, row_ok, KZ, KZ)
+    gt, _ = _triangles(BLOCK_N, SPLIT, Q.dtype.element_ty)
 
     m_i = tl.full([BLOCK_M], -1e30, tl.float32)  # finite: a row may see no key in its first tiles
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
     carry = tl.zeros([BLOCK_M], tl.float32)
-    last_key = tl.minimum(Tk - Tq + tl.program_id(0) * BLOCK_M + BLOCK_M - 1, Tk - 1)
-    n_tiles = last_key // BLOCK_N + 1
-    for it in range(0, n_tiles):
-        kb = n_tiles - 1 - it  # right to left: the suffix sums are then running sums
-        cols = kb * BLOCK_N + tl.arange(0, BLOCK_N)
-        col_ok = cols < Tk
-        k = load_tile(K, bh, Tk, cols, col_ok, d, D)
-        v = load_tile(V, bh, Tk, cols, col_ok, dv, DV)
-        r = load_tile(R, bh, Tk, cols, col_ok, dp, DP)
-        visible = (cols[None, :] <= t[:, None]) & col_ok[None, :]
-        bias, tile_total, _ = _path_bias(p, r, slope, carry, visible, Z_PRECISION)
-        s = tl.dot(q, tl.trans(k), input_precision=QK_PRECISION) * scale + bias
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        probs = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(probs, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(probs.to(v.dtype), v, input_precision=QK_PRECISION)
-        m_i = m_new
-        carry += tile_total
-    out = acc / l_i[:, None]
-    store_tile(OUT, out.to(OUT.dtype.element_ty), bh, Tq, rows, row_ok, dv, DV)
-    tl.store(LSE + bh * Tq + rows, m_i + tl.log(l_i), mask=row_ok)
+    n_full, n_tiles = key_tile_range(tl.program_id(0) * BLOCK_M, Tq, Tk, BLOCK_M, BLOCK_N)
+    acc, m_i, l_i, carry = _fwd_tiles(acc, m_i, l_i, carry, q, pz, t, K, V, RZ, bh, Tk, slope, qk_scale, gt,
+                                      n_full, n_tiles, D, DV, KZ, BLOCK_D, BLOCK_DV, BLOCK_N, True, SPLIT,
+                                      FAST_LOG2, QK_PRECISION)
+    acc, m_i, l_i, carry = _fwd_tiles(acc, m_i, l_i, carry, q, pz, t, K, V, RZ, bh, Tk, slope, qk_scale, gt,
+                                      0, n_full, D, DV, KZ, BLOCK_D, BLOCK_DV, BLOCK_N, False, SPLIT,
+                                      FAST_LOG2, QK_PRECISION)
+    store_tile(OUT, (acc / l_i[:, None]).to(OUT.dtype.element_ty), bh, Tq, rows, row_ok, DV, BLOCK_DV)
+    tl.store(LSE + bh * Tq + rows, m_i + tl.log2(l_i), mask=row_ok)  # log2 units, read by the backward
 
 
 @triton.jit
-def _bwd_query(Q, K, V, P, R, SLOPES, DO, LSE, DELTA, DQ, DPATH, DS_TOTAL, CARRY_PSI, CARRY_DS,
-               scale, Tq, Tk, H, D, DV, DP, N_KTILES, PASS_ROWS, first_row,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-               BLOCK_DP: tl.constexpr, Z_PRECISION: tl.constexpr, QK_PRECISION: tl.constexpr):
-    pid_m = tl.program_id(0)
+def _backward_tile(q, k, v, do, pz, rz, lse, delta, carry, slope, qk_scale, gt, visible,
+                   MASKED: tl.constexpr, SPLIT: tl.constexpr, FAST_LOG2: tl.constexpr, QK_PRECISION: tl.constexpr):
+    """What both backward kernels recompute of one tile: P, dS, ψ and the path weight α·sigmoid(-z)."""
+    s, psi, weight = _biased_logits(q, k, pz, rz, carry, slope, qk_scale, gt, visible,
+                                    MASKED, SPLIT, FAST_LOG2, QK_PRECISION, True)
+    probs = tl.exp2(s - lse[:, None])  # exactly 0 past the diagonal (s = -inf there)
+    ds = probs * (tl.dot(do, tl.trans(v), input_precision=QK_PRECISION) - delta[:, None])
+    return probs, ds, psi, weight
+
+
+@triton.jit
+def _bwd_query_tiles(dq, dpath_weight, dpath_suffix, carry, carry_ds, q, do, pz, lse, delta, t, row_ok, pass_rows,
+                     K, V, R, RZ, CARRY_PSI, CARRY_DS, bh, Tk, N_KTILES, PASS_ROWS, slope, qk_scale,
+                     gt, ge, lo, hi, D: tl.constexpr, DV: tl.constexpr, DP: tl.constexpr,
+                     KZ: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DP: tl.constexpr,
+                     BLOCK_N: tl.constexpr, RATIO: tl.constexpr, MASKED: tl.constexpr, SPLIT: tl.constexpr,
+                     FAST_LOG2: tl.constexpr, QK_PRECISION: tl.constexpr):
+    for it in range(lo, hi):
+        kb = lo + hi - 1 - it
+        cols = kb * BLOCK_N + tl.arange(0, BLOCK_N)
+        col_ok = cols < Tk
+        k = load_tile(K, bh, Tk, cols, col_ok, D, BLOCK_D)
+        v = load_tile(V, bh, Tk, cols, col_ok, DV, BLOCK_DV)
+        rz = load_tile(RZ, bh, Tk, cols, col_ok, KZ, KZ)
+        # r_0 as zero: ψ(i, 0) is in no bias, so key 0 adds nothing to dp (its dψ is zero only up to rounding)
+        r = load_tile(R, bh, Tk, cols, col_ok & (cols >= 1), DP, BLOCK_DP)
+        # the key-major kernel restarts from these values at the right edge of each of its key tiles (RATIO
+        # of these)
+        boundary = boundary_index(bh, N_KTILES, kb // RATIO, PASS_ROWS, pass_rows)
+        edge = row_ok & ((pass_rows * 0 + kb % RATIO) == RATIO - 1)  # row-shaped: the interpreter's masks
+        tl.store(CARRY_PSI + boundary, carry, mask=edge)
+        tl.store(CARRY_DS + boundary, carry_ds, mask=edge)
+        visible = cols[None, :] <= t[:, None]
+        _, ds, psi, weight = _backward_tile(q, k, v, do, pz, rz, lse, delta, carry, slope, qk_scale, gt, visible,
+                                            MASKED, SPLIT, FAST_LOG2, QK_PRECISION)
+        dq += tl.dot(ds.to(k.dtype), k, input_precision=QK_PRECISION)
+        suffix = _split_dot(ds, ge, tl.zeros_like(ds), SPLIT)  # Σ_{j>=ℓ} dS(i, j) within the tile
+        # dp_i = Σ_ℓ weight·(E_i - carry_ds_i - suffix)·r_ℓ with E_i known only at the end of the row:
+        # accumulate Σ weight·r (one part: E_i is a rounding error, its term small) and
+        # Σ weight·(carry_ds + suffix)·r (hi + lo parts: the products carry the path gradient) apart
+        dpath_weight += tl.dot(weight.to(ge.dtype), r.to(ge.dtype), input_precision=QK_PRECISION)
+        dpath_suffix = _split_dot_both(weight * (carry_ds[:, None] + suffix), r, dpath_suffix, SPLIT, ge.dtype)
+        carry += tl.sum(psi, axis=1)
+        carry_ds += tl.sum(ds, axis=1)
+    return dq, dpath_weight, dpath_suffix, carry, carry_ds
+
+
+@triton.jit
+def _bwd_query(Q, K, V, R, PZ, RZ, SLOPES, DO, LSE, DELTA, DQ, DPATH, DS_TOTAL, CARRY_PSI, CARRY_DS,
+               qk_scale, Tq, Tk, H, N_KTILES, PASS_ROWS, first_row,
+               D: tl.constexpr, DV: tl.constexpr, DP: tl.constexpr, KZ: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DP: tl.constexpr,
+               RATIO: tl.constexpr, SPLIT: tl.constexpr, FAST_LOG2: tl.constexpr, QK_PRECISION: tl.constexpr):
     bh = tl.program_id(1)
     slope = tl.load(SLOPES + bh % H)
-    offset = Tk - Tq
-    pass_rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # row index within this pass
+    pass_rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # row index within this pass
     rows = first_row + pass_rows
     row_ok = rows < Tq
-    t = rows + offset
-    d = tl.arange(0, BLOCK_D)
-    dv = tl.arange(0, BLOCK_DV)
-    dp = tl.arange(0, BLOCK_DP)
-    q = load_tile(Q, bh, Tq, rows, row_ok, d, D)
-    p = load_tile(P, bh, Tq, rows, row_ok, dp, DP)
-    do = load_tile(DO, bh, Tq, rows, row_ok, dv, DV)
+    t = rows + (Tk - Tq)
+    q = load_tile(Q, bh, Tq, rows, row_ok, D, BLOCK_D)
+    pz = load_tile(PZ, bh, Tq, rows, row_ok, KZ, KZ)
+    do = load_tile(DO, bh, Tq, rows, row_ok, DV, BLOCK_DV)
     lse = tl.load(LSE + bh * Tq + rows, mask=row_ok, other=0.0)
     delta = tl.load(DELTA + bh * Tq + rows, mask=row_ok, other=0.0)
+    gt, ge = _triangles(BLOCK_N, SPLIT, Q.dtype.element_ty)
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    dpath_suffix = tl.zeros([BLOCK_M, BLOCK_DP], tl.float32)  # Σ_ℓ weight·suffix·r_ℓ
     dpath_weight = tl.zeros([BLOCK_M, BLOCK_DP], tl.float32)  # Σ_ℓ weight·r_ℓ, times E_i at the end
+    dpath_suffix = tl.zeros([BLOCK_M, BLOCK_DP], tl.float32)  # Σ_ℓ weight·Σ_{j>=ℓ} dS·r_ℓ
     carry = tl.zeros([BLOCK_M], tl.float32)
     carry_ds = tl.zeros([BLOCK_M], tl.float32)
-    last_key = tl.minimum(offset + first_row + pid_m * BLOCK_M + BLOCK_M - 1, Tk - 1)
-    n_tiles = last_key // BLOCK_N + 1
-    for it in range(0, n_tiles):
-        kb = n_tiles - 1 - it
-        cols = kb * BLOCK_N + tl.arange(0, BLOCK_N)
-        col_ok = cols < Tk
-        k = load_tile(K, bh, Tk, cols, col_ok, d, D)
-        v = load_tile(V, bh, Tk, cols, col_ok, dv, DV)
-        r = load_tile(R, bh, Tk, cols, col_ok, dp, DP)
-        # the key-major kernel restarts from these boundary values
-        boundary = (bh * N_KTILES + kb) * PASS_ROWS + pass_rows
-        tl.store(CARRY_PSI + boundary, carry, mask=row_ok)
-        tl.store(CARRY_DS + boundary, carry_ds, mask=row_ok)
-
-        visible = (cols[None, :] <= t[:, None]) & col_ok[None, :]
-        bias, tile_total, sig_neg = _path_bias(p, r, slope, carry, visible, Z_PRECISION)
-        _, ds = _probs_and_ds(q, k, v, do, bias, lse, delta, visible, scale, QK_PRECISION)
-        dq += tl.dot(ds.to(k.dtype), k, input_precision=QK_PRECISION)
-        suffix, weight, ds_total = _path_grad_parts(ds, carry_ds, visible, cols, slope, sig_neg)
-        dpath_suffix += tl.dot(weight * suffix, r, input_precision=Z_PRECISION)
-        dpath_weight += tl.dot(weight, r, input_precision=Z_PRECISION)
-        carry += tile_total
-        carry_ds += ds_total
+    n_full, n_tiles = key_tile_range(first_row + tl.program_id(0) * BLOCK_M, Tq, Tk, BLOCK_M, BLOCK_N)
+    # whole key-kernel tiles, so that every boundary the key kernel reads is stored (the extra tiles are
+    # past every row's diagonal: masked, they add nothing)
+    n_tiles = tl.cdiv(n_tiles, RATIO) * RATIO
+    dq, dpath_weight, dpath_suffix, carry, carry_ds = _bwd_query_tiles(
+        dq, dpath_weight, dpath_suffix, carry, carry_ds, q, do, pz, lse, delta, t, row_ok, pass_rows, K, V, R, RZ,
+        CARRY_PSI, CARRY_DS, bh, Tk, N_KTILES, PASS_ROWS, slope, qk_scale, gt, ge, n_full, n_tiles,
+        D, DV, DP, KZ, BLOCK_D, BLOCK_DV, BLOCK_DP, BLOCK_N, RATIO, True, SPLIT, FAST_LOG2, QK_PRECISION)
+    dq, dpath_weight, dpath_suffix, carry, carry_ds = _bwd_query_tiles(
+        dq, dpath_weight, dpath_suffix, carry, carry_ds, q, do, pz, lse, delta, t, row_ok, pass_rows, K, V, R, RZ,
+        CARRY_PSI, CARRY_DS, bh, Tk, N_KTILES, PASS_ROWS, slope, qk_scale, gt, ge, 0, n_full,
+        D, DV, DP, KZ, BLOCK_D, BLOCK_DV, BLOCK_DP, BLOCK_N, RATIO, False, SPLIT, FAST_LOG2, QK_PRECISION)
     row_total = carry_ds  # E_i = Σ_j dS(i, j)
     tl.store(DS_TOTAL + bh * Tq + rows, row_total, mask=row_ok)
-    store_tile(DQ, dq * scale, bh, Tq, rows, row_ok, d, D)
-    store_tile(DPATH, row_total[:, None] * dpath_weight - dpath_suffix, bh, Tq, rows, row_ok, dp, DP)
+    store_tile(DQ, dq * (qk_scale * 0.6931471805599453), bh, Tq, rows, row_ok, D, BLOCK_D)  # × scale
+    store_tile(DPATH, row_total[:, None] * dpath_weight - dpath_suffix, bh, Tq, rows, row_ok, DP, BLOCK_DP)
 
 
 @triton.jit
-def _accumulate_tile(ptr, value, bh, n_rows, rows, row_ok, cols, width, ACCUMULATE: tl.constexpr):
+def _bwd_key_tiles(dk, dv_acc, dr, k, v, rz, cols, Q, P, PZ, DO, LSE, DELTA, DS_TOTAL, CARRY_PSI, CARRY_DS, bh, kb,
+                   Tq, offset, N_KTILES, PASS_ROWS, first_row, end_row, slope, qk_scale, gt, ge,
+                   lo, hi, D: tl.constexpr, DV: tl.constexpr, DP: tl.constexpr, KZ: tl.constexpr,
+                   BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DP: tl.constexpr, BLOCK_M: tl.constexpr,
+                   MASKED: tl.constexpr, SPLIT: tl.constexpr, FAST_LOG2: tl.constexpr,
+                   QK_PRECISION: tl.constexpr):
+    for mb in range(lo, hi):
+        rows = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = rows < end_row
+        q = load_tile(Q, bh, Tq, rows, row_ok, D, BLOCK_D)
+        pz = load_tile(PZ, bh, Tq, rows, row_ok, KZ, KZ)
+        do = load_tile(DO, bh, Tq, rows, row_ok, DV, BLOCK_DV)
+        lse = tl.load(LSE + bh * Tq + rows, mask=row_ok, other=0.0)
+        delta = tl.load(DELTA + bh * Tq + rows, mask=row_ok, other=0.0)
+        row_total = tl.load(DS_TOTAL + bh * Tq + rows, mask=row_ok, other=0.0)
+        boundary = boundary_index(bh, N_KTILES, kb, PASS_ROWS, rows - first_row)
+        carry = tl.load(CARRY_PSI + boundary, mask=row_ok, other=0.0)
+        carry_ds = tl.load(CARRY_DS + boundary, mask=row_ok, other=0.0)
+        visible = (cols[None, :] <= rows[:, None] + offset) & row_ok[:, None]
+        probs, ds, _, weight = _backward_tile(q, k, v, do, pz, rz, lse, delta, carry, slope, qk_scale, gt, visible,
+                                              MASKED, SPLIT, FAST_LOG2, QK_PRECISION)
+        dv_acc += tl.dot(tl.trans(probs.to(do.dtype)), do, input_precision=QK_PRECISION)
+        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=QK_PRECISION)
+        suffix = _split_dot(ds, ge, tl.zeros_like(ds), SPLIT)
+        dz = weight * ((row_total - carry_ds)[:, None] - suffix)  # weight·dψ, dψ(i, ℓ) = Σ_{j<ℓ} dS(i, j)
+        p = load_tile(P, bh, Tq, rows, row_ok, DP, BLOCK_DP)
+        dr = _split_dot_both(tl.trans(dz), p, dr, SPLIT, ge.dtype)
+    return dk, dv_acc, dr
+
+
+@triton.jit
+def _accumulate_tile(ptr, value, bh, n_rows, rows, row_ok, WIDTH: tl.constexpr, BLOCK: tl.constexpr,
+                     ACCUMULATE: tl.constexpr):
     if ACCUMULATE:  # a later pass adds its share to what the earlier passes stored
-        value += load_tile(ptr, bh, n_rows, rows, row_ok, cols, width)
-    store_tile(ptr, value, bh, n_rows, rows, row_ok, cols, width)
+        value += load_tile(ptr, bh, n_rows, rows, row_ok, WIDTH, BLOCK)
+    store_tile(ptr, value, bh, n_rows, rows, row_ok, WIDTH, BLOCK)
 
 
 @triton.jit
-def _bwd_key(Q, K, V, P, R, SLOPES, DO, LSE, DELTA, DK, DV_OUT, DR, DS_TOTAL, CARRY_PSI, CARRY_DS,
-             scale, Tq, Tk, H, D, DV, DP, N_KTILES, PASS_ROWS, first_row, end_row,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-             BLOCK_DP: tl.constexpr, Z_PRECISION: tl.constexpr, QK_PRECISION: tl.constexpr,
+def _bwd_key(Q, K, V, P, PZ, RZ, SLOPES, DO, LSE, DELTA, DK, DV_OUT, DR, DS_TOTAL, CARRY_PSI, CARRY_DS,
+             qk_scale, Tq, Tk, H, N_KTILES, PASS_ROWS, first_row, end_row,
+             D: tl.constexpr, DV: tl.constexpr, DP: tl.constexpr, KZ: tl.constexpr, BLOCK_M: tl.constexpr,
+             BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DP: tl.constexpr,
+             SPLIT: tl.constexpr, FAST_LOG2: tl.constexpr, QK_PRECISION: tl.constexpr,
              ACCUMULATE: tl.constexpr):
     kb = tl.program_id(0)
     bh = tl.program_id(1)
@@ -196,136 +330,149 @@ def _bwd_key(Q, K, V, P, R, SLOPES, DO, LSE, DELTA, DK, DV_OUT, DR, DS_TOTAL, CA
     offset = Tk - Tq
     cols = kb * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < Tk
-    d = tl.arange(0, BLOCK_D)
-    dv = tl.arange(0, BLOCK_DV)
-    dp = tl.arange(0, BLOCK_DP)
-    k = load_tile(K, bh, Tk, cols, col_ok, d, D)
-    v = load_tile(V, bh, Tk, cols, col_ok, dv, DV)
-    r = load_tile(R, bh, Tk, cols, col_ok, dp, DP)
+    k = load_tile(K, bh, Tk, cols, col_ok, D, BLOCK_D)
+    v = load_tile(V, bh, Tk, cols, col_ok, DV, BLOCK_DV)
+    rz = load_tile(RZ, bh, Tk, cols, col_ok, KZ, KZ)
+    gt, ge = _triangles(BLOCK_N, SPLIT, Q.dtype.element_ty)
 
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv_acc = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
     dr = tl.zeros([BLOCK_N, BLOCK_DP], tl.float32)
-    # the first query of this pass that sees this key tile (first_row is a multiple of BLOCK_M)
-    start_row = tl.maximum(kb * BLOCK_N - offset, first_row)
-    for mb in range(start_row // BLOCK_M, tl.cdiv(end_row, BLOCK_M)):
-        rows = mb * BLOCK_M + tl.arange(0, BLOCK_M)
-        row_ok = rows < end_row
-        t = rows + offset
-        q = load_tile(Q, bh, Tq, rows, row_ok, d, D)
-        p = load_tile(P, bh, Tq, rows, row_ok, dp, DP)
-        do = load_tile(DO, bh, Tq, rows, row_ok, dv, DV)
-        lse = tl.load(LSE + bh * Tq + rows, mask=row_ok, other=0.0)
-        delta = tl.load(DELTA + bh * Tq + rows, mask=row_ok, other=0.0)
-        row_total = tl.load(DS_TOTAL + bh * Tq + rows, mask=row_ok, other=0.0)
-        boundary = (bh * N_KTILES + kb) * PASS_ROWS + rows - first_row
-        carry = tl.load(CARRY_PSI + boundary, mask=row_ok, other=0.0)
-        carry_ds = tl.load(CARRY_DS + boundary, mask=row_ok, other=0.0)
-
-        visible = (cols[None, :] <= t[:, None]) & col_ok[None, :] & row_ok[:, None]
-        bias, _, sig_neg = _path_bias(p, r, slope, carry, visible, Z_PRECISION)
-        probs, ds = _probs_and_ds(q, k, v, do, bias, lse, delta, visible, scale, QK_PRECISION)
-        dv_acc += tl.dot(tl.trans(probs.to(do.dtype)), do, input_precision=QK_PRECISION)
-        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=QK_PRECISION)
-        suffix, weight, _ = _path_grad_parts(ds, carry_ds, visible, cols, slope, sig_neg)
-        dz = weight * (row_total[:, None] - suffix)  # weight·dψ, dψ(i, ℓ) = Σ_{j<ℓ} dS(i, j)
-        dr += tl.dot(tl.trans(dz), p, input_precision=Z_PRECISION)
-    _accumulate_tile(DK, dk * scale, bh, Tk, cols, col_ok, d, D, ACCUMULATE)
-    _accumulate_tile(DV_OUT, dv_acc, bh, Tk, cols, col_ok, dv, DV, ACCUMULATE)
-    _accumulate_tile(DR, dr, bh, Tk, cols, col_ok, dp, DP, ACCUMULATE)
+    # query tiles of this pass: [first, full) straddle the diagonal, [full, complete) see the whole key
+    # tile, [complete, last) hold the pass's ragged end (rows past end_row must not count)
+    first = tl.maximum(kb * BLOCK_N - offset, first_row) // BLOCK_M
+    last = tl.cdiv(end_row, BLOCK_M)
+    full = tl.minimum(tl.maximum(tl.cdiv(tl.maximum(kb * BLOCK_N + BLOCK_N - 1 - offset, 0), BLOCK_M), first), last)
+    complete = tl.maximum(end_row // BLOCK_M, full)
+    dk, dv_acc, dr = _bwd_key_tiles(dk, dv_acc, dr, k, v, rz, cols, Q, P, PZ, DO, LSE, DELTA, DS_TOTAL, CARRY_PSI,
+                                    CARRY_DS, bh, kb, Tq, offset, N_KTILES, PASS_ROWS, first_row, end_row, slope,
+                                    qk_scale, gt, ge, first, full, D, DV, DP, KZ, BLOCK_D, BLOCK_DV,
+                                    BLOCK_DP, BLOCK_M, True, SPLIT, FAST_LOG2, QK_PRECISION)
+    dk, dv_acc, dr = _bwd_key_tiles(dk, dv_acc, dr, k, v, rz, cols, Q, P, PZ, DO, LSE, DELTA, DS_TOTAL, CARRY_PSI,
+                                    CARRY_DS, bh, kb, Tq, offset, N_KTILES, PASS_ROWS, first_row, end_row, slope,
+                                    qk_scale, gt, ge, full, complete, D, DV, DP, KZ, BLOCK_D, BLOCK_DV,
+                                    BLOCK_DP, BLOCK_M, False, SPLIT, FAST_LOG2, QK_PRECISION)
+    dk, dv_acc, dr = _bwd_key_tiles(dk, dv_acc, dr, k, v, rz, cols, Q, P, PZ, DO, LSE, DELTA, DS_TOTAL, CARRY_PSI,
+                                    CARRY_DS, bh, kb, Tq, offset, N_KTILES, PASS_ROWS, first_row, end_row, slope,
+                                    qk_scale, gt, ge, complete, last, D, DV, DP, KZ, BLOCK_D, BLOCK_DV,
+                                    BLOCK_DP, BLOCK_M, True, SPLIT, FAST_LOG2, QK_PRECISION)
+    # key 0's ψ is in no bias, so its r gets no gradient at all
+    dr = tl.where(cols[:, None] >= 1, dr, 0.0)
+    _accumulate_tile(DK, dk * (qk_scale * 0.6931471805599453), bh, Tk, cols, col_ok, D, BLOCK_D, ACCUMULATE)
+    _accumulate_tile(DV_OUT, dv_acc, bh, Tk, cols, col_ok, DV, BLOCK_DV, ACCUMULATE)
+    _accumulate_tile(DR, dr, bh, Tk, cols, col_ok, DP, BLOCK_DP, ACCUMULATE)
 
 
-def _precisions(dtype: torch.dtype) -> tuple[str, str]:
-    """Dot precisions (path, q·k): the d_p-wide path dot in 3xTF32 on the GPU (about fp32 accuracy at a
-    small fraction of the q·k cost); fp32 q, k, v get true fp32 dots (Triton's fp32 default is TF32),
-    bf16/fp16 ignore the setting. The interpreter only knows "ieee"."""
-    path = "ieee" if INTERPRET else "tf32x3"
-    qk = "ieee" if (INTERPRET or dtype == torch.float32) else "tf32"
-    return path, qk
+# --------------------------------------------------------------------------------------------------
+# Launchers. config = the (BLOCK_M, BLOCK_N, warps, stages) of the forward, the query-major and the
+# key-major backward kernel, then the backward's pass rows: 13 integers (see default_config).
 
 
-def _launch_sizes(q, v, p, config, dtype) -> dict:
-    block_m, block_n, num_warps, num_stages = config[:4]
-    path, qk = _precisions(dtype)
-    return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=pow2(q.shape[3]), BLOCK_DV=pow2(v.shape[3]),
-                BLOCK_DP=pow2(p.shape[3]), Z_PRECISION=path, QK_PRECISION=qk, num_warps=num_warps,
-                num_stages=num_stages)
+def _path_operands(p: torch.Tensor, r: torch.Tensor, split: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The operands of z·log2(e) = (p·log2 e)·r for the kernels, zero-padded to a power-of-two width.
+    split: fp16 parts [p_hi, p_hi, p_lo] and [r_hi, r_lo, r_hi] (x_lo = x - x_hi), so that one fp16 dot
+    with fp32 accumulation sums p_hi·r_hi + p_hi·(r - r_hi) + (p - p_hi)·r_hi = p·r - (p - p_hi)(r - r_hi):
+    2^-22 relative. Otherwise fp32 (p·log2 e, r) for "ieee" dots."""
+    p = p.float() * LOG2E
+    r = r.float()
+    if split:
+        p_hi, r_hi = p.half(), r.half()
+        p_lo, r_lo = (p - p_hi.float()).half(), (r - r_hi.float()).half()
+        p, r = torch.cat((p_hi, p_hi, p_lo), -1), torch.cat((r_hi, r_lo, r_hi), -1)
+    width = pow2(p.shape[-1])
+    return tuple(torch.nn.functional.pad(x, (0, width - x.shape[-1])).contiguous() for x in (p, r))
+
+
+def _constexprs(q, v, p, block_m, block_n) -> dict:
+    split = q.dtype != torch.float32  # bf16/fp16: tensor-core dots on fp16 hi + lo parts
+    return dict(D=q.shape[3], DV=v.shape[3], BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=pow2(q.shape[3]),
+                BLOCK_DV=pow2(v.shape[3]), KZ=pow2(p.shape[3] * (3 if split else 1)), SPLIT=split,
+                # fp32 inputs: exact log2 and true fp32 dots (Triton's fp32 default is TF32); half types ignore
+                # the dot setting. The interpreter knows only "ieee" and cannot run inline PTX.
+                FAST_LOG2=split and not INTERPRET, QK_PRECISION="ieee" if (INTERPRET or not split) else "tf32")
 
 
 def triton_forward(q, k, v, p, r, slopes, scale: float, config) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out in v's dtype, lse fp32 (B, H, Tq)). q, k, v contiguous in one dtype; p, r fp32 contiguous."""
-    B, H, Tq, D = q.shape
-    Tk, DV, DP = k.shape[2], v.shape[3], p.shape[3]
-    out = torch.empty(B, H, Tq, DV, device=q.device, dtype=v.dtype)
+    """(out in v's dtype, lse fp32 (B, H, Tq) in log2 units). q, k, v contiguous in one dtype; p, r fp32
+    contiguous."""
+    B, H, Tq, _ = q.shape
+    Tk = k.shape[2]
+    block_m, block_n, warps, stages = config[:4]
+    out = torch.empty(B, H, Tq, v.shape[3], device=q.device, dtype=v.dtype)
     lse = torch.empty(B, H, Tq, device=q.device, dtype=torch.float32)
-    _fwd[(triton.cdiv(Tq, config[0]), B * H)](q, k, v, p, r, slopes, out, lse, scale, Tq, Tk, H, D, DV, DP,
-                                              **_launch_sizes(q, v, p, config, q.dtype))
+    if out.numel():
+        sizes = _constexprs(q, v, p, block_m, block_n)
+        pz, rz = _path_operands(p, r, sizes["SPLIT"])
+        _fwd[(triton.cdiv(Tq, block_m), B * H)](q, k, v, pz, rz, slopes, out, lse, scale * LOG2E, Tq, Tk, H,
+                                                num_warps=warps, num_stages=stages, **sizes)
     return out, lse
 
 
 def backward_pass_rows(Tq: int, block_m: int, pass_rows: int) -> int:
-    """Query rows per backward pass: a multiple of the query tile, at most Tq rounded up to one."""
-    whole = triton.cdiv(Tq, block_m) * block_m
+    """Query rows per backward pass: a multiple of block_m (the larger query tile of the two kernels), at
+    most Tq rounded up to one."""
+    whole = max(1, triton.cdiv(Tq, block_m)) * block_m
     return min(whole, max(block_m, pass_rows // block_m * block_m))
 
 
 def triton_backward(grad_out, q, k, v, p, r, slopes, out, lse, scale: float, config):
-    """(dq, dk, dv, dp, dr) in fp32. config = (BLOCK_M, BLOCK_N, num_warps, num_stages, pass_rows)."""
-    block_m, block_n = config[0], config[1]
-    B, H, Tq, D = q.shape
-    Tk, DV, DP = k.shape[2], v.shape[3], p.shape[3]
-    delta = (grad_out.float() * out.float()).sum(-1)  # D_i = dO_i·O_i
-    n_ktiles = triton.cdiv(Tk, block_n)
-    rows_per_pass = backward_pass_rows(Tq, block_m, config[4])
+    """(dq, dk, dv, dp, dr) in fp32."""
+    query_tiles, key_tiles, pass_rows = config[4:8], config[8:12], config[12]
+    B, H, Tq, _ = q.shape
+    Tk = k.shape[2]
+    dq = torch.empty(q.shape, device=q.device, dtype=torch.float32)
+    dp = torch.empty(p.shape, device=q.device, dtype=torch.float32)
+    # keys that no query sees (Tq = 0) get zero gradients; several passes add into dk, dv, dr
+    rows_per_pass = backward_pass_rows(Tq, max(query_tiles[0], key_tiles[0]), pass_rows)
     n_passes = triton.cdiv(Tq, rows_per_pass)
+    make = torch.empty if n_passes == 1 else torch.zeros
+    dk, dv, dr = (make(x.shape, device=q.device, dtype=torch.float32) for x in (k, v, r))
+    if n_passes == 0 or B * H == 0:
+        return dq, dk, dv, dp, dr
+    delta = (grad_out.float() * out.float()).sum(-1)  # D_i = dO_i·O_i
+    n_ktiles = triton.cdiv(Tk, key_tiles[1])
     carry_psi = torch.empty(B * H, n_ktiles, rows_per_pass, device=q.device, dtype=torch.float32)
     carry_ds = torch.empty_like(carry_psi)
     ds_total = torch.empty(B, H, Tq, device=q.device, dtype=torch.float32)
-    dq = torch.empty(q.shape, device=q.device, dtype=torch.float32)
-    dp = torch.empty(p.shape, device=q.device, dtype=torch.float32)
-    # several passes add into dk, dv, dr, so they start at zero; one pass stores them directly
-    make = torch.zeros if n_passes > 1 else torch.empty
-    dk, dv, dr = (make(x.shape, device=q.device, dtype=torch.float32) for x in (k, v, r))
-    sizes = _launch_sizes(q, v, p, config, q.dtype)
+    split = q.dtype != torch.float32
+    pz, rz = _path_operands(p, r, split)
+    launch = []
+    for block_m, block_n, warps, stages in (query_tiles, key_tiles):
+        sizes = _constexprs(q, v, p, block_m, block_n)
+        sizes.update(DP=p.shape[3], BLOCK_DP=pow2(p.shape[3]), num_warps=warps, num_stages=stages)
+        launch.append(sizes)
+    query_sizes, key_sizes = launch
+    query_sizes["RATIO"] = key_tiles[1] // query_tiles[1]
     for first_row in range(0, Tq, rows_per_pass):
         end_row = min(Tq, first_row + rows_per_pass)
-        _bwd_query[(triton.cdiv(end_row - first_row, block_m), B * H)](
-            q, k, v, p, r, slopes, grad_out, lse, delta, dq, dp, ds_total, carry_psi, carry_ds,
-            scale, Tq, Tk, H, D, DV, DP, n_ktiles, rows_per_pass, first_row, **sizes)
-        key_tiles = triton.cdiv(min(Tk, Tk - Tq + end_row), block_n)  # the keys this pass's rows see
-        _bwd_key[(key_tiles, B * H)](
-            q, k, v, p, r, slopes, grad_out, lse, delta, dk, dv, dr, ds_total, carry_psi, carry_ds,
-            scale, Tq, Tk, H, D, DV, DP, n_ktiles, rows_per_pass, first_row, end_row,
-            ACCUMULATE=n_passes > 1, **sizes)
+        _bwd_query[(triton.cdiv(end_row - first_row, query_tiles[0]), B * H)](
+            q, k, v, r, pz, rz, slopes, grad_out, lse, delta, dq, dp, ds_total, carry_psi, carry_ds,
+            scale * LOG2E, Tq, Tk, H, n_ktiles, rows_per_pass, first_row, **query_sizes)
+        seen = triton.cdiv(min(Tk, Tk - Tq + end_row), key_tiles[1])  # the key tiles this pass's rows see
+        _bwd_key[(seen, B * H)](
+            q, k, v, p, pz, rz, slopes, grad_out, lse, delta, dk, dv, dr, ds_total, carry_psi, carry_ds,
+            scale * LOG2E, Tq, Tk, H, n_ktiles, rows_per_pass, first_row, end_row,
+            ACCUMULATE=n_passes > 1, **key_sizes)
     return dq, dk, dv, dp, dr
 
 
 # Query rows per backward pass: the boundary carries take 8·B·H·PASS_ROWS·⌈Tk/BLOCK_N⌉ bytes (at B·H = 8,
-# Tk = 32768, BLOCK_N = 32: 128 MiB, one bf16 (B, H, T, 128) tensor is 64 MiB). Enough rows per pass
+# Tk = 32768, BLOCK_N = 64: 64 MiB, one bf16 (B, H, T, 128) tensor is 64 MiB). Enough rows per pass
 # that the query-major kernel's grid (PASS_ROWS / BLOCK_M · B·H programs) fills an H100/H200.
 PASS_ROWS = 2048
 
 
-def default_config(head_dim: int) -> tuple[int, int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages, pass_rows). The interpreter uses tiny tiles so the
-    tests are fast."""
+def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16) -> tuple[int, ...]:
+    """Forward, query-major and key-major (BLOCK_M, BLOCK_N, warps, stages), then pass rows. bf16/fp16:
+    none of the three kernels spills registers on sm_90 at D = 64 and 128 (scripts/kernel_resources.py,
+    docs/kernel_resources.md), and the key-major kernel's BLOCK_N is a multiple of the query-major one's.
+    fp32 inputs run every dot without tensor cores, in tiles that fit an A100's shared memory. The
+    interpreter uses tiny tiles so that the tests are fast."""
     if INTERPRET:
-        return (16, 16, 1, 1, PASS_ROWS)
-    return (64, 64, 4, 2, PASS_ROWS) if head_dim <= 64 else (64, 32, 4, 2, PASS_ROWS)
-
-
-def grape_ap_triton(q, k, v, p, r, slopes, scale: float, *, config=None):
-    """The Triton path (CUDA tensors, or CPU tensors under TRITON_INTERPRET=1), through the same
-    autograd-aware custom op as ``grape_ap_attention``. Returns v's dtype; dp, dr come back in p's and
-    r's dtypes. config: (BLOCK_M, BLOCK_N, num_warps, num_stages[, pass_rows])."""
-    from kernels.grape_ap import path_attention
-    if q.dtype != k.dtype or q.dtype != v.dtype:
-        raise ValueError(f"grape_ap (triton): q, k, v must share one dtype (got {q.dtype}, {k.dtype}, {v.dtype})")
-    config = tuple(config or default_config(q.shape[3]))
-    if len(config) == 4:
-        config += (PASS_ROWS,)
-    # made contiguous (and p, r fp32) out here, so that autograd saves these copies for the backward
-    # instead of the op copying the model's strided q, k, v views once in each pass
-    q, k, v = (x.contiguous() for x in (q, k, v))
-    p, r = (x.float().contiguous() for x in (p, r))
-    return path_attention(q, k, v, p, r, slopes, scale, "triton", list(config))
+        return (16, 16, 1, 1, 16, 16, 1, 1, 16, 32, 1, 1, PASS_ROWS)
+    if dtype == torch.float32:
+        return (64, 32, 4, 2, 32, 32, 4, 1, 32, 32, 4, 1, PASS_ROWS)
+    # the query-major kernel's in-tile sums over 16 keys at D = 128 (32 spill: its dq accumulator is twice
+    # D = 64's); the key-major kernel's 32-query tiles (64 spill, two dk/dv accumulators)
+    query_n = 32 if head_dim <= 64 else 16
+    return (64, 64, 4, 2, 128, query_n, 8, 1, 32, 64, 8, 1, PASS_ROWS)

@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_common import INTERPRET, load_tile, pow2, query_tile, store_tile
+from kernels.triton_common import INTERPRET, key_tile_range, load_tile, online_softmax, pow2, query_tile, store_tile
 
 FEATURES = 3  # per token: position, rate, running sum
 
@@ -67,72 +67,59 @@ def _logits(q, k, scale, q_pos, q_rate, q_sum, k_pos, k_rate, k_sum,
 
 
 @triton.jit
-def _key_tile(q, q_pos, q_rate, q_sum, K, V, KF, bh, Tk, kb, scale, d, dv, D, DV, BLOCK_N: tl.constexpr,
-              HAS_RATE: tl.constexpr, HAS_SUM: tl.constexpr, PRECISION: tl.constexpr):
+def _key_tile(q, q_pos, q_rate, q_sum, K, V, KF, bh, Tk, kb, scale, D: tl.constexpr, DV: tl.constexpr,
+              BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr, HAS_RATE: tl.constexpr,
+              HAS_SUM: tl.constexpr, PRECISION: tl.constexpr):
     """Key tile kb for a query-major loop: its columns, k and v, the tile's logits and distances."""
     cols = kb * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < Tk
-    k = load_tile(K, bh, Tk, cols, col_ok, d, D)
-    v = load_tile(V, bh, Tk, cols, col_ok, dv, DV)
+    k = load_tile(K, bh, Tk, cols, col_ok, D, BLOCK_D)
+    v = load_tile(V, bh, Tk, cols, col_ok, DV, BLOCK_DV)
     k_pos, k_rate, k_sum = _load_features(KF, bh, Tk, cols, col_ok)
     s, dist = _logits(q, k, scale, q_pos, q_rate, q_sum, k_pos, k_rate, k_sum, HAS_RATE, HAS_SUM, PRECISION)
     return cols, col_ok, k, v, s, dist
 
 
 @triton.jit
-def _key_tile_range(first_row, Tq, Tk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """For the query tile starting at row first_row: the key tiles [0, n_full) that all its queries see
-    whole (no mask needed) and the end n_tiles of those any of them sees."""
-    first_t = Tk - Tq + first_row
-    return (first_t + 1) // BLOCK_N, tl.minimum(first_t + BLOCK_M - 1, Tk - 1) // BLOCK_N + 1
-
-
-@triton.jit
-def _fwd_tiles(acc, m_i, l_i, q, q_pos, q_rate, q_sum, t, K, V, KF, bh, Tk, scale, lo, hi, d, dv, D, DV,
-               BLOCK_N: tl.constexpr, HAS_RATE: tl.constexpr, HAS_SUM: tl.constexpr,
-               MASKED: tl.constexpr, PRECISION: tl.constexpr):
+def _fwd_tiles(acc, m_i, l_i, q, q_pos, q_rate, q_sum, t, K, V, KF, bh, Tk, scale, lo, hi, D: tl.constexpr,
+               DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
+               HAS_RATE: tl.constexpr, HAS_SUM: tl.constexpr, MASKED: tl.constexpr, PRECISION: tl.constexpr):
     for kb in range(lo, hi):
-        cols, col_ok, k, v, s, _ = _key_tile(q, q_pos, q_rate, q_sum, K, V, KF, bh, Tk, kb, scale, d, dv, D, DV,
-                                             BLOCK_N, HAS_RATE, HAS_SUM, PRECISION)
+        cols, col_ok, k, v, s, _ = _key_tile(q, q_pos, q_rate, q_sum, K, V, KF, bh, Tk, kb, scale, D, DV, BLOCK_D,
+                                             BLOCK_DV, BLOCK_N, HAS_RATE, HAS_SUM, PRECISION)
         if MASKED:
             s = tl.where((cols[None, :] <= t[:, None]) & col_ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        probs = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(probs, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(probs.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
+        acc, m_i, l_i = online_softmax(acc, m_i, l_i, s, v, PRECISION, False)
     return acc, m_i, l_i
 
 
 @triton.jit
-def _fwd(Q, K, V, QF, KF, OUT, LSE, scale, Tq, Tk, D, DV,
+def _fwd(Q, K, V, QF, KF, OUT, LSE, scale, Tq, Tk, D: tl.constexpr, DV: tl.constexpr,
          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
          HAS_RATE: tl.constexpr, HAS_SUM: tl.constexpr, PRECISION: tl.constexpr):
     bh, rows, row_ok, t = query_tile(Tq, Tk, BLOCK_M)
-    d = tl.arange(0, BLOCK_D)
-    dv = tl.arange(0, BLOCK_DV)
-    q = load_tile(Q, bh, Tq, rows, row_ok, d, D)
+    q = load_tile(Q, bh, Tq, rows, row_ok, D, BLOCK_D)
     q_pos, q_rate, q_sum = _load_features(QF, bh, Tq, rows, row_ok)
     m_i = tl.full([BLOCK_M], -1e30, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
-    n_full, n_tiles = _key_tile_range(tl.program_id(0) * BLOCK_M, Tq, Tk, BLOCK_M, BLOCK_N)
+    n_full, n_tiles = key_tile_range(tl.program_id(0) * BLOCK_M, Tq, Tk, BLOCK_M, BLOCK_N)
     acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, q_pos, q_rate, q_sum, t, K, V, KF, bh, Tk, scale, 0, n_full,
-                               d, dv, D, DV, BLOCK_N, HAS_RATE, HAS_SUM, False, PRECISION)
+                               D, DV, BLOCK_D, BLOCK_DV, BLOCK_N, HAS_RATE, HAS_SUM, False, PRECISION)
     acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, q_pos, q_rate, q_sum, t, K, V, KF, bh, Tk, scale, n_full, n_tiles,
-                               d, dv, D, DV, BLOCK_N, HAS_RATE, HAS_SUM, True, PRECISION)
-    store_tile(OUT, (acc / l_i[:, None]).to(OUT.dtype.element_ty), bh, Tq, rows, row_ok, dv, DV)
+                               D, DV, BLOCK_D, BLOCK_DV, BLOCK_N, HAS_RATE, HAS_SUM, True, PRECISION)
+    store_tile(OUT, (acc / l_i[:, None]).to(OUT.dtype.element_ty), bh, Tq, rows, row_ok, DV, BLOCK_DV)
     tl.store(LSE + bh * Tq + rows, m_i + tl.log(l_i), mask=row_ok)
 
 
 @triton.jit
 def _bwd_query_tiles(dq, d_rate, d_sum, q, do, lse, delta, q_pos, q_rate, q_sum, t, K, V, KF, bh, Tk, scale,
-                     lo, hi, d, dv, D, DV, BLOCK_N: tl.constexpr, HAS_RATE: tl.constexpr,
-                     HAS_SUM: tl.constexpr, MASKED: tl.constexpr, PRECISION: tl.constexpr):
+                     lo, hi, D: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                     BLOCK_N: tl.constexpr, HAS_RATE: tl.constexpr, HAS_SUM: tl.constexpr, MASKED: tl.constexpr,
+                     PRECISION: tl.constexpr):
     for kb in range(lo, hi):
-        cols, col_ok, k, v, s, dist = _key_tile(q, q_pos, q_rate, q_sum, K, V, KF, bh, Tk, kb, scale, d, dv, D, DV,
-                                                BLOCK_N, HAS_RATE, HAS_SUM, PRECISION)
+        cols, col_ok, k, v, s, dist = _key_tile(q, q_pos, q_rate, q_sum, K, V, KF, bh, Tk, kb, scale, D, DV, BLOCK_D,
+                                                BLOCK_DV, BLOCK_N, HAS_RATE, HAS_SUM, PRECISION)
         probs = tl.exp(s - lse[:, None])
         if MASKED:
             probs = tl.where((cols[None, :] <= t[:, None]) & col_ok[None, :], probs, 0.0)
@@ -146,40 +133,39 @@ def _bwd_query_tiles(dq, d_rate, d_sum, q, do, lse, delta, q_pos, q_rate, q_sum,
 
 
 @triton.jit
-def _bwd_query(Q, K, V, QF, KF, DO, LSE, DELTA, DQ, DQF, scale, Tq, Tk, D, DV,
+def _bwd_query(Q, K, V, QF, KF, DO, LSE, DELTA, DQ, DQF, scale, Tq, Tk, D: tl.constexpr, DV: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                HAS_RATE: tl.constexpr, HAS_SUM: tl.constexpr, PRECISION: tl.constexpr):
     bh, rows, row_ok, t = query_tile(Tq, Tk, BLOCK_M)
-    d = tl.arange(0, BLOCK_D)
-    dv = tl.arange(0, BLOCK_DV)
-    q = load_tile(Q, bh, Tq, rows, row_ok, d, D)
-    do = load_tile(DO, bh, Tq, rows, row_ok, dv, DV)
+    q = load_tile(Q, bh, Tq, rows, row_ok, D, BLOCK_D)
+    do = load_tile(DO, bh, Tq, rows, row_ok, DV, BLOCK_DV)
     lse = tl.load(LSE + bh * Tq + rows, mask=row_ok, other=0.0)
     delta = tl.load(DELTA + bh * Tq + rows, mask=row_ok, other=0.0)
     q_pos, q_rate, q_sum = _load_features(QF, bh, Tq, rows, row_ok)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     d_rate = tl.zeros([BLOCK_M], tl.float32)
     d_sum = tl.zeros([BLOCK_M], tl.float32)
-    n_full, n_tiles = _key_tile_range(tl.program_id(0) * BLOCK_M, Tq, Tk, BLOCK_M, BLOCK_N)
+    n_full, n_tiles = key_tile_range(tl.program_id(0) * BLOCK_M, Tq, Tk, BLOCK_M, BLOCK_N)
     dq, d_rate, d_sum = _bwd_query_tiles(dq, d_rate, d_sum, q, do, lse, delta, q_pos, q_rate, q_sum, t, K, V, KF,
-                                         bh, Tk, scale, 0, n_full, d, dv, D, DV, BLOCK_N, HAS_RATE, HAS_SUM,
+                                         bh, Tk, scale, 0, n_full, D, DV, BLOCK_D, BLOCK_DV, BLOCK_N, HAS_RATE, HAS_SUM,
                                          False, PRECISION)
     dq, d_rate, d_sum = _bwd_query_tiles(dq, d_rate, d_sum, q, do, lse, delta, q_pos, q_rate, q_sum, t, K, V, KF,
-                                         bh, Tk, scale, n_full, n_tiles, d, dv, D, DV, BLOCK_N, HAS_RATE,
+                                         bh, Tk, scale, n_full, n_tiles, D, DV, BLOCK_D, BLOCK_DV, BLOCK_N, HAS_RATE,
                                          HAS_SUM, True, PRECISION)
-    store_tile(DQ, dq * scale, bh, Tq, rows, row_ok, d, D)
+    store_tile(DQ, dq * scale, bh, Tq, rows, row_ok, D, BLOCK_D)
     _store_feature_grads(DQF, d_rate, d_sum, bh, Tq, rows, row_ok)
 
 
 @triton.jit
 def _bwd_key_tiles(dk, dv_acc, d_rate, d_sum, k, v, k_pos, k_rate, k_sum, cols, col_ok, Q, DO, QF, LSE, DELTA,
-                   bh, Tq, offset, scale, lo, hi, d, dv, D, DV, BLOCK_M: tl.constexpr, HAS_RATE: tl.constexpr,
+                   bh, Tq, offset, scale, lo, hi, D: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr,
+                   BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, HAS_RATE: tl.constexpr,
                    HAS_SUM: tl.constexpr, MASKED: tl.constexpr, PRECISION: tl.constexpr):
     for mb in range(lo, hi):
         rows = mb * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = rows < Tq
-        q = load_tile(Q, bh, Tq, rows, row_ok, d, D)
-        do = load_tile(DO, bh, Tq, rows, row_ok, dv, DV)
+        q = load_tile(Q, bh, Tq, rows, row_ok, D, BLOCK_D)
+        do = load_tile(DO, bh, Tq, rows, row_ok, DV, BLOCK_DV)
         lse = tl.load(LSE + bh * Tq + rows, mask=row_ok, other=0.0)
         delta = tl.load(DELTA + bh * Tq + rows, mask=row_ok, other=0.0)
         q_pos, q_rate, q_sum = _load_features(QF, bh, Tq, rows, row_ok)
@@ -199,7 +185,7 @@ def _bwd_key_tiles(dk, dv_acc, d_rate, d_sum, k, v, k_pos, k_rate, k_sum, cols, 
 
 
 @triton.jit
-def _bwd_key(Q, K, V, QF, KF, DO, LSE, DELTA, DK, DV_OUT, DKF, scale, Tq, Tk, D, DV,
+def _bwd_key(Q, K, V, QF, KF, DO, LSE, DELTA, DK, DV_OUT, DKF, scale, Tq, Tk, D: tl.constexpr, DV: tl.constexpr,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
              HAS_RATE: tl.constexpr, HAS_SUM: tl.constexpr, PRECISION: tl.constexpr):
     kb = tl.program_id(0)
@@ -207,10 +193,8 @@ def _bwd_key(Q, K, V, QF, KF, DO, LSE, DELTA, DK, DV_OUT, DKF, scale, Tq, Tk, D,
     offset = Tk - Tq
     cols = kb * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < Tk
-    d = tl.arange(0, BLOCK_D)
-    dv = tl.arange(0, BLOCK_DV)
-    k = load_tile(K, bh, Tk, cols, col_ok, d, D)
-    v = load_tile(V, bh, Tk, cols, col_ok, dv, DV)
+    k = load_tile(K, bh, Tk, cols, col_ok, D, BLOCK_D)
+    v = load_tile(V, bh, Tk, cols, col_ok, DV, BLOCK_DV)
     k_pos, k_rate, k_sum = _load_features(KF, bh, Tk, cols, col_ok)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv_acc = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
@@ -223,16 +207,16 @@ def _bwd_key(Q, K, V, QF, KF, DO, LSE, DELTA, DK, DV_OUT, DKF, scale, Tq, Tk, D,
     full = tl.minimum(tl.maximum(tl.cdiv(tl.maximum(kb * BLOCK_N + BLOCK_N - 1 - offset, 0), BLOCK_M), first), last)
     complete = tl.maximum(Tq // BLOCK_M, full)
     dk, dv_acc, d_rate, d_sum = _bwd_key_tiles(dk, dv_acc, d_rate, d_sum, k, v, k_pos, k_rate, k_sum, cols, col_ok,
-                                               Q, DO, QF, LSE, DELTA, bh, Tq, offset, scale, first, full, d, dv,
-                                               D, DV, BLOCK_M, HAS_RATE, HAS_SUM, True, PRECISION)
+                                               Q, DO, QF, LSE, DELTA, bh, Tq, offset, scale, first, full, D, DV,
+                                               BLOCK_D, BLOCK_DV, BLOCK_M, HAS_RATE, HAS_SUM, True, PRECISION)
     dk, dv_acc, d_rate, d_sum = _bwd_key_tiles(dk, dv_acc, d_rate, d_sum, k, v, k_pos, k_rate, k_sum, cols, col_ok,
-                                               Q, DO, QF, LSE, DELTA, bh, Tq, offset, scale, full, complete, d, dv,
-                                               D, DV, BLOCK_M, HAS_RATE, HAS_SUM, False, PRECISION)
+                                               Q, DO, QF, LSE, DELTA, bh, Tq, offset, scale, full, complete, D, DV,
+                                               BLOCK_D, BLOCK_DV, BLOCK_M, HAS_RATE, HAS_SUM, False, PRECISION)
     dk, dv_acc, d_rate, d_sum = _bwd_key_tiles(dk, dv_acc, d_rate, d_sum, k, v, k_pos, k_rate, k_sum, cols, col_ok,
-                                               Q, DO, QF, LSE, DELTA, bh, Tq, offset, scale, complete, last, d, dv,
-                                               D, DV, BLOCK_M, HAS_RATE, HAS_SUM, True, PRECISION)
-    store_tile(DK, dk * scale, bh, Tk, cols, col_ok, d, D)
-    store_tile(DV_OUT, dv_acc, bh, Tk, cols, col_ok, dv, DV)
+                                               Q, DO, QF, LSE, DELTA, bh, Tq, offset, scale, complete, last, D, DV,
+                                               BLOCK_D, BLOCK_DV, BLOCK_M, HAS_RATE, HAS_SUM, True, PRECISION)
+    store_tile(DK, dk * scale, bh, Tk, cols, col_ok, D, BLOCK_D)
+    store_tile(DV_OUT, dv_acc, bh, Tk, cols, col_ok, DV, BLOCK_DV)
     _store_feature_grads(DKF, d_rate, d_sum, bh, Tk, cols, col_ok)
 
 
@@ -250,7 +234,7 @@ def _precision(dtype: torch.dtype) -> str:
 
 def _common(q, v, flags) -> dict:
     has_rate, has_sum = flags
-    return dict(BLOCK_D=pow2(q.shape[3]), BLOCK_DV=pow2(v.shape[3]), HAS_RATE=bool(has_rate),
+    return dict(D=q.shape[3], DV=v.shape[3], BLOCK_D=pow2(q.shape[3]), BLOCK_DV=pow2(v.shape[3]), HAS_RATE=bool(has_rate),
                 HAS_SUM=bool(has_sum), PRECISION=_precision(q.dtype))
 
 
@@ -262,7 +246,7 @@ def triton_forward(q, k, v, qf, kf, scale: float, flags, config):
     block_m, block_n, warps, stages = config[:4]
     out = torch.empty(B, H, Tq, DV, device=q.device, dtype=v.dtype)
     lse = torch.empty(B, H, Tq, device=q.device, dtype=torch.float32)
-    _fwd[(triton.cdiv(Tq, block_m), B * H)](q, k, v, qf, kf, out, lse, scale, Tq, Tk, D, DV, BLOCK_M=block_m,
+    _fwd[(triton.cdiv(Tq, block_m), B * H)](q, k, v, qf, kf, out, lse, scale, Tq, Tk, BLOCK_M=block_m,
                                             BLOCK_N=block_n, num_warps=warps, num_stages=stages,
                                             **_common(q, v, flags))
     return out, lse
@@ -277,9 +261,9 @@ def triton_backward(grad_out, q, k, v, qf, kf, out, lse, scale: float, flags, co
     delta = (grad_out.float() * out.float()).sum(-1)  # D_i = dO_i·O_i
     dq, dk, dv, dqf, dkf = (torch.empty_like(x) for x in (q, k, v, qf, kf))
     common = dict(num_warps=warps, num_stages=stages, **_common(q, v, flags))
-    _bwd_query[(triton.cdiv(Tq, long), B * H)](q, k, v, qf, kf, grad_out, lse, delta, dq, dqf, scale, Tq, Tk, D, DV,
+    _bwd_query[(triton.cdiv(Tq, long), B * H)](q, k, v, qf, kf, grad_out, lse, delta, dq, dqf, scale, Tq, Tk,
                                                BLOCK_M=long, BLOCK_N=short, **common)
-    _bwd_key[(triton.cdiv(Tk, long), B * H)](q, k, v, qf, kf, grad_out, lse, delta, dk, dv, dkf, scale, Tq, Tk, D, DV,
+    _bwd_key[(triton.cdiv(Tk, long), B * H)](q, k, v, qf, kf, grad_out, lse, delta, dk, dv, dkf, scale, Tq, Tk,
                                              BLOCK_M=short, BLOCK_N=long, **common)
     return dq, dk, dv, dqf, dkf
 

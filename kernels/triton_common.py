@@ -1,4 +1,4 @@
-"""What the Triton kernels share: tile loads and stores, launch-size helpers, the interpreter switch."""
+"""What the Triton kernels share: tile loads and stores, tile ranges, the online softmax, the interpreter switch."""
 from __future__ import annotations
 
 import os
@@ -11,17 +11,28 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 @triton.jit
-def load_tile(ptr, bh, n_rows, rows, row_ok, cols, width):
-    """The (rows, cols) tile of a contiguous (B·H, n_rows, width) tensor, zeros outside it. The offset of
-    the (batch·head) slice is 64-bit: B·H·T·D passes 2³¹ at e.g. B·H = 512, T = 32768, D = 128."""
-    return tl.load(ptr + bh.to(tl.int64) * n_rows * width + rows[:, None] * width + cols[None, :],
-                   mask=row_ok[:, None] & (cols[None, :] < width), other=0.0)
+def _tile_pointers_and_mask(ptr, bh, n_rows, rows, row_ok, WIDTH: tl.constexpr, BLOCK: tl.constexpr):
+    """Pointers and mask of the (rows, BLOCK) tile of a contiguous (B·H, n_rows, WIDTH) tensor. The offset of
+    the (batch·head) slice is a 64-bit scalar (B·H·T·D passes 2³¹ at e.g. B·H = 512, T = 32768, D = 128);
+    the offsets within it stay 32-bit, one register per vector instead of two. WIDTH is a compile-time
+    constant so that the compiler sees the row offsets and the column mask constant over 16-byte runs:
+    with a run-time width a row's loads split into one per element."""
+    cols = tl.arange(0, BLOCK)
+    base = ptr + bh.to(tl.int64) * n_rows * WIDTH
+    return base + (rows[:, None] * WIDTH + cols[None, :]), row_ok[:, None] & (cols[None, :] < WIDTH)
 
 
 @triton.jit
-def store_tile(ptr, value, bh, n_rows, rows, row_ok, cols, width):
-    tl.store(ptr + bh.to(tl.int64) * n_rows * width + rows[:, None] * width + cols[None, :], value,
-             mask=row_ok[:, None] & (cols[None, :] < width))
+def load_tile(ptr, bh, n_rows, rows, row_ok, WIDTH: tl.constexpr, BLOCK: tl.constexpr):
+    """The (rows, BLOCK) tile of a contiguous (B·H, n_rows, WIDTH) tensor, zeros outside it."""
+    pointers, mask = _tile_pointers_and_mask(ptr, bh, n_rows, rows, row_ok, WIDTH, BLOCK)
+    return tl.load(pointers, mask=mask, other=0.0)
+
+
+@triton.jit
+def store_tile(ptr, value, bh, n_rows, rows, row_ok, WIDTH: tl.constexpr, BLOCK: tl.constexpr):
+    pointers, mask = _tile_pointers_and_mask(ptr, bh, n_rows, rows, row_ok, WIDTH, BLOCK)
+    tl.store(pointers, value, mask=mask)
 
 
 def pow2(n: int) -> int:
@@ -36,3 +47,27 @@ def query_tile(Tq, Tk, BLOCK_M: tl.constexpr):
     bh = tl.program_id(1)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     return bh, rows, rows < Tq, rows + (Tk - Tq)
+
+
+@triton.jit
+def key_tile_range(first_row, Tq, Tk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """For the query tile starting at row first_row: the key tiles [0, n_full) that all its rows see
+    whole (no mask needed) and the end n_tiles of those any of them sees."""
+    first_t = Tk - Tq + first_row
+    return (first_t + 1) // BLOCK_N, tl.minimum(first_t + BLOCK_M - 1, Tk - 1) // BLOCK_N + 1
+
+
+@triton.jit
+def online_softmax(acc, m_i, l_i, s, v, PRECISION: tl.constexpr, BASE2: tl.constexpr):
+    """FlashAttention's running softmax over one key tile of logits s (natural units, or log2 units when
+    BASE2): the new row maxima, row sums and output accumulator."""
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    if BASE2:
+        alpha = tl.exp2(m_i - m_new)
+        probs = tl.exp2(s - m_new[:, None])
+    else:
+        alpha = tl.exp(m_i - m_new)
+        probs = tl.exp(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(probs, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(probs.to(v.dtype), v, input_precision=PRECISION)
+    return acc, m_new, l_i

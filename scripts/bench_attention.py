@@ -288,8 +288,12 @@ def checkpointed_grape_ap(q, k, v, p, r, slopes, scale, block=64):
     return torch.cat(outs, dim=2)
 
 
-GRAPE_AP_TILES = [(64, 64, 4, 2), (64, 32, 4, 2), (64, 64, 4, 3), (128, 64, 8, 2), (128, 32, 4, 2), (32, 64, 4, 2),
-                  (64, 128, 8, 2), (128, 128, 8, 2)]
+# (BLOCK_M, BLOCK_N, warps, stages) of the forward, the query-major and the key-major backward kernels, then
+# pass rows; all compile for sm_90 without spills at D = 128 except where noted (scripts/kernel_resources.py)
+GRAPE_AP_TILES = [(64, 64, 4, 2, 128, 16, 8, 1, 32, 64, 8, 1, 2048), (64, 64, 4, 3, 128, 16, 8, 1, 32, 64, 8, 1, 2048),
+                  (128, 32, 8, 2, 128, 16, 8, 1, 32, 64, 8, 1, 2048), (64, 64, 4, 2, 64, 16, 4, 1, 32, 64, 8, 1, 2048),
+                  (64, 64, 4, 2, 128, 32, 8, 1, 32, 64, 8, 1, 2048),  # query-major spills 48 B at D = 128
+                  (64, 64, 4, 2, 128, 16, 8, 1, 32, 64, 8, 1, 4096)]
 # (fwd BLOCK_M, BLOCK_N, warps, stages, bwd short tile, long tile, warps, stages)
 SEPARABLE_TILES = [(128, 64, 8, 3, 32, 64, 8, 3), (128, 64, 8, 3, 32, 64, 4, 3), (128, 128, 8, 3, 32, 64, 8, 3),
                    (64, 64, 4, 3, 32, 64, 8, 3), (128, 64, 8, 2, 32, 64, 8, 2), (128, 64, 8, 4, 32, 64, 8, 4),
@@ -301,6 +305,7 @@ def sweep_tiles(T: int, args, device, dtype) -> list[tuple]:
     --encodings) and the in-tile separable kernel (FoX's form, when fox is among them).
     Rows: (kernel, config, seconds or None, True for the default / an error note)."""
     from kernels import grape_ap_triton, separable, separable_triton
+    from kernels.grape_ap import grape_ap_triton as grape_ap_kernels
     g = torch.Generator(device="cpu").manual_seed(0)
     B, H, D, dp = args.batch, args.heads, args.head_dim, args.p_head_dim
     q, k, v = ((torch.randn(B, H, T, D, generator=g)).to(device, dtype).requires_grad_(True) for _ in range(3))
@@ -311,8 +316,8 @@ def sweep_tiles(T: int, args, device, dtype) -> list[tuple]:
     grad = torch.randn(B, H, T, D, generator=g).to(device, dtype)
     kernels = []
     if "grape_ap" in args.encodings:
-        kernels.append(("grape_ap", GRAPE_AP_TILES, grape_ap_triton.default_config(D)[:4],
-                        lambda c: grape_ap_triton.grape_ap_triton(q, k, v, p, r, slopes, 1 / math.sqrt(D), config=c)))
+        kernels.append(("grape_ap", GRAPE_AP_TILES, grape_ap_triton.default_config(D, dtype),
+                        lambda c: grape_ap_kernels(q, k, v, p, r, slopes, 1 / math.sqrt(D), config=c)))
     if "fox" in args.encodings:
         kernels.append(("separable", SEPARABLE_TILES, separable_triton.default_config(D),
                         lambda c: separable.separable_attention(q, k, v, features, features, 1 / math.sqrt(D),

@@ -3,7 +3,9 @@
     python scripts/gpu_check.py [--out docs/gpu_check.md]
 
 1. The GRAPE-AP Triton kernel in bf16 (and fp32) against an fp64 dense reference on the same rounded
-   inputs: output and the five gradients, T not multiples of the tiles, Tq < Tk, head dims 64 and 128.
+   inputs: output and the five gradients, T not multiples of the tiles, Tq < Tk, head dims 64 and 128; and
+   the one-token decode path (decode_attention) at Tk = 8192 against the fp64 row, within the Triton full
+   forward's own error on that row.
    bf16 out/dq/dk/dv are judged against bf16 causal SDPA's own error on the same q, k, v (the floor of
    bf16 attention); dp and dr relative to their size within 4x of the kernel's own worst of dq/dk/dv.
 2. The in-tile separable-bias Triton kernel (attn_backend="tile", what "auto" runs on CUDA for ALiBi,
@@ -35,7 +37,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from attention import causal_mask, lift_qk  # noqa: E402
-from kernels.grape_ap_triton import grape_ap_triton  # noqa: E402
+from kernels.grape_ap import grape_ap_triton  # noqa: E402
 from model import GPT, CausalSelfAttention, GPTConfig  # noqa: E402
 
 RESULTS = []
@@ -120,6 +122,29 @@ def check_triton_kernel(device, deadline):
                     limit = 4 * attention_rel * sizes[i]
                 record(f"triton grape_ap {str(dtype)[6:]} B{B} H{H} Tq{Tq} Tk{Tk} D{D} {name}", errors[i], limit,
                        f"(max |ref| {sizes[i]:.2e})")
+
+
+def check_decode(device, deadline):
+    """One new token against a long cache (decode_attention, what "auto" runs for Tq = 1) against the last row
+    of the Triton full forward, bf16 inputs: the decode row computes in fp32, the kernel in bf16 tiles."""
+    from kernels.grape_ap import decode_attention
+    g = torch.Generator().manual_seed(1)
+    B, H, T, D = (1, 2, 40, 16) if SMOKE else (2, 8, 8192, 128)
+    low = torch.float16 if SMOKE else torch.bfloat16
+    q, k, v = (torch.randn(B, H, T, D, generator=g) for _ in range(3))
+    q, k = F.normalize(q, dim=-1) * math.sqrt(D), F.normalize(k, dim=-1) * math.sqrt(D)
+    q, k, v = (x.to(device, low) for x in (q, k, v))
+    p = (3 * torch.randn(B, H, T, 8, generator=g) / 8).to(device)
+    r = torch.randn(B, H, T, 8, generator=g)
+    r = (r * torch.rsqrt(r.pow(2).mean(-1, keepdim=True))).to(device)
+    slopes = torch.tensor([2.0 ** (-8.0 * (h + 1) / H) for h in range(H)], device=device)
+    with torch.no_grad():
+        full = grape_ap_triton(q, k, v, p, r, slopes, 1 / math.sqrt(D))[:, :, -1:]
+        row = decode_attention(q[:, :, -1:], k, v, p[:, :, -1:], r, slopes, 1 / math.sqrt(D))
+        ref = dense_grape_ap(*(x.double() for x in (q[:, :, -1:], k, v, p[:, :, -1:], r)), slopes.double(), 1 / math.sqrt(D))
+    floor = (full.double() - ref).abs().max().item()  # the tiled kernel's own bf16 error on this row
+    record(f"decode_attention {str(low)[6:]} B{B} H{H} Tk{T} D{D} vs fp64", (row.double() - ref).abs().max().item(),
+           max(floor, 2e-3), f"(Triton full forward's last row: {floor:.2e})")
 
 
 def check_tile_kernel(device, deadline):
@@ -244,7 +269,7 @@ def main():
     device = torch.device("cpu" if SMOKE else "cuda")
     start = time.monotonic()
     deadline = start + args.seconds
-    for check in (check_triton_kernel, check_tile_kernel, check_lift_flash, check_models):
+    for check in (check_triton_kernel, check_decode, check_tile_kernel, check_lift_flash, check_models):
         begun = time.monotonic()
         try:
             check(device, deadline)

@@ -239,6 +239,8 @@ def test_backend_choice_by_device_and_dtype(monkeypatch):
     import attention
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.setattr(attention, "TRITON_AVAILABLE", True)
+    builds = {"separable": True}  # what the installed Triton could build (probed on a GPU on first use)
+    monkeypatch.setattr(attention, "triton_builds", lambda family, dtype_name: builds[family])
     bias = build_bias("fox", n_head=2, head_dim=8, n_embd=8, grape_a_omega_init=1.0, fox_gate_bias_init=0.0,
                       p_head_dim=8)
     cpu, cuda = torch.device("cpu"), torch.device("cuda")  # (only the device type is read)
@@ -250,6 +252,8 @@ def test_backend_choice_by_device_and_dtype(monkeypatch):
     assert resolve_backend("auto", None, cuda, torch.bfloat16) == "sdpa"
     with pytest.raises(ValueError, match="needs a CUDA device"):
         resolve_backend("tile", bias, cpu, torch.float32)
+    builds["separable"] = False  # a Triton that cannot build the kernel: auto lifts
+    assert resolve_backend("auto", bias, cuda, torch.bfloat16) == "lifted"
     monkeypatch.setattr(attention, "TRITON_AVAILABLE", False)
     assert resolve_backend("auto", bias, cuda, torch.bfloat16) == "lifted"
     with pytest.raises(ValueError, match="triton is not installed"):
