@@ -10,34 +10,13 @@ Validation windows: the same cut of the validation shards, in order, so the set 
 """
 import glob
 import hashlib
-import json
 import os
 
 import numpy as np
 import torch
 
+from data.manifest import read_manifest, repair_hint, split_files
 from data.shards import HEADER_BYTES, DataError, open_shard, read_header
-
-PREPARE_HINT = "prepare one with `python -m data.prepare --default` (or --files / --dataset, see README)"
-
-
-def read_manifest(data_dir):
-    """The manifest.json that data/prepare.py wrote, as a dict (has "tokenizer", "tokens", "shards", ...)."""
-    path = os.path.join(data_dir, "manifest.json")
-    if not os.path.isdir(data_dir):
-        raise DataError(f"data directory {data_dir} does not exist; {PREPARE_HINT}")
-    if not os.path.exists(path):
-        if os.path.exists(os.path.join(data_dir, "progress.json")):
-            raise DataError(f"the preparation of {data_dir} did not finish; run the same data.prepare command again "
-                            f"to complete it")
-        raise DataError(f"{data_dir} has no manifest.json, so it is not a prepared data directory; {PREPARE_HINT}")
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except ValueError as error:
-        raise DataError(f"{path} is damaged ({error}); delete it and run the data.prepare command that made "
-                        f"{data_dir} again, which prepares it afresh") from None
-
 
 def data_description(data_dir):
     """The manifest, or for a manifest-free llm.c-style directory (which holds GPT-2 token shards) a stand-in
@@ -47,13 +26,6 @@ def data_description(data_dir):
         split_files(data_dir, "train")  # a DataError if it has no train shards
         return {"tokenizer": "gpt2", "shards": None}
     return read_manifest(data_dir)
-
-
-def _redo_hint(data_dir):
-    if not os.path.exists(os.path.join(data_dir, "manifest.json")):
-        return "replace it with an intact copy (this directory has no manifest.json to rebuild it from)"
-    from data.prepare import prepare_command
-    return f"run `{prepare_command(data_dir)}` (the command that prepared it): it finds and rewrites the damaged shards"
 
 
 _checked_shards = {}  # (path, size, mtime) -> largest token id: each shard is read in full once per process
@@ -69,15 +41,15 @@ def verify_shards(data_dir, splits=("train", "val"), vocab_size=None):
     for split in splits:
         for path in split_files(data_dir, split):
             if not os.path.exists(path):
-                raise DataError(f"shard {path} listed in manifest.json is missing; {_redo_hint(data_dir)}")
+                raise DataError(f"shard {path} listed in manifest.json is missing; {repair_hint(data_dir)}")
             stat = os.stat(path)
             key = (os.path.abspath(path), stat.st_size, stat.st_mtime_ns)
             if key not in _checked_shards:
-                read_header(path, redo=_redo_hint(data_dir))
+                read_header(path, redo=repair_hint(data_dir))
                 digest, largest = _hash_and_max(path)
                 if recorded.get(path) and digest != recorded[path]:
                     raise DataError(f"shard {path} is damaged: its sha256 differs from the one in manifest.json "
-                                    f"(changed on disk since it was prepared); {_redo_hint(data_dir)}")
+                                    f"(changed on disk since it was prepared); {repair_hint(data_dir)}")
                 _checked_shards[key] = largest
             largest = _checked_shards[key]
             if vocab_size is not None and largest >= vocab_size:
@@ -96,23 +68,6 @@ def _hash_and_max(path):
             if len(block) >= 2:
                 largest = max(largest, int(np.frombuffer(block, dtype="<u2", count=len(block) // 2).max()))
     return digest.hexdigest(), largest
-
-
-def split_files(data_dir, split):
-    """Shard paths of a split, in order: from the manifest, or for llm.c-style folders without one, by name."""
-    if split not in ("train", "val"):
-        raise DataError(f"unknown split {split!r}; use 'train' or 'val'")
-    if not os.path.isdir(data_dir):
-        raise DataError(f"data directory {data_dir} does not exist; {PREPARE_HINT}")
-    if os.path.exists(os.path.join(data_dir, "manifest.json")) or os.path.exists(os.path.join(data_dir, "progress.json")):
-        manifest = read_manifest(data_dir)
-        paths = [os.path.join(data_dir, s["file"]) for s in manifest["shards"] if s["split"] == split]
-    else:  # e.g. llm.c's fineweb_val_000000.bin, fineweb_train_000001.bin
-        paths = sorted(set(glob.glob(os.path.join(data_dir, f"{split}_*.bin")))
-                       | set(glob.glob(os.path.join(data_dir, f"*_{split}_*.bin"))))
-    if not paths:
-        raise DataError(f"{data_dir} has no {split} shards; {PREPARE_HINT}")
-    return paths
 
 
 def _windows(shards, block_size):

@@ -50,9 +50,12 @@ PREPARE_SETTINGS = {"tokenizer": "byte", "val_tokens": 2048, "shard_tokens": 600
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
+    """Three files (three pieces for data/prepare.py), as a --files pattern."""
     root = tmp_path_factory.mktemp("fault_corpus")
-    write_corpus(root / "corpus.jsonl", corpus_docs())
-    return root / "corpus.jsonl"
+    docs = corpus_docs()
+    for i in range(3):
+        write_corpus(root / f"corpus_{i}.jsonl", docs[i * 10:(i + 1) * 10])
+    return str(root / "corpus_*.jsonl")
 
 
 @pytest.fixture(scope="module")
@@ -309,29 +312,39 @@ def test_second_ctrl_c_while_a_checkpoint_is_written_keeps_it(config_file, tmp_p
 
 # ----------------------------------------------------------------------------- data
 
+# Runs data/prepare.py in this process (one worker), SIGKILLing itself at the point argv[2] names: half-way
+# through writing piece shard number argv[1], right before piece argv[1]'s record (its shards all written), or
+# right after the last step has given its final name to shard argv[1].
 KILL_DURING_PREPARE = """
     import os, signal, sys
     import numpy as np
     from data import prepare as prep
     which, point = int(sys.argv[1]), sys.argv[2]
-    calls = {"n": 0}
-    real_write_shard, real_write_json = prep.write_shard, prep._write_json
+    calls = {"shards": 0, "named": 0}
+    real_write_shard, real_write_json, real_replace = prep.write_shard, prep._write_json, os.replace
     die = lambda: os.kill(os.getpid(), signal.SIGKILL)
 
     def write_shard(path, tokens):
-        calls["n"] += 1
-        if calls["n"] == which and point == "mid-shard":
+        calls["shards"] += 1
+        if calls["shards"] == which and point == "mid-shard":
             with open(path + ".tmp", "wb") as f:
                 f.write(b"\\0" * 1024 + np.asarray(tokens, dtype="<u2").tobytes()[:100])
             die()
         return real_write_shard(path, tokens)
 
     def write_json(path, data):
-        if calls["n"] == which and point == "before-progress" and path.endswith("progress.json"):
+        if point == "before-record" and path.endswith(f"piece_{which:06d}.json"):
             die()
         real_write_json(path, data)
 
-    prep.write_shard, prep._write_json = write_shard, write_json
+    def replace(src, dst):
+        real_replace(src, dst)
+        if point == "naming" and dst.endswith(".bin") and os.path.basename(os.path.dirname(dst)) != "parts":
+            calls["named"] += 1
+            if calls["named"] == which:
+                die()
+
+    prep.write_shard, prep._write_json, os.replace = write_shard, write_json, replace
     sys.exit(prep.main(sys.argv[3:]))
 """
 
@@ -345,7 +358,8 @@ def prepare_args(corpus, out):
 def test_kill9_during_data_preparation_then_rerun_gives_identical_shards(corpus, data_dir, tmp_path):
     reference = directory_bytes(type(tmp_path)(data_dir))
     rng = random.Random(5)
-    points = {"mid-shard": rng.randint(2, 4), "before-progress": rng.randint(2, 4)}  # of 5 shards
+    # 3 pieces of 2 shards each; 7 named shards (the first piece shard is cut at the validation split)
+    points = {"mid-shard": rng.randint(2, 5), "before-record": rng.randint(0, 2), "naming": rng.randint(1, 5)}
     killed = {point: subprocess.Popen([sys.executable, "-c", textwrap.dedent(KILL_DURING_PREPARE), str(which), point,
                                        *prepare_args(corpus, tmp_path / point)], cwd=REPO, env=ENV,
                                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -420,7 +434,7 @@ def test_a_source_edited_in_place_is_not_mixed_into_a_resumed_preparation(tmp_pa
     write_corpus(tmp_path / "a.jsonl", docs)
     source = prep.files_source(str(tmp_path / "a.jsonl"))
     with pytest.raises(KeyboardInterrupt):
-        prep.prepare(source, str(tmp_path / "out"), progress_bar=False, stop_after_shards=1, **PREPARE_SETTINGS)
+        prep.prepare(source, str(tmp_path / "out"), progress_bar=False, stop_after_pieces=1, **PREPARE_SETTINGS)
     edited = [doc.replace("the", "THE") for doc in docs]  # same size, other content
     write_corpus(tmp_path / "a.jsonl", edited)
     assert os.path.getsize(tmp_path / "a.jsonl") == len("".join(json.dumps({"text": d}) + "\n" for d in docs))
