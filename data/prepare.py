@@ -312,7 +312,7 @@ def _tokenize_pieces(source, out_dir, tokenizer, n_pieces, workers, config, done
 
     if not tasks or _enough(done, budget) is not None:
         return
-    if workers <= 1:  # in this process: simplest to debug, and what 1 core does best
+    if workers <= 1 or len(tasks) == 1:  # in this process: no fork for one piece (e.g. the embedded corpus)
         _init_worker(source, tokenizer, bar.update if bar is not None else None)
         try:
             for task in tasks:
