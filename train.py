@@ -38,6 +38,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import checkpoints
 from config import ConfigError, TrainConfig, resolve
+from data.prefetch import DamagedBatch
 from data.shards import DataError
 
 # Settings that shape the loss sequence: a resumed run must use the checkpoint's values unless --allow_changes
@@ -310,6 +311,7 @@ def run(argv: list[str]) -> dict:
     """Train as the arguments say; returns a summary (per-step losses of this invocation, final step, ...)."""
     from model import GPT, GPTConfig
     from data.loader import TrainBatches, data_description, verify_shards
+    from data.prefetch import PrefetchedBatches
 
     config_path, resume, overrides, allowed_changes = parse_args(argv)
     model_cfg, cfg = resolve(config_path, overrides, GPTConfig)
@@ -367,9 +369,14 @@ def run(argv: list[str]) -> dict:
     if n_vocab is not None and n_vocab > model_cfg.vocab_size:
         raise ConfigError(f"the data's tokenizer {tokenizer_name!r} has {n_vocab} tokens but model.vocab_size is "
                           f"{model_cfg.vocab_size}; set --vocab_size={n_vocab} or more.")
-    # Every shard once: its sha256 against the manifest and every token id below vocab_size, before any step.
-    verify_shards(data_dir, vocab_size=model_cfg.vocab_size)
-    train_batches = TrainBatches(data_dir, batch_size=cfg.batch_size, block_size=T, seed=cfg.seed)
+    # Headers of every shard; content (sha256, token ids < vocab_size) once per shard version, shared out over
+    # the processes and recorded, so a start costs the same however large the data is.
+    verify_shards(data_dir, vocab_size=model_cfg.vocab_size, rank=ddp.rank, world_size=ddp.world_size)
+    # Read ahead in the background (this process's next micro-batches are world_size indices apart) and each batch
+    # checked for token ids >= vocab_size before it is used.
+    train_batches = PrefetchedBatches(TrainBatches(data_dir, batch_size=cfg.batch_size, block_size=T, seed=cfg.seed),
+                                      stride=ddp.world_size, vocab_size=model_cfg.vocab_size,
+                                      pin_memory=ddp.device.type == "cuda")
 
     # model and optimizer (same seed on every process, so every replica starts equal)
     torch.manual_seed(cfg.seed)
@@ -627,7 +634,7 @@ def main() -> None:
                   file=sys.stderr, flush=True)
         sys.exit(130)
     except (ConfigError, TrainError, DataError) as e:
-        if rank == 0:
+        if rank == 0 or isinstance(e, DamagedBatch):  # a damaged batch is seen only by the process that read it
             print(f"error: {e}", file=sys.stderr, flush=True)
         code = 2 if isinstance(e, ConfigError) else 1
         if dist.is_available() and dist.is_initialized():

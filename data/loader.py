@@ -9,14 +9,15 @@ iteration order, nothing to save for resume but the step; and every window is us
 Validation windows: the same cut of the validation shards, in order, so the set is fixed for every run.
 """
 import glob
-import hashlib
 import os
 
 import numpy as np
 import torch
 
-from data.manifest import read_manifest, repair_hint, split_files
-from data.shards import HEADER_BYTES, DataError, open_shard, read_header
+from data.manifest import read_manifest, split_files  # noqa: F401 (part of this module's interface)
+from data.shards import DataError, open_shard
+from data.verify import verify_shards  # noqa: F401 (part of this module's interface)
+
 
 def data_description(data_dir):
     """The manifest, or for a manifest-free llm.c-style directory (which holds GPT-2 token shards) a stand-in
@@ -26,48 +27,6 @@ def data_description(data_dir):
         split_files(data_dir, "train")  # a DataError if it has no train shards
         return {"tokenizer": "gpt2", "shards": None}
     return read_manifest(data_dir)
-
-
-_checked_shards = {}  # (path, size, mtime) -> largest token id: each shard is read in full once per process
-
-
-def verify_shards(data_dir, splits=("train", "val"), vocab_size=None):
-    """Check the shards of `splits` once per process: header, the sha256 recorded in manifest.json (directories
-    without one: header only) and, given vocab_size, that every token id is below it. A DataError names the
-    file and the command that repairs it."""
-    recorded = {}
-    if os.path.exists(os.path.join(data_dir, "manifest.json")):
-        recorded = {os.path.join(data_dir, s["file"]): s.get("sha256") for s in read_manifest(data_dir)["shards"]}
-    for split in splits:
-        for path in split_files(data_dir, split):
-            if not os.path.exists(path):
-                raise DataError(f"shard {path} listed in manifest.json is missing; {repair_hint(data_dir)}")
-            stat = os.stat(path)
-            key = (os.path.abspath(path), stat.st_size, stat.st_mtime_ns)
-            if key not in _checked_shards:
-                read_header(path, redo=repair_hint(data_dir))
-                digest, largest = _hash_and_max(path)
-                if recorded.get(path) and digest != recorded[path]:
-                    raise DataError(f"shard {path} is damaged: its sha256 differs from the one in manifest.json "
-                                    f"(changed on disk since it was prepared); {repair_hint(data_dir)}")
-                _checked_shards[key] = largest
-            largest = _checked_shards[key]
-            if vocab_size is not None and largest >= vocab_size:
-                raise DataError(f"shard {path} holds token id {largest}, but the model's vocab_size is {vocab_size}: "
-                                f"the data was made with a larger tokenizer; set --vocab_size={largest + 1} or more, "
-                                "or train on data prepared with the model's tokenizer")
-
-
-def _hash_and_max(path):
-    """(sha256 of the whole file, largest token id, -1 if none) in one pass over the file."""
-    digest, largest = hashlib.sha256(), -1
-    with open(path, "rb") as f:
-        digest.update(f.read(HEADER_BYTES))
-        for block in iter(lambda: f.read(1 << 22), b""):  # an even block size keeps uint16 tokens whole
-            digest.update(block)
-            if len(block) >= 2:
-                largest = max(largest, int(np.frombuffer(block, dtype="<u2", count=len(block) // 2).max()))
-    return digest.hexdigest(), largest
 
 
 def _windows(shards, block_size):
@@ -133,7 +92,7 @@ class TrainBatches:
     def __init__(self, data_dir, batch_size, block_size, seed=0):
         if batch_size < 1 or block_size < 1:
             raise DataError(f"batch_size and block_size must be positive (got {batch_size}, {block_size})")
-        self.batch_size, self.block_size, self.seed = batch_size, block_size, seed
+        self.data_dir, self.batch_size, self.block_size, self.seed = data_dir, batch_size, block_size, seed
         verify_shards(data_dir, ("train",))
         self.paths = split_files(data_dir, "train")
         self.shards = [open_shard(p) for p in self.paths]

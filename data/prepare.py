@@ -3,6 +3,7 @@
     python -m data.prepare --dataset fineweb-edu --version 10B --out data_cache/fineweb-edu-10B
     python -m data.prepare --files 'corpus/**/*.jsonl' --out data_cache/mycorpus --val-tokens 1000000
     python -m data.prepare --default            # the embedded English corpus (what the quickstart uses)
+    python -m data.prepare --verify data_cache/fineweb-edu-10B   # read every shard now and check it
 
 Every document is tokenised with <|endoftext|> in front of it. The input is read in pieces, one per file of
 the source (the hub dataset's parquet files, or the local files, in sorted order). Each worker process takes
@@ -639,6 +640,8 @@ def parse_args(argv=None):
     which.add_argument("--dataset", choices=["fineweb-edu"], help="a hub dataset, streamed")
     which.add_argument("--files", help="glob of local .jsonl/.json/.parquet (with a 'text' field) or .txt files")
     which.add_argument("--default", action="store_true", help="the embedded English corpus (offline)")
+    which.add_argument("--verify", metavar="DIR", help="read every shard of a prepared directory now and check its "
+                                                       "sha256 and token ids (training does this once per shard)")
     parser.add_argument("--version", default="10B", choices=sorted(FINEWEB_EDU_CONFIGS),
                         help="FineWeb-Edu sample size (default 10B; the paper used 100B)")
     parser.add_argument("--out", help="output directory (default data_cache/<name>)")
@@ -658,6 +661,24 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
+def verify_command(data_dir, workers=None):
+    """--verify DIR: every shard read in full (its sha256 against manifest.json, its token ids), in parallel."""
+    from data.manifest import repair_hint
+    from data.verify import verify_all
+
+    started = time.time()
+    count, size, problems = verify_all(data_dir, workers or available_cores())
+    for problem in problems:
+        print(f"error: {problem}", file=sys.stderr)
+    if problems:
+        print(f"{len(problems)} of {count} shard(s) of {data_dir} are damaged or missing; {repair_hint(data_dir)}",
+              file=sys.stderr)
+        return 2
+    print(f"{data_dir}: all {count} shard(s) intact: sha256 as recorded, token ids within the tokenizer's "
+          f"({size / 1e9:.2f} GB read in {time.time() - started:.1f} s)")
+    return 0
+
+
 def _stop_now(signum, frame):
     # Ctrl-C or kill: stop the workers and leave at once. Unwinding through Pool.terminate() can hang while its
     # task thread is blocked on a full pipe, and nothing needs cleaning up: shards and records are only ever
@@ -673,6 +694,8 @@ def main(argv=None):
     signal.signal(signal.SIGINT, _stop_now)
     signal.signal(signal.SIGTERM, _stop_now)
     try:
+        if args.verify:
+            return verify_command(args.verify, args.workers)
         if args.default:
             out = ensure_default_corpus(args.out, tokenizer=args.tokenizer, progress_bar=not args.quiet)
             print(out)

@@ -10,3 +10,11 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def shard_check_records(tmp_path_factory):
+    """Records of verified shards (data/verify.py) go to a folder of this test session, not the user's cache."""
+    import os
+    os.environ["GRAPE_CACHE_DIR"] = str(tmp_path_factory.mktemp("grape_cache"))
+    yield

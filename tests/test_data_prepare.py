@@ -331,3 +331,17 @@ def test_damaged_progress_file_is_one_clear_error(tmp_path):
     (tmp_path / "out" / "progress.json").write_text('{"config": {"a": 1}, "pieces": [')  # cut off mid-write
     with pytest.raises(DataError, match="progress.json is damaged"):
         run_prepare(prep.files_source(str(tmp_path / "a.jsonl")), tmp_path / "out")
+
+
+def test_verify_command_reads_every_shard(tmp_path, capsys):
+    source = write_files(tmp_path / "in")
+    manifest = run_prepare(source, tmp_path / "out", **LAYOUT)
+    assert prep.main(["--verify", str(tmp_path / "out")]) == 0
+    assert f"all {len(manifest['shards'])} shard(s) intact" in capsys.readouterr().out
+    name = manifest["shards"][2]["file"]
+    data = bytearray((tmp_path / "out" / name).read_bytes())
+    data[HEADER_BYTES + 5] ^= 1  # still a byte token (< 257), so only the sha256 can tell
+    (tmp_path / "out" / name).write_bytes(bytes(data))
+    assert prep.main(["--verify", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"{name} is damaged" in err and "1 of " in err and "python -m data.prepare --files" in err
