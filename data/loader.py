@@ -9,6 +9,7 @@ iteration order, nothing to save for resume but the step; and every window is us
 Validation windows: the same cut of the validation shards, in order, so the set is fixed for every run.
 """
 import glob
+import mmap
 import os
 
 import numpy as np
@@ -35,12 +36,26 @@ def _windows(shards, block_size):
     return counts, np.concatenate([[0], np.cumsum(counts)])
 
 
+def _read_ahead(shard, start, count):
+    """Ask the kernel to read tokens [start, start + count) of a memory-mapped shard in the background. Done for
+    every window of a batch before copying any, the windows come from disk in parallel instead of one page fault
+    after another: 1.7 instead of 20 ms per 20 x 4096 batch on a cold page cache here (scripts/bench_scale.py)."""
+    mapped = getattr(shard, "base", None)
+    if not isinstance(mapped, mmap.mmap) or not hasattr(mapped, "madvise"):
+        return  # an empty shard (a plain array), or a platform without madvise
+    begin = shard.offset % mmap.ALLOCATIONGRANULARITY + shard.itemsize * start  # np.memmap maps from here
+    aligned = begin - begin % mmap.PAGESIZE
+    mapped.madvise(mmap.MADV_WILLNEED, aligned, begin + shard.itemsize * count - aligned)
+
+
 def _gather(shards, offsets, windows, block_size):
     # Fill x and y straight from the memory maps with numpy: no intermediate (B, T+1) array and no torch
     # strided copy (which is slow on a busy CPU).
     x = np.empty((len(windows), block_size), dtype=np.int64)
     y = np.empty((len(windows), block_size), dtype=np.int64)
     shard_of = np.searchsorted(offsets, windows, side="right") - 1
+    for w, s in zip(windows.tolist(), shard_of.tolist()):
+        _read_ahead(shards[s], (w - int(offsets[s])) * block_size, block_size + 1)
     for row, (w, s) in enumerate(zip(windows.tolist(), shard_of.tolist())):
         start = (w - int(offsets[s])) * block_size
         x[row] = shards[s][start:start + block_size]

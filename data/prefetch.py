@@ -37,6 +37,7 @@ class PrefetchedBatches:
         self.vocab_size, self.pin_memory = vocab_size, pin_memory
         self.data_dir = getattr(source, "data_dir", None)
         self._pending = {}  # index -> Future of (x, y)
+        self.late = 0  # batches asked for before they were ready: how often a step waited on data
         # The thread ends when this object is garbage-collected (ThreadPoolExecutor's own weakref), so callers
         # need not close anything.
         self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batch-prefetch")
@@ -57,6 +58,8 @@ class PrefetchedBatches:
         for i in ahead:
             if i not in self._pending:
                 self._pending[i] = self._reader.submit(self._read, i)
+        if future is None or not future.done():
+            self.late += 1
         return future.result() if future is not None else self._read(index)
 
     def __getattr__(self, name):  # windows_per_epoch, epoch_of, ... of the source
