@@ -284,8 +284,8 @@ def _finished_pieces(out_dir):
 
 
 def _enough(done, max_tokens):
-    """How many pieces, from the first, the stream needs: all of them, or the first ones that together hold
-    max_tokens; None while a piece it may need is missing."""
+    """How many pieces, from the first, hold max_tokens between them: None without max_tokens, or while a piece
+    that may be needed is not finished (then all pieces are needed, or more must be read)."""
     total = 0
     for i in range(len(done) + 1):
         if i not in done:
