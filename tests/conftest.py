@@ -12,9 +12,15 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-@pytest.fixture(autouse=True, scope="session")
-def shard_check_records(tmp_path_factory):
-    """Records of verified shards (data/verify.py) go to a folder of this test session, not the user's cache."""
+def pytest_configure(config):
+    """Records of verified shards (data/verify.py) go to a folder of this test session, not the user's cache. Set
+    before any test module is imported: several build their subprocesses' environment at import."""
     import os
-    os.environ["GRAPE_CACHE_DIR"] = str(tmp_path_factory.mktemp("grape_cache"))
-    yield
+    import tempfile
+    config.shard_check_records = tempfile.mkdtemp(prefix="grape_cache_")
+    os.environ["GRAPE_CACHE_DIR"] = config.shard_check_records
+
+
+def pytest_unconfigure(config):
+    import shutil
+    shutil.rmtree(getattr(config, "shard_check_records", ""), ignore_errors=True)
