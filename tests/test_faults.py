@@ -615,9 +615,10 @@ def test_unwritable_run_directory_is_one_sentence(config_file, tmp_path):
 
 
 def test_stop_request_is_honoured_between_micro_batches(config_file, data_dir, tmp_path):
-    # 600 micro-batches per step (seconds): a stop must not wait for the step to end, and must not half-apply it.
+    # 6000 micro-batches per step (seconds): a stop must not wait for the step to end, and must not half-apply it.
+    # (600 took under the 1 s below on an idle machine, so the step ended before the signal came.)
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "train.py", config_file, "--batch_size=1", "--global_batch_size=600",
+    proc = subprocess.Popen([sys.executable, "train.py", config_file, "--batch_size=1", "--global_batch_size=6000",
                              "--max_iters=1", "--warmup_iters=0", f"--out_dir={run_dir}"], cwd=REPO, env=ENV,
                             text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     for line in proc.stdout:
