@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from config import ConfigError, TrainConfig, describe_keys, resolve
+from data.prefetch import DamagedBatch
 from data.shards import DataError
 from hf.init_from import initial_state
 from training.checkpointing import (FIXED_FOR_A_RUN, TRAJECTORY_KEYS, Checkpointer, check_resume_compatible,
@@ -142,6 +143,7 @@ def precision(cfg: TrainConfig, device: torch.device):
 def training_data(cfg: TrainConfig, vocab_size: int, block_size: int, ddp: Distributed):
     """(data directory, its tokenizer's name, the batch source), every shard checked."""
     from data.loader import RandomOffsetBatches, TrainBatches, data_description, verify_shards
+    from data.prefetch import PrefetchedBatches
     if cfg.data_dir == "default":  # the main process prepares it once; the others wait and use the same directory
         from data.prepare import ensure_default_corpus
         data_dir = ddp.from_main(ensure_default_corpus() if ddp.is_main else None)
@@ -159,14 +161,18 @@ def training_data(cfg: TrainConfig, vocab_size: int, block_size: int, ddp: Distr
     if n_vocab is not None and n_vocab > vocab_size:
         raise ConfigError(f"the data's tokenizer {tokenizer_name!r} has {n_vocab} tokens but model.vocab_size is "
                           f"{vocab_size}; set --vocab_size={n_vocab} or more.")
-    # Every shard once: its sha256 against the manifest and every token id below vocab_size, before any step.
-    verify_shards(data_dir, vocab_size=vocab_size)
+    # Headers and sizes now; each shard's content (sha256, token ids) once per version of the file, the reading
+    # shared out over the processes; then every batch's ids as it is read (data/verify.py, data/prefetch.py).
+    verify_shards(data_dir, vocab_size=vocab_size, rank=ddp.rank, world_size=ddp.world_size)
     if cfg.sampler == "random_offsets":
         batches = RandomOffsetBatches(data_dir, batch_size=cfg.batch_size, block_size=block_size, seed=cfg.seed,
                                       global_batch_size=cfg.global_batch_size,
                                       layout=cfg.reference_processes_and_micro_steps())
     else:
         batches = TrainBatches(data_dir, batch_size=cfg.batch_size, block_size=block_size, seed=cfg.seed)
+    # this process's next micro-batches are read in the background (their numbering strides by the world size)
+    batches = PrefetchedBatches(batches, stride=ddp.world_size, vocab_size=vocab_size,
+                                pin_memory=ddp.device.type == "cuda")
     return data_dir, tokenizer_name, batches
 
 
@@ -434,7 +440,7 @@ def main() -> None:
                   file=sys.stderr, flush=True)
         sys.exit(130)
     except (ConfigError, TrainError, DataError) as e:
-        if rank == 0:
+        if rank == 0 or isinstance(e, DamagedBatch):  # a damaged batch is seen only by the process that read it
             print(f"error: {e}", file=sys.stderr, flush=True)
         report_to_torchrun(f"error: {e}")
         code = 2 if isinstance(e, ConfigError) else 1

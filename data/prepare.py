@@ -1,28 +1,32 @@
-"""Stream documents into uint16 token shards (llm.c / nanoGPT-speedrun format) with a JSON manifest.
+"""Tokenise documents into uint16 token shards (llm.c / nanoGPT-speedrun format) with a JSON manifest.
 
     python -m data.prepare --dataset fineweb-edu --version 10B --out data_cache/fineweb-edu-10B
     python -m data.prepare --files 'corpus/**/*.jsonl' --out data_cache/mycorpus --val-tokens 1000000
     python -m data.prepare --default            # the embedded English corpus (what the quickstart uses)
+    python -m data.prepare --verify data_cache/fineweb-edu-10B   # read every shard now and check it
 
-Every document is tokenised with <|endoftext|> in front of it. The token stream, in document order, is cut
-into shards: the first --val-tokens tokens are the validation split (val_000000.bin, ...), the rest the train
-split (train_NNNNNN.bin, --shard-tokens each, the last one shorter). The output depends only on the arguments,
-not on the number of workers. Each shard is written to a temporary name and renamed when complete, and
-progress.json records where the next shard starts, so an interrupted run re-run with the same arguments keeps
-the completed shards, redoes the partial one and ends with byte-identical files. manifest.json marks the end.
+Every document is tokenised with <|endoftext|> in front of it. The input is read in pieces, one per file of
+the source (the hub dataset's parquet files, or the local files, in sorted order). Each worker process takes
+whole pieces: it reads its piece itself and writes that piece's tokens as shards of at most --shard-tokens to
+OUT/parts/, then a record of them. A last step that reads almost nothing names the shards in input order: the
+first --val-tokens tokens of the stream are the validation split (val_000000.bin, ...), the rest the train
+split (train_NNNNNN.bin, numbered on from the validation shards); the shard that straddles the split, and with
+--max-tokens the one in which the stream stops, is cut in two. So the output depends only on the arguments and
+the input, never on the number of workers, and a re-run of an interrupted run with the same arguments keeps the
+finished pieces, redoes the others and ends with byte-identical files. manifest.json marks the end.
 """
 import argparse
-import collections
+import functools
 import glob
 import json
 import multiprocessing
 import os
-import shlex
 import shutil
 import signal
 import socket
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlparse
 
 if __package__ in (None, ""):  # run as `python data/prepare.py`: make the repository root importable
@@ -30,15 +34,16 @@ if __package__ in (None, ""):  # run as `python data/prepare.py`: make the repos
 
 import numpy as np
 
-from data.shards import DataError, file_sha256, read_header, write_shard
-from data.tokenizer import TOKENIZER_NAMES, encode_documents, get_tokenizer, init_worker
+from data import tokenizer as tokenization
+from data.manifest import FINEWEB_EDU_CONFIGS, FINEWEB_EDU_REPO, prepare_command, read_manifest  # noqa: F401
+from data.shards import DataError, file_sha256, open_shard, read_header, write_shard
+from data.tokenizer import TOKENIZER_NAMES, encode_documents, get_tokenizer
 
-FINEWEB_EDU_REPO = "HuggingFaceFW/fineweb-edu"
-FINEWEB_EDU_CONFIGS = {"10B": "sample-10BT", "100B": "sample-100BT", "350B": "sample-350BT"}
 DEFAULT_SHARD_TOKENS = 100_000_000  # 200 MB per shard, as in nanoGPT-speedrun
 DEFAULT_HUB_VAL_TOKENS = 100_000_000  # the paper's 0.1B validation tokens
 DEFAULT_FILES_VAL_TOKENS = 1_000_000
-DOCS_PER_TASK = 64  # documents per worker task: large enough to amortise pickling, small enough to stream
+DOCS_PER_BATCH = 64  # documents tokenised together: fewer Python-level steps per token
+PARTS = "parts"  # OUT/parts/: the pieces' shards and records until the last step names them
 LOCAL_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text"}
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OFFLINE_HINT = ("prepare local files instead with --files 'path/*.jsonl' (.jsonl/.json/.parquet with a 'text' "
@@ -46,13 +51,19 @@ OFFLINE_HINT = ("prepare local files instead with --files 'path/*.jsonl' (.jsonl
 
 
 class Source:
-    """A document stream: `description` (JSON, identifies the data for resume and the manifest) and a
-    datasets.IterableDataset factory whose rows have a 'text' field."""
+    """A document stream in pieces. `description` (JSON) identifies the data for resume and the manifest;
+    open_dataset() gives a datasets.IterableDataset whose rows have a 'text' field and whose shards (one per input
+    file) are the pieces; `files` are local files whose sha256 joins the description. Everything is picklable
+    (module-level functions), so worker processes can be spawned as well as forked."""
 
-    def __init__(self, description, open_dataset, check=None):
-        self.description = description
-        self.open_dataset = open_dataset
-        self.check = check or (lambda: None)  # raises DataError at once if the source cannot be read
+    def __init__(self, description, open_dataset, check=None, files=(), pieces=None):
+        self.description, self.open_dataset, self.files = description, open_dataset, list(files)
+        self.pieces = pieces or len(self.files) or None  # None: ask the dataset (the hub's file list)
+        self.check = check or _nothing_to_check  # raises DataError at once if the source cannot be read
+
+
+def _nothing_to_check():
+    pass
 
 
 def _quiet_datasets():
@@ -67,38 +78,49 @@ def _env_true(name):
     return os.environ.get(name, "").strip().upper() in ("1", "ON", "YES", "TRUE")
 
 
+def _check_hub():
+    # Fail in well under a second when the hub cannot be reached; datasets itself retries for ~23 s.
+    if _env_true("HF_HUB_OFFLINE") or _env_true("HF_DATASETS_OFFLINE"):
+        raise DataError(f"cannot stream {FINEWEB_EDU_REPO} because offline mode is on (HF_HUB_OFFLINE / "
+                        f"HF_DATASETS_OFFLINE); {OFFLINE_HINT}")
+    endpoint = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
+    try:
+        socket.create_connection((endpoint.hostname, port), timeout=5).close()
+    except OSError as exc:
+        raise DataError(f"cannot reach the Hugging Face hub at {endpoint.hostname}:{port} ({exc.__class__.__name__})"
+                        f" to stream {FINEWEB_EDU_REPO}; {OFFLINE_HINT}") from None
+
+
+def _open_hub(config):
+    _check_hub()
+    datasets = _quiet_datasets()
+    try:
+        return datasets.load_dataset(FINEWEB_EDU_REPO, name=config, split="train", streaming=True)
+    except (ConnectionError, OSError) as exc:
+        raise DataError(f"could not open {FINEWEB_EDU_REPO} ({config}) on the hub: {exc}; {OFFLINE_HINT}") from None
+
+
 def hub_source(version):
-    """FineWeb-Edu sample `version` (10B, 100B or 350B) streamed from the Hugging Face hub."""
+    """FineWeb-Edu sample `version` (10B, 100B or 350B) streamed from the Hugging Face hub; one piece per parquet
+    file of the sample."""
     if version not in FINEWEB_EDU_CONFIGS:
         raise DataError(f"unknown FineWeb-Edu version {version!r}; choose one of {', '.join(FINEWEB_EDU_CONFIGS)}")
     config = FINEWEB_EDU_CONFIGS[version]
+    return Source({"kind": "hub", "dataset": FINEWEB_EDU_REPO, "config": config},
+                  functools.partial(_open_hub, config), _check_hub)
 
-    def check():
-        # Fail in well under a second when the hub cannot be reached; datasets itself retries for ~23 s.
-        if _env_true("HF_HUB_OFFLINE") or _env_true("HF_DATASETS_OFFLINE"):
-            raise DataError(f"cannot stream {FINEWEB_EDU_REPO} because offline mode is on (HF_HUB_OFFLINE / "
-                            f"HF_DATASETS_OFFLINE); {OFFLINE_HINT}")
-        endpoint = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
-        port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
-        try:
-            socket.create_connection((endpoint.hostname, port), timeout=5).close()
-        except OSError as exc:
-            raise DataError(f"cannot reach the Hugging Face hub at {endpoint.hostname}:{port} ({exc.__class__.__name__})"
-                            f" to stream {FINEWEB_EDU_REPO}; {OFFLINE_HINT}") from None
 
-    def open_dataset():
-        check()
-        datasets = _quiet_datasets()
-        try:
-            return datasets.load_dataset(FINEWEB_EDU_REPO, name=config, split="train", streaming=True)
-        except (ConnectionError, OSError) as exc:
-            raise DataError(f"could not open {FINEWEB_EDU_REPO} ({config}) on the hub: {exc}; {OFFLINE_HINT}") from None
-
-    return Source({"kind": "hub", "dataset": FINEWEB_EDU_REPO, "config": config}, open_dataset, check)
+def _open_files(builder, paths, pattern, kwargs):
+    datasets = _quiet_datasets()
+    try:
+        return datasets.load_dataset(builder, data_files=paths, split="train", streaming=True, **kwargs)
+    except Exception as exc:  # datasets raises many types for unreadable files
+        raise DataError(f"could not read --files {pattern!r} as {builder}: {exc}") from None
 
 
 def files_source(pattern, txt_sample_by="document"):
-    """Local files matching a glob (** allowed), in sorted path order, read through datasets."""
+    """Local files matching a glob (** allowed), in sorted path order, read through datasets; one piece per file."""
     paths = sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
     if not paths:
         raise DataError(f"no files match --files {pattern!r}; check the path, and quote the pattern so the shell "
@@ -113,86 +135,110 @@ def files_source(pattern, txt_sample_by="document"):
         raise DataError(f"--files {pattern!r} mixes {', '.join(sorted(kinds))} files; prepare each kind in its "
                         f"own run (or convert them to one kind)")
     builder = builders.pop()
-
-    def open_dataset():
-        datasets = _quiet_datasets()
-        kwargs = {"sample_by": txt_sample_by} if builder == "text" else {}
-        try:
-            return datasets.load_dataset(builder, data_files=paths, split="train", streaming=True, **kwargs)
-        except Exception as exc:  # datasets raises many types for unreadable files
-            raise DataError(f"could not read --files {pattern!r} as {builder}: {exc}") from None
-
-    # Files are known by content, not path and size: a file edited in place between an interrupted run and its
-    # resume must not mix old and new shards.
-    description = {"kind": "files", "pattern": pattern, "format": builder,
-                   "files": [[p, os.path.getsize(p), file_sha256(p)] for p in paths]}
+    kwargs = {"sample_by": txt_sample_by} if builder == "text" else {}
+    description = {"kind": "files", "pattern": pattern, "format": builder}
     if builder == "text":
         description["txt_sample_by"] = txt_sample_by
-    return Source(description, open_dataset)
+    return Source(description, functools.partial(_open_files, builder, paths, pattern, kwargs), files=paths)
 
 
-def _shard_plan(index, val_tokens, shard_tokens):
-    """(split, capacity) of shard `index`: validation shards first, then train shards."""
-    n_val = -(-val_tokens // shard_tokens)
-    if index < n_val:
-        return "val", min(shard_tokens, val_tokens - index * shard_tokens)
-    return "train", shard_tokens
+def describe(source, threads=1):
+    """The source's description; local files are known by content, not path and size (a file edited in place
+    between an interrupted run and its resume must not mix old and new shards). hashlib releases the GIL, so
+    threads hash several files at once."""
+    if not source.files:
+        return source.description
+    with ThreadPoolExecutor(max(1, min(threads, len(source.files)))) as pool:
+        digests = list(pool.map(file_sha256, source.files))
+    files = [[p, os.path.getsize(p), d] for p, d in zip(source.files, digests)]
+    return {**source.description, "files": files}
 
 
-def _text_batches(source, start_state, skip_docs):
-    """Yield (dataset state before the batch, docs to skip in it, texts): the state lets a resume seek to it."""
-    dataset = source.open_dataset()
-    if start_state is not None:
-        dataset.load_state_dict(start_state)
-    rows = iter(dataset)
-    state = start_state  # state_dict() is "after the last example yielded", so it is unset before the first one
-    while True:
-        texts = []
-        try:
-            for row in rows:
-                if "text" not in row:
-                    raise DataError(f"the rows of {json.dumps(source.description)[:200]} have no 'text' field "
-                                    f"(fields: {', '.join(row)}); give files whose documents are in 'text'")
-                texts.append(row["text"] or "")
-                if len(texts) == DOCS_PER_TASK:
-                    break
-        except DataError:
-            raise
-        except Exception as exc:  # network or file errors while streaming
-            raise DataError(f"reading the documents failed ({exc.__class__.__name__}: {exc}); re-run the same "
-                            f"command to resume from the last complete shard") from None
-        if not texts:
-            return
-        if skip_docs >= len(texts):  # seeking by document count (rewriting one shard): skip batches untokenised
-            skip_docs -= len(texts)
-            state = dataset.state_dict()
-            continue
-        yield state, skip_docs, texts
-        state = dataset.state_dict()
-        skip_docs = 0
+# ---- worker side: one piece of the input into OUT/parts/ --------------------------------------------------------
+
+_worker = {"source": None, "dataset": None, "counter": None}
 
 
-def _encoded_batches(batches, tokenizer_name, workers):
-    """Tokenise batches in worker processes, yielding results in input order with a bounded backlog."""
-    if workers <= 1:
-        init_worker(tokenizer_name)
-        for state, skip, texts in batches:
-            yield state, skip, encode_documents(texts[skip:])
+def _init_worker(source, tokenizer_name, counter):
+    tokenization.init_worker(tokenizer_name)
+    _worker.update(source=source, dataset=None, counter=counter)
+
+
+def _document_batches(rows, description):
+    texts = []
+    try:
+        for row in rows:
+            if "text" not in row:
+                raise DataError(f"the rows of {json.dumps(description)[:200]} have no 'text' field "
+                                f"(fields: {', '.join(row)}); give files whose documents are in 'text'")
+            texts.append(row["text"] or "")
+            if len(texts) == DOCS_PER_BATCH:
+                yield texts
+                texts = []
+    except DataError:
+        raise
+    except Exception as exc:  # network or file errors while streaming
+        raise DataError(f"reading the documents failed ({exc.__class__.__name__}: {exc}); re-run the same "
+                        f"command to continue from the finished pieces") from None
+    if texts:
+        yield texts
+
+
+def _piece_path(out_dir, index, part=None, parts=PARTS):
+    name = f"piece_{index:06d}.json" if part is None else f"piece_{index:06d}_{part:06d}.bin"
+    return os.path.join(out_dir, parts, name)
+
+
+def _tokenize_piece(task):
+    """Tokenise piece `index` of the source (its first `budget` tokens) into shards of at most shard_tokens under
+    OUT/<parts>/, then write the piece's record (the marker that it is complete) and return it."""
+    index, n_pieces, out_dir, shard_tokens, budget, parts = task
+    source = _worker["source"]
+    if _worker["dataset"] is None:  # opened once per worker: the hub resolves its file list here
+        _worker["dataset"] = source.open_dataset()
+    rows = _worker["dataset"].shard(num_shards=n_pieces, index=index, contiguous=True)
+    eot = tokenization._worker_tokenizer.eot_token
+    buffer = np.empty(int(min(shard_tokens, budget or shard_tokens)), dtype=np.uint16)
+    shards, fill, total = [], 0, 0
+
+    def flush():
+        name = os.path.relpath(_piece_path(out_dir, index, len(shards), parts), out_dir)
+        sha = write_shard(os.path.join(out_dir, name), buffer[:fill])
+        shards.append({"file": name, "tokens": fill, "sha256": sha,
+                       "documents": int(np.count_nonzero(buffer[:fill] == eot))})
+
+    for texts in _document_batches(rows, source.description):
+        flat, _ = encode_documents(texts)
+        pos = 0
+        while pos < len(flat) and (budget is None or total < budget):
+            take = min(len(buffer) - fill, len(flat) - pos, len(flat) if budget is None else budget - total)
+            buffer[fill:fill + take] = flat[pos:pos + take]
+            fill, pos, total = fill + take, pos + take, total + take
+            if fill == len(buffer):
+                flush()
+                fill = 0
+        _report(pos)
+        if budget is not None and total >= budget:
+            break  # the stream never needs more of this piece: every token past here is past --max-tokens
+    if fill:
+        flush()
+    record = {"piece": index, "tokens": total, "shards": shards}
+    _write_json(_piece_path(out_dir, index, parts=parts), record)
+    return record
+
+
+def _report(tokens):
+    counter = _worker["counter"]
+    if counter is None:
         return
-    # fork where there is one: workers start in milliseconds with the tokenizer already loaded (spawn re-imports
-    # everything, seconds per worker). The dataset is only opened after the fork, so no reader threads exist yet.
-    context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
-    with context.Pool(workers, initializer=init_worker, initargs=(tokenizer_name,)) as pool:
-        pending = collections.deque()
-        for state, skip, texts in batches:
-            pending.append((state, skip, pool.apply_async(encode_documents, (texts[skip:],))))
-            if len(pending) >= 4 * workers:
-                state, skip, result = pending.popleft()
-                yield state, skip, result.get()
-        while pending:
-            state, skip, result = pending.popleft()
-            yield state, skip, result.get()
+    if callable(counter):
+        counter(tokens)
+        return
+    with counter.get_lock():
+        counter.value += tokens
 
+
+# ---- main side ---------------------------------------------------------------------------------------------------
 
 def _write_json(path, data):
     tmp = f"{path}.tmp"
@@ -200,269 +246,334 @@ def _write_json(path, data):
         json.dump(data, f, indent=1)
         f.write("\n")
         f.flush()
-        os.fsync(f.fileno())  # a crash right after the rename must not leave an empty progress file
+        os.fsync(f.fileno())  # a crash right after the rename must not leave an empty record
     os.replace(tmp, path)
 
 
-def _load_progress(out_dir, config):
-    """Completed shards of an earlier run with the same config, checked on disk; a fresh state otherwise."""
-    path = os.path.join(out_dir, "progress.json")
-    fresh = {"config": config, "shards": [], "resume": {"state": None, "skip_docs": 0, "skip_tokens": 0, "doc": 0}}
-    if not os.path.exists(path):
-        return fresh
+def _read_json(path):
     try:
         with open(path) as f:
-            progress = json.load(f)
+            return json.load(f)
     except (OSError, ValueError) as error:
+        out_dir = os.path.dirname(path)
         raise DataError(f"{path} is damaged ({error}); delete {out_dir} and prepare again") from None
-    if progress.get("config") != config:
-        raise DataError(f"{out_dir} holds a preparation with other arguments; use the same arguments to resume it, "
-                        f"or another --out (or delete {out_dir}) to start a new one")
-    # A damaged shard is dropped with every shard after it: the next one's start point is only recorded in it.
-    for i, shard in enumerate(progress["shards"]):
-        if not _shard_intact(out_dir, shard):
-            if "start" not in shard:  # progress.json of an older version
-                raise DataError(f"{os.path.join(out_dir, shard['file'])} is missing or changed since it was written; "
-                                f"delete {out_dir} and prepare again")
-            progress["shards"], progress["resume"] = progress["shards"][:i], _resume_at(shard["start"])
-            break
-    return progress
 
 
-def _resume_at(start):
-    """A resume point from a shard's start (document index, tokens of it already used) by skipping documents
-    from the beginning: slower than a dataset state, but a state's JSON differs between equivalent positions
-    and would make manifests of equal preparations differ."""
-    return {"state": None, "skip_docs": start["doc"], "skip_tokens": start["skip_tokens"], "doc": start["doc"]}
+def _finished_pieces(out_dir):
+    """The records of the pieces an earlier run completed, each checked on disk (header and size: the shards were
+    fsynced before their record, so a kill cannot leave a recorded shard partial); everything else in
+    OUT/parts/ (a piece cut off by a kill) is deleted."""
+    parts = os.path.join(out_dir, PARTS)
+    os.makedirs(parts, exist_ok=True)
+    done = {}
+    for name in sorted(os.listdir(parts)):
+        if name.endswith(".json"):
+            record = _read_json(os.path.join(parts, name))
+            try:
+                intact = all(read_header(os.path.join(out_dir, s["file"])) == s["tokens"] for s in record["shards"])
+            except (OSError, DataError):
+                intact = False
+            if intact:
+                done[record["piece"]] = record
+    keep = {os.path.basename(s["file"]) for r in done.values() for s in r["shards"]}
+    keep |= {os.path.basename(_piece_path(out_dir, i)) for i in done}
+    for name in os.listdir(parts):
+        if name not in keep:
+            os.remove(os.path.join(parts, name))
+    return done
 
 
-def _shard_intact(out_dir, shard):
-    path = os.path.join(out_dir, shard["file"])
-    try:
-        return read_header(path) == shard["tokens"] and file_sha256(path) == shard["sha256"]
-    except (OSError, DataError):
-        return False
+def _enough(done, max_tokens):
+    """How many pieces, from the first, hold max_tokens between them: None without max_tokens, or while a piece
+    that may be needed is not finished (then all pieces are needed, or more must be read)."""
+    total = 0
+    for i in range(len(done) + 1):
+        if i not in done:
+            return None
+        total += done[i]["tokens"]
+        if max_tokens is not None and total >= max_tokens:
+            return i + 1
+    return None
 
 
-def prepare_command(out_dir):
-    """The `python -m data.prepare ...` command that made (or resumes, or repairs) out_dir, from its manifest."""
-    out_dir = os.fspath(out_dir)
-    for name in ("manifest.json", "progress.json"):
-        try:
-            with open(os.path.join(out_dir, name)) as f:
-                config = json.load(f)["config"]
-            break
-        except (OSError, ValueError, KeyError):
-            config = None
-    if config is None:
-        return f"python -m data.prepare ... --out {shlex.quote(out_dir)}"
-    source = config["source"]
-    if source["kind"] == "default":
-        return f"python -m data.prepare --default --out {shlex.quote(out_dir)} --tokenizer {config['tokenizer']}"
-    if source["kind"] == "hub":
-        version = next(v for v, c in FINEWEB_EDU_CONFIGS.items() if c == source["config"])
-        words = ["--dataset", "fineweb-edu", "--version", version]
-    else:
-        words = ["--files", source["pattern"]]
-        if source.get("txt_sample_by", "document") != "document":
-            words += ["--txt-sample-by", source["txt_sample_by"]]
-    words += ["--out", out_dir, "--tokenizer", config["tokenizer"], "--val-tokens", str(config["val_tokens"]),
-              "--shard-tokens", str(config["shard_tokens"])]
-    if config["max_tokens"] is not None:
-        words += ["--max-tokens", str(config["max_tokens"])]
-    return "python -m data.prepare " + " ".join(shlex.quote(w) for w in words)
+def _tokenize_pieces(source, out_dir, tokenizer, n_pieces, workers, config, done, bar, stop_after_pieces):
+    """Tokenise the pieces not yet done, in order, with `workers` processes, until the stream has all it needs."""
+    todo = [i for i in range(n_pieces) if i not in done]
+    budget = config["max_tokens"]
+    tasks = [(i, n_pieces, out_dir, config["shard_tokens"], budget, PARTS) for i in todo]
+    finished = 0
 
+    def take(record):
+        nonlocal finished
+        done[record["piece"]] = record
+        finished += 1
+        if stop_after_pieces is not None and finished >= stop_after_pieces:
+            raise KeyboardInterrupt(f"stopped after {stop_after_pieces} pieces (test hook)")
+        return len(done) == n_pieces or _enough(done, budget) is not None
 
-def _write_shards(source, out_dir, tokenizer, workers, progress, budget, val_tokens, shard_tokens, bar=None,
-                  on_shard=None):
-    """Tokenise from progress["resume"] on, appending shards to progress["shards"] until the source ends or
-    `budget` tokens are written; on_shard(progress) runs after each shard. Returns the documents read."""
-    shards = progress["shards"]
-    resume = progress["resume"]
-    index = len(shards)
-    split, capacity = _shard_plan(index, val_tokens, shard_tokens)
-    buffer = np.empty(capacity, dtype=np.uint16)
-    fill = 0
-    doc = resume["doc"]  # index of the next document in the stream
-    skip_tokens = resume["skip_tokens"]  # tokens of that document already in earlier shards
-
-    def finish_shard(state, skip_docs, next_doc, next_skip, last=False):
-        nonlocal index, split, capacity, buffer, fill
-        name = f"{split}_{index:06d}.bin"
-        sha = write_shard(os.path.join(out_dir, name), buffer[:fill])
-        # Where this shard started in the stream, so that a damaged copy can be rewritten on its own later.
-        start = {"doc": progress["resume"]["doc"], "skip_tokens": progress["resume"]["skip_tokens"]}
-        shards.append({"file": name, "split": split, "tokens": fill, "sha256": sha, "start": start})
-        progress["resume"] = {"state": state, "skip_docs": skip_docs, "skip_tokens": next_skip, "doc": next_doc,
-                              "finished": last}
-        index += 1
-        split, capacity = _shard_plan(index, val_tokens, shard_tokens)
-        if capacity != len(buffer):
-            buffer = np.empty(capacity, dtype=np.uint16)
-        fill = 0
-        if on_shard is not None:
-            on_shard(progress)
-
-    # A run killed after its last shard but before manifest.json has nothing left to read (its resume
-    # state is unset, which would otherwise mean "from the start" and append the corpus again).
-    more = budget > 0 and not resume.get("finished")
-    batches = _text_batches(source, resume["state"], resume["skip_docs"]) if more else iter(())
-    for state, skip_docs, (flat, lengths) in _encoded_batches(batches, tokenizer, workers):
-        ends = np.cumsum(lengths)
-        for i, length in enumerate(lengths):
-            pos = int(ends[i] - length) + skip_tokens
-            end = int(ends[i])
-            skip_tokens = 0
-            while pos < end and budget > 0:
-                take = int(min(capacity - fill, end - pos, budget))
-                buffer[fill:fill + take] = flat[pos:pos + take]
-                fill, pos, budget = fill + take, pos + take, budget - take
-                if bar is not None:
-                    bar.update(take)
-                if fill == capacity:
-                    # The next shard starts at token `pos` of this document, or at the next document.
-                    doc_end = pos == end
-                    finish_shard(state, skip_docs + i + doc_end, doc + doc_end,
-                                 0 if doc_end else pos - int(ends[i] - length))
-            doc += 1
-            if budget <= 0:
-                break
-        if bar is not None:
-            bar.set_postfix_str(f"{doc:,} docs", refresh=False)
-        if budget <= 0:
-            break
-    if fill:
-        finish_shard(None, 0, doc, 0, last=True)
-    return doc
-
-
-def _repair_shards(source, out_dir, manifest, workers, progress_bar):
-    """Rewrite exactly the shards of a finished preparation that are missing or no longer match their sha256."""
-    config = manifest["config"]
-    damaged = [i for i, shard in enumerate(manifest["shards"]) if not _shard_intact(out_dir, shard)]
-    if not damaged:
+    if not tasks or _enough(done, budget) is not None:
         return
-    if any("start" not in manifest["shards"][i] for i in damaged):
-        raise DataError(f"{len(damaged)} shard(s) of {out_dir} are missing or damaged, and its manifest.json (written "
-                        f"by an older version) does not record where each shard starts; delete {out_dir} and "
-                        "prepare it again")
-    for i in damaged:
-        shard = manifest["shards"][i]
-        progress = {"shards": manifest["shards"][:i], "resume": _resume_at(shard["start"])}
-        _write_shards(source, out_dir, config["tokenizer"], workers, progress, shard["tokens"],
-                      config["val_tokens"], config["shard_tokens"])
-        if progress["shards"][i]["sha256"] != shard["sha256"]:
-            raise DataError(f"rewriting {shard['file']} gave other tokens than when {out_dir} was prepared: the "
-                            f"source has changed since; delete {out_dir} and prepare it again")
-    if progress_bar:
-        print(f"rewrote {len(damaged)} damaged or missing shard(s) of {out_dir}: "
-              + ", ".join(manifest["shards"][i]["file"] for i in damaged), file=sys.stderr)
+    if workers <= 1 or len(tasks) == 1:  # in this process: no fork for one piece (e.g. the embedded corpus)
+        _init_worker(source, tokenizer, bar.update if bar is not None else None)
+        try:
+            for task in tasks:
+                if take(_tokenize_piece(task)):
+                    return
+        finally:
+            _worker.update(source=None, dataset=None, counter=None)
+        return
+    # fork where there is one: workers start in milliseconds with the tokenizer loaded (spawn re-imports
+    # everything, seconds per worker); nothing in this process has opened a dataset (or its threads) yet.
+    context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
+    counter = context.Value("q", 0)
+    shown = 0
+    with context.Pool(min(workers, len(tasks)), initializer=_init_worker,
+                      initargs=(source, tokenizer, counter)) as pool:
+        results = pool.imap(_tokenize_piece, tasks)  # in piece order, so the stream's prefix is known
+        while True:
+            try:
+                record = results.next(timeout=1.0)
+            except multiprocessing.TimeoutError:
+                if bar is not None:
+                    bar.update(counter.value - shown)
+                    shown = counter.value
+                continue
+            except StopIteration:
+                return
+            if take(record):
+                return  # leaving the `with` stops the workers still on pieces the stream does not need
+
+
+def _plan(done, n_used, val_tokens, max_tokens):
+    """The final shards, in stream order: each is a whole piece shard or a cut [start, start + tokens) of one."""
+    plan, pos, limit = [], 0, float("inf") if max_tokens is None else max_tokens
+    for i in range(n_used):
+        for j, part in enumerate(done[i]["shards"]):
+            lo, hi = pos, pos + part["tokens"]
+            for split, a, b in (("val", lo, min(hi, val_tokens, limit)), ("train", max(lo, val_tokens), min(hi, limit))):
+                if a < b:
+                    whole = (a, b) == (lo, hi)
+                    plan.append({"file": f"{split}_{len(plan):06d}.bin", "split": split, "tokens": int(b - a),
+                                 "from": part["file"], "piece": i, "part": j, "start": int(a - lo),
+                                 "sha256": part["sha256"] if whole else None,
+                                 "documents": part["documents"] if whole else None})
+            pos = hi
+    return plan
+
+
+def _name_shards(out_dir, plan, eot):
+    """Carry out the plan: rename whole piece shards, write the cut ones. Every step can be repeated, so a run
+    killed half-way through re-runs the plan from finalize.json."""
+    by_source = {}
+    for entry in plan:
+        by_source.setdefault(entry["from"], []).append(entry)
+    for source, entries in by_source.items():
+        src = os.path.join(out_dir, source)
+        if os.path.exists(src):
+            if len(entries) == 1 and entries[0]["sha256"] is not None:
+                os.replace(src, os.path.join(out_dir, entries[0]["file"]))
+                continue
+            tokens = open_shard(src)
+            for entry in entries:
+                piece = tokens[entry["start"]:entry["start"] + entry["tokens"]]
+                entry["sha256"] = write_shard(os.path.join(out_dir, entry["file"]), piece)
+                entry["documents"] = int(np.count_nonzero(piece == eot))
+            del tokens
+            os.remove(src)
+            continue
+        for entry in entries:  # done before a kill: the named files are complete (written whole, then renamed)
+            dst = os.path.join(out_dir, entry["file"])
+            if not os.path.exists(dst):
+                raise DataError(f"{src} and {dst} are both missing, so {out_dir} cannot be completed; delete it and "
+                                "prepare again")
+            if entry["sha256"] is None or entry["documents"] is None:
+                entry["sha256"] = file_sha256(dst)
+                entry["documents"] = int(np.count_nonzero(open_shard(dst) == eot))
 
 
 def _remove_unfinished(out_dir, created):
     """After a preparation that cannot succeed: remove what it wrote, so nothing looks prepared or resumable."""
+    shutil.rmtree(os.path.join(out_dir, PARTS), ignore_errors=True)
     for name in os.listdir(out_dir):
-        if name == "progress.json" or name.endswith((".bin", ".tmp")):
+        if name in ("progress.json", "finalize.json") or name.endswith((".bin", ".tmp")):
             os.remove(os.path.join(out_dir, name))
     if created and not os.listdir(out_dir):
         os.rmdir(out_dir)
 
 
+def _repair_shards(source, out_dir, manifest, tok, workers, progress_bar):
+    """Rewrite exactly the shards of a finished preparation that are missing or no longer match their sha256:
+    each from its piece, tokenised again."""
+    config = manifest["config"]
+
+    def intact(shard):
+        path = os.path.join(out_dir, shard["file"])
+        try:
+            return read_header(path) == shard["tokens"] and file_sha256(path) == shard["sha256"]
+        except (OSError, DataError):
+            return False
+
+    with ThreadPoolExecutor(max(1, workers)) as pool:  # hashing releases the GIL
+        damaged = [s for s, ok in zip(manifest["shards"], pool.map(intact, manifest["shards"])) if not ok]
+    if not damaged:
+        return
+    if any("piece" not in shard for shard in damaged):
+        raise DataError(f"{len(damaged)} shard(s) of {out_dir} are missing or damaged, and its manifest.json (written "
+                        f"by an older version) does not record where each shard comes from; delete {out_dir} and "
+                        "prepare it again")
+    pieces = sorted({shard["piece"] for shard in damaged})
+    n_pieces = manifest["pieces"]
+    scratch = "repair"
+    shutil.rmtree(os.path.join(out_dir, scratch), ignore_errors=True)
+    os.makedirs(os.path.join(out_dir, scratch))
+    _init_worker(source, config["tokenizer"], None)
+    try:
+        records = {i: _tokenize_piece((i, n_pieces, out_dir, config["shard_tokens"], config["max_tokens"], scratch))
+                   for i in pieces}
+    finally:
+        _worker.update(source=None, dataset=None, counter=None)
+    for shard in damaged:
+        part = open_shard(os.path.join(out_dir, records[shard["piece"]]["shards"][shard["part"]]["file"]))
+        sha = write_shard(os.path.join(out_dir, shard["file"]), part[shard["start"]:shard["start"] + shard["tokens"]])
+        del part
+        if sha != shard["sha256"]:
+            raise DataError(f"rewriting {shard['file']} gave other tokens than when {out_dir} was prepared: the "
+                            f"source has changed since; delete {out_dir} and prepare it again")
+    shutil.rmtree(os.path.join(out_dir, scratch))
+    if progress_bar:
+        print(f"rewrote {len(damaged)} damaged or missing shard(s) of {out_dir}: "
+              + ", ".join(shard["file"] for shard in damaged), file=sys.stderr)
+
+
+def available_cores():
+    """Cores this process may use (a SLURM or taskset CPU mask counts, not the machine's size)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def prepare(source, out_dir, tokenizer="gpt2", val_tokens=DEFAULT_FILES_VAL_TOKENS,
             shard_tokens=DEFAULT_SHARD_TOKENS, max_tokens=None, workers=None, progress_bar=True,
-            stop_after_shards=None):
+            stop_after_pieces=None):
     """Prepare `source` into shards under out_dir and return the manifest (see the module docstring).
 
-    stop_after_shards (for tests) raises KeyboardInterrupt after that many shards, as Ctrl-C would."""
+    workers: processes that tokenise pieces (default: the available cores; 1 tokenises in this process).
+    stop_after_pieces (for tests) raises KeyboardInterrupt after that many pieces, as Ctrl-C would."""
     if shard_tokens < 1 or val_tokens < 0 or (max_tokens is not None and max_tokens < 1):
         raise DataError("--shard-tokens and --max-tokens must be positive and --val-tokens non-negative")
-    # One core stays with the main process (reading, writing); on 2 cores one in-process worker is fastest.
-    workers = max(1, (os.cpu_count() or 1) - 1) if workers is None else workers
+    workers = available_cores() if workers is None else workers
     source.check()
     tok = get_tokenizer(tokenizer)
     if tok.n_vocab > 2**16:
         raise DataError(f"tokenizer {tokenizer} has {tok.n_vocab} ids; uint16 shards hold at most 65536")
-    config = {"source": source.description, "tokenizer": tokenizer, "val_tokens": val_tokens,
-              "shard_tokens": shard_tokens, "max_tokens": max_tokens}
     created = not os.path.isdir(out_dir)
     try:
-        return _prepare(source, out_dir, tok, config, workers, progress_bar, stop_after_shards, created)
+        config = {"source": describe(source, workers), "tokenizer": tokenizer, "val_tokens": val_tokens,
+                  "shard_tokens": shard_tokens, "max_tokens": max_tokens}
+        return _prepare(source, out_dir, tok, config, workers, progress_bar, stop_after_pieces, created)
     except OSError as error:  # a full disk or a read-only directory: what was completed stays usable for a re-run
-        for name in os.listdir(out_dir) if os.path.isdir(out_dir) else ():
-            if name.endswith(".tmp"):
-                os.remove(os.path.join(out_dir, name))
+        for folder in (out_dir, os.path.join(out_dir, PARTS)):
+            for name in os.listdir(folder) if os.path.isdir(folder) else ():
+                if name.endswith(".tmp"):
+                    os.remove(os.path.join(folder, name))
         where = f" ({error.filename})" if error.filename else ""
-        raise DataError(f"cannot write to {out_dir}{where}: {error.strerror or error}; completed shards are kept: "
+        raise DataError(f"cannot write to {out_dir}{where}: {error.strerror or error}; completed pieces are kept: "
                         "free space or fix the permissions, then run the same command again to continue") from None
 
 
-def _prepare(source, out_dir, tok, config, workers, progress_bar, stop_after_shards, created):
-    tokenizer, val_tokens, max_tokens = config["tokenizer"], config["val_tokens"], config["max_tokens"]
+def _prepare(source, out_dir, tok, config, workers, progress_bar, stop_after_pieces, created):
     os.makedirs(out_dir, exist_ok=True)
     manifest_path = os.path.join(out_dir, "manifest.json")
     if os.path.exists(manifest_path):
-        from data.loader import read_manifest
-
         manifest = read_manifest(out_dir)  # a DataError if it is damaged
         if manifest.get("config") == config:
-            _repair_shards(source, out_dir, manifest, workers, progress_bar)
+            for leftover in ("progress.json", "finalize.json"):  # a run killed after writing the manifest
+                if os.path.exists(os.path.join(out_dir, leftover)):
+                    os.remove(os.path.join(out_dir, leftover))
+            shutil.rmtree(os.path.join(out_dir, PARTS), ignore_errors=True)
+            _repair_shards(source, out_dir, manifest, tok, workers, progress_bar)
             if progress_bar:
                 print(f"{out_dir} is already prepared ({manifest['tokens']['total']:,} tokens)", file=sys.stderr)
             return manifest
         raise DataError(f"{out_dir} already holds data prepared with other arguments; use another --out or delete it")
 
-    progress = _load_progress(out_dir, config)
-    kept = {s["file"] for s in progress["shards"]}
-    for name in os.listdir(out_dir):  # partial shards of an interrupted run, and shards it wrote past progress.json
-        if name.endswith(".tmp") or (name.endswith(".bin") and name not in kept):
-            os.remove(os.path.join(out_dir, name))
+    progress_path = os.path.join(out_dir, "progress.json")
+    progress = _read_json(progress_path) if os.path.exists(progress_path) else None
+    if progress is not None and progress.get("config") != config:
+        raise DataError(f"{out_dir} holds a preparation with other arguments; use the same arguments to resume it, "
+                        f"or another --out (or delete {out_dir}) to start a new one")
+    if progress is None or "pieces" not in progress:  # nothing yet, or a run of an older version: start afresh
+        _remove_unfinished(out_dir, False)
+        progress = {"config": config, "pieces": source.pieces or _count_pieces(source)}
+        _write_json(progress_path, progress)
+    n_pieces = progress["pieces"]
 
-    written = sum(s["tokens"] for s in progress["shards"])
-    budget = float("inf") if max_tokens is None else max_tokens - written
     started = time.time()
-    bar = None
-    if progress_bar:
-        from tqdm import tqdm
+    finalize_path = os.path.join(out_dir, "finalize.json")
+    if not os.path.exists(finalize_path):
+        for name in os.listdir(out_dir):  # only the last step writes here: anything else is left from a kill
+            if name.endswith((".bin", ".tmp")):
+                os.remove(os.path.join(out_dir, name))
+        done = _finished_pieces(out_dir)
+        bar = None
+        if progress_bar:
+            from tqdm import tqdm
 
-        bar = tqdm(total=max_tokens, initial=written, unit="tok", unit_scale=True, dynamic_ncols=True,
-                   mininterval=1.0, desc=f"tokenizing ({workers} worker{'s' * (workers > 1)})")
-
-    def record_progress(progress):
-        _write_json(os.path.join(out_dir, "progress.json"), progress)
-        if stop_after_shards is not None and len(progress["shards"]) - len(kept) >= stop_after_shards:
-            raise KeyboardInterrupt(f"stopped after {stop_after_shards} shards (test hook)")
-
-    try:
-        doc = _write_shards(source, out_dir, tokenizer, workers, progress, budget, val_tokens,
-                            config["shard_tokens"], bar, record_progress)
-    finally:
-        if bar is not None:
-            bar.close()
-
-    shards = progress["shards"]
-    counts = {"val": sum(s["tokens"] for s in shards if s["split"] == "val"),
-              "train": sum(s["tokens"] for s in shards if s["split"] == "train")}
+            bar = tqdm(total=config["max_tokens"], initial=sum(r["tokens"] for r in done.values()), unit="tok",
+                       unit_scale=True, dynamic_ncols=True, mininterval=1.0,
+                       desc=f"tokenizing {n_pieces} piece(s) ({workers} worker{'s' * (workers > 1)})")
+        try:
+            _tokenize_pieces(source, out_dir, config["tokenizer"], n_pieces, workers, config, done, bar,
+                             stop_after_pieces)
+        finally:
+            if bar is not None:
+                bar.close()
+        n_used = _enough(done, config["max_tokens"]) or n_pieces
+        plan = _plan(done, n_used, config["val_tokens"], config["max_tokens"])
+        counts = {split: sum(e["tokens"] for e in plan if e["split"] == split) for split in ("val", "train")}
+        if counts["train"] == 0:
+            _remove_unfinished(out_dir, created)  # the same command would fail the same way: leave nothing behind
+            documents = sum(s["documents"] for i in range(n_used) for s in done[i]["shards"])
+            if sum(done[i]["tokens"] for i in range(n_used)) <= documents:  # each document gave only its eot token
+                raise DataError(f"the source holds no text ({documents:,} document(s), all empty); check --files "
+                                f"(and the 'text' field), then prepare again")
+            raise DataError(f"the source has only {counts['val']:,} tokens and all went to validation "
+                            f"(--val-tokens {config['val_tokens']:,}); prepare it again with a smaller --val-tokens")
+        _write_json(finalize_path, plan)
+    plan = _read_json(finalize_path)
+    _name_shards(out_dir, plan, tok.eot_token)
+    counts = {split: sum(e["tokens"] for e in plan if e["split"] == split) for split in ("val", "train")}
     counts["total"] = counts["val"] + counts["train"]
-    if counts["train"] == 0:
-        _remove_unfinished(out_dir, created)  # the same command would fail the same way: leave nothing behind
-        if counts["total"] <= doc:  # every document contributed only its <|endoftext|> token
-            raise DataError(f"the source holds no text ({doc:,} document(s), all empty); check --files "
-                            f"(and the 'text' field), then prepare again")
-        raise DataError(f"the source has only {counts['total']:,} tokens and all went to validation "
-                        f"(--val-tokens {val_tokens:,}); prepare it again with a smaller --val-tokens")
     manifest = {
         "format": "llm.c uint16 token shards: 256 x int32 header (magic 20240520, version 1, token count), "
                   "then uint16 tokens",
-        "source": source.description, "tokenizer": tokenizer, "vocab_size": tok.n_vocab, "eot_token": tok.eot_token,
-        "documents": doc, "tokens": counts, "shards": shards, "config": config,
+        "source": config["source"], "tokenizer": config["tokenizer"], "vocab_size": tok.n_vocab,
+        "eot_token": tok.eot_token, "documents": sum(e["documents"] for e in plan), "tokens": counts,
+        "shards": [{"file": e["file"], "split": e["split"], "tokens": e["tokens"], "sha256": e["sha256"],
+                    "piece": e["piece"], "part": e["part"], "start": e["start"]} for e in plan],
+        "pieces": n_pieces, "config": config,
     }
     _write_json(manifest_path, manifest)
-    os.remove(os.path.join(out_dir, "progress.json"))
+    shutil.rmtree(os.path.join(out_dir, PARTS), ignore_errors=True)
+    os.remove(finalize_path)
+    os.remove(progress_path)
     if progress_bar:
-        seconds = time.time() - started
-        print(f"wrote {len(shards)} shards to {out_dir}: {counts['val']:,} val + {counts['train']:,} train tokens "
-              f"from {doc:,} documents ({seconds:.1f} s this run)", file=sys.stderr)
+        print(f"wrote {len(plan)} shards to {out_dir}: {counts['val']:,} val + {counts['train']:,} train tokens "
+              f"from {manifest['documents']:,} documents ({time.time() - started:.1f} s this run)", file=sys.stderr)
     return manifest
+
+
+def _count_pieces(source):
+    """The number of pieces, found in a child process: opening a hub dataset starts threads, which must not exist
+    in this process when it forks the workers."""
+    context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
+    with context.Pool(1) as pool:
+        return pool.apply(_num_shards, (source,))
+
+
+def _num_shards(source):
+    return source.open_dataset().num_shards
 
 
 # ---- the embedded default corpus --------------------------------------------------------------------------------
@@ -475,23 +586,25 @@ DEFAULT_CORPUS_SHARD_TOKENS = 1_000_000
 def default_corpus_source(work_dir):
     """The embedded corpus (data/default_corpus.jsonl.xz), unpacked into work_dir for datasets to read."""
     import hashlib
-    import lzma
 
     with open(DEFAULT_CORPUS_FILE, "rb") as f:
         packed = f.read()
     digest = hashlib.sha256(packed).hexdigest()
     unpacked = os.path.join(work_dir, f"default_corpus-{digest[:12]}.jsonl")
+    return Source({"kind": "default", "file": "data/default_corpus.jsonl.xz", "sha256": digest},
+                  functools.partial(_open_default, unpacked), pieces=1)
 
-    def open_dataset():
-        if not os.path.exists(unpacked):
-            tmp = unpacked + ".part"  # not .tmp: prepare() removes those
-            with open(tmp, "wb") as f:
-                f.write(lzma.decompress(packed))
-            os.replace(tmp, unpacked)
-        datasets = _quiet_datasets()
-        return datasets.load_dataset("json", data_files=[unpacked], split="train", streaming=True)
 
-    return Source({"kind": "default", "file": "data/default_corpus.jsonl.xz", "sha256": digest}, open_dataset)
+def _open_default(unpacked):
+    import lzma
+
+    if not os.path.exists(unpacked):
+        tmp = f"{unpacked}.{os.getpid()}.part"  # not .tmp: prepare() removes those
+        with open(DEFAULT_CORPUS_FILE, "rb") as f, open(tmp, "wb") as out:
+            out.write(lzma.decompress(f.read()))
+        os.replace(tmp, unpacked)
+    datasets = _quiet_datasets()
+    return datasets.load_dataset("json", data_files=[unpacked], split="train", streaming=True)
 
 
 def ensure_default_corpus(out_dir=None, tokenizer="gpt2", progress_bar=True):
@@ -527,6 +640,8 @@ def parse_args(argv=None):
     which.add_argument("--dataset", choices=["fineweb-edu"], help="a hub dataset, streamed")
     which.add_argument("--files", help="glob of local .jsonl/.json/.parquet (with a 'text' field) or .txt files")
     which.add_argument("--default", action="store_true", help="the embedded English corpus (offline)")
+    which.add_argument("--verify", metavar="DIR", help="read every shard of a prepared directory now and check its "
+                                                       "sha256 and token ids (training does this once per shard)")
     parser.add_argument("--version", default="10B", choices=sorted(FINEWEB_EDU_CONFIGS),
                         help="FineWeb-Edu sample size (default 10B; the paper used 100B)")
     parser.add_argument("--out", help="output directory (default data_cache/<name>)")
@@ -534,22 +649,43 @@ def parse_args(argv=None):
     parser.add_argument("--val-tokens", type=int, default=None,
                         help=f"validation tokens, taken from the start of the stream (default {DEFAULT_HUB_VAL_TOKENS:,}"
                              f" for the hub, {DEFAULT_FILES_VAL_TOKENS:,} for --files)")
-    parser.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS, help="tokens per shard")
+    parser.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS,
+                        help="most tokens per shard (each input file starts a new one)")
     parser.add_argument("--max-tokens", type=int, default=None, help="stop after this many tokens in all")
-    parser.add_argument("--workers", type=int, default=None, help="tokenizer processes (default: cores - 1; 1 tokenizes in the main process)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="processes, each tokenising whole input files (default: the available cores; 1 "
+                             "tokenises in this process)")
     parser.add_argument("--txt-sample-by", default="document", choices=["document", "paragraph", "line"],
                         help="what one document of a .txt file is (default: the whole file)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser.parse_args(argv)
 
 
+def verify_command(data_dir, workers=None):
+    """--verify DIR: every shard read in full (its sha256 against manifest.json, its token ids), in parallel."""
+    from data.manifest import repair_hint
+    from data.verify import verify_all
+
+    started = time.time()
+    count, size, problems = verify_all(data_dir, workers or available_cores())
+    for problem in problems:
+        print(f"error: {problem}", file=sys.stderr)
+    if problems:
+        print(f"{len(problems)} of {count} shard(s) of {data_dir} are damaged or missing; {repair_hint(data_dir)}",
+              file=sys.stderr)
+        return 2
+    print(f"{data_dir}: all {count} shard(s) intact: sha256 as recorded, token ids within the tokenizer's "
+          f"({size / 1e9:.2f} GB read in {time.time() - started:.1f} s)")
+    return 0
+
+
 def _stop_now(signum, frame):
     # Ctrl-C or kill: stop the workers and leave at once. Unwinding through Pool.terminate() can hang while its
-    # task thread is blocked on a full pipe, and nothing needs cleaning up: shards and progress.json are only
-    # ever replaced whole, and the next run deletes a half-written .tmp file.
+    # task thread is blocked on a full pipe, and nothing needs cleaning up: shards and records are only ever
+    # replaced whole, and the next run deletes what an unfinished piece left.
     for child in multiprocessing.active_children():
         child.kill()
-    print("interrupted: completed shards are kept; run the same command again to resume", file=sys.stderr)
+    print("interrupted: finished pieces are kept; run the same command again to continue", file=sys.stderr)
     os._exit(128 + signum)
 
 
@@ -558,6 +694,8 @@ def main(argv=None):
     signal.signal(signal.SIGINT, _stop_now)
     signal.signal(signal.SIGTERM, _stop_now)
     try:
+        if args.verify:
+            return verify_command(args.verify, args.workers)
         if args.default:
             out = ensure_default_corpus(args.out, tokenizer=args.tokenizer, progress_bar=not args.quiet)
             print(out)

@@ -199,6 +199,19 @@ BREAKS = [
      "        pass", ["tests/test_hf_export.py"]),
     ("hf_init_from_not_loaded", "train.py", "        raw_model.load_state_dict(init_state)", "        pass",
      ["tests/test_hf_init_from.py"]),
+    # data at scale: preparation, recorded shard checks, the per-batch check, several nodes
+    ("validation_split_not_cut", "data/prepare.py", '(("val", lo, min(hi, val_tokens, limit))',
+     '(("val", lo, min(hi, limit))', ["tests/test_data_prepare.py"]),
+    ("shard_record_ignores_ctime", "data/verify.py", "return [stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns]",
+     "return [stat.st_size, stat.st_mtime_ns]", ["tests/test_data_verify.py"]),
+    ("first_read_not_shared_out", "data/verify.py", "for path in unread[rank::world_size]}",
+     "for path in unread}", ["tests/test_data_verify.py"]),
+    ("batch_check_skipped", "data/prefetch.py", "    if largest >= vocab_size:", "    if False:",
+     ["tests/test_data_verify.py",
+      "tests/test_faults.py::test_a_shard_damaged_after_its_check_is_caught_by_the_batch_check"]),
+    ("batch_index_uses_local_rank", "training/step.py", "(step * grad_accum + micro) * ddp.world_size + ddp.rank)",
+     "(step * grad_accum + micro) * ddp.world_size + ddp.local_rank)",
+     ["tests/test_launch.py::test_two_nodes_train_exactly_as_one_and_resume_on_another_node_count"]),
 ]
 
 

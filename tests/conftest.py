@@ -21,3 +21,17 @@ def work_clock(monkeypatch):
     monkeypatch.setattr(progress, "clock", lambda: now[0])
     monkeypatch.setattr(progress, "EVERY_S", 0.0)
     return now
+
+
+def pytest_configure(config):
+    """Records of verified shards (data/verify.py) go to a folder of this test session, not the user's cache. Set
+    before any test module is imported: several build their subprocesses' environment at import."""
+    import os
+    import tempfile
+    config.shard_check_records = tempfile.mkdtemp(prefix="grape_cache_")
+    os.environ["GRAPE_CACHE_DIR"] = config.shard_check_records
+
+
+def pytest_unconfigure(config):
+    import shutil
+    shutil.rmtree(getattr(config, "shard_check_records", ""), ignore_errors=True)

@@ -41,6 +41,24 @@ def all_tokens(out_dir):
     return np.concatenate([load_split_tokens(out_dir, "val"), load_split_tokens(out_dir, "train")])
 
 
+def expected_layout(file_docs, val_tokens, shard_tokens, max_tokens=None):
+    """Independent reference for the shard sizes: the stream (every file's documents, each file cut to max_tokens)
+    is cut at every file start, every shard_tokens within a file, at val_tokens and at max_tokens; the pieces that
+    end by val_tokens are validation. Returns [(split, tokens), ...]."""
+    cuts, offset = set(), 0
+    for docs in file_docs:
+        n = min(len(expected_stream(docs)), max_tokens or 10**18)
+        cuts |= {offset + k for k in range(0, n, shard_tokens)}
+        offset += n
+    end = min(offset, max_tokens or offset)
+    bounds = sorted(c for c in cuts | {val_tokens, end} if 0 < c < end) + [end]
+    return [("val" if b <= val_tokens else "train", b - a) for a, b in zip([0] + bounds, bounds)]
+
+
+def directory_bytes(path):
+    return {name: (path / name).read_bytes() for name in sorted(os.listdir(path))}
+
+
 def run_prepare(source, out_dir, **kw):
     kw = {"tokenizer": "byte", "val_tokens": 500, "shard_tokens": 700, "workers": 1, "progress_bar": False, **kw}
     return prep.prepare(source, str(out_dir), **kw)
@@ -120,10 +138,12 @@ def test_jsonl_text_to_shards_to_text(tmp_path):
     # Decoding the shards and splitting at end-of-text gives back the documents.
     text = get_tokenizer("byte").decode(all_tokens(out).tolist())
     assert text.split("<|endoftext|>")[1:] == DOCS
-    # Validation first (500 tokens), then train shards of 700, the last one shorter.
+    # Validation first (500 tokens), then train shards of at most 700, a new one at each file.
     sizes = [(s["split"], s["tokens"]) for s in manifest["shards"]]
+    assert sizes == expected_layout([DOCS[:20], DOCS[20:]], 500, 700)
+    assert [s["file"] for s in manifest["shards"]] == ["val_000000.bin"] + [f"train_{i:06d}.bin"
+                                                                            for i in range(1, len(sizes))]
     n = len(reference) - 500
-    assert sizes == [("val", 500)] + [("train", 700)] * (n // 700) + ([("train", n % 700)] if n % 700 else [])
     assert manifest["tokens"] == {"val": 500, "train": n, "total": len(reference)}
     assert manifest["documents"] == len(DOCS) and read_manifest(str(out))["tokenizer"] == "byte"
     for shard in manifest["shards"]:
@@ -135,8 +155,10 @@ def test_validation_split_spanning_several_shards_and_max_tokens(tmp_path):
     write_jsonl(tmp_path / "a.jsonl", DOCS)
     manifest = run_prepare(prep.files_source(str(tmp_path / "a.jsonl")), tmp_path / "out",
                            val_tokens=1500, max_tokens=3001)
+    # One file: shards of 700 from its start; the third is cut at 1500 tokens, the stream stops at 3001.
     assert [(s["split"], s["tokens"]) for s in manifest["shards"]] == [
-        ("val", 700), ("val", 700), ("val", 100), ("train", 700), ("train", 700), ("train", 101)]
+        ("val", 700), ("val", 700), ("val", 100), ("train", 600), ("train", 700), ("train", 201)]
+    assert manifest["documents"] == int(np.count_nonzero(expected_stream(DOCS)[:3001] == 256))
     assert np.array_equal(all_tokens(tmp_path / "out"), expected_stream(DOCS)[:3001])
 
 
@@ -180,66 +202,78 @@ def test_everything_in_validation_is_an_error(tmp_path):
         run_prepare(prep.files_source(str(tmp_path / "a.jsonl")), tmp_path / "out", val_tokens=10**6)
 
 
-# In the second case the validation shard (the first one) ends exactly where a document ends, so the first
-# resume point is the start of a document rather than the middle of one.
-DOC_STARTS = np.flatnonzero(expected_stream(DOCS) == 256)
+FILE_DOCS = [DOCS[0:9], [], DOCS[9:13], DOCS[13:30], DOCS[30:42]]  # five files, one of them empty
 
 
-@pytest.mark.parametrize("val_tokens", [450, int(DOC_STARTS[DOC_STARTS < 333].max())])
-def test_interrupted_preparation_resumes_to_identical_shards(tmp_path, monkeypatch, val_tokens):
-    # Small dataset batches so that resuming has to seek inside the stream (datasets state + skipped documents).
-    monkeypatch.setattr(prep, "DOCS_PER_TASK", 3)
-    for i in range(4):
-        write_jsonl(tmp_path / f"part{i}.jsonl", DOCS[i * 11:(i + 1) * 11])
-    source = prep.files_source(str(tmp_path / "part*.jsonl"))
-    settings = {"val_tokens": val_tokens, "shard_tokens": 333}
-    run_prepare(source, tmp_path / "full", **settings)
-    reference = {name: (tmp_path / "full" / name).read_bytes() for name in os.listdir(tmp_path / "full")}
+def write_files(folder, file_docs=FILE_DOCS):
+    folder.mkdir(exist_ok=True)
+    for i, docs in enumerate(file_docs):
+        write_jsonl(folder / f"part{i}.jsonl", docs)
+    return prep.files_source(str(folder / "part*.jsonl"))
 
+
+# Validation ends inside the first file's third shard, and the stream stops inside the fourth file.
+LAYOUT = {"val_tokens": 900, "shard_tokens": 333, "max_tokens": 3000}
+
+
+def test_any_worker_count_gives_the_same_files(tmp_path):
+    source = write_files(tmp_path / "in")
+    one = run_prepare(source, tmp_path / "one", workers=1, **LAYOUT)
+    assert [(s["split"], s["tokens"]) for s in one["shards"]] == expected_layout(FILE_DOCS, **LAYOUT)
+    assert np.array_equal(all_tokens(tmp_path / "one"), expected_stream(DOCS[:42])[:3000])
+    reference = directory_bytes(tmp_path / "one")
+    for workers in (2, 3):
+        run_prepare(source, tmp_path / f"w{workers}", workers=workers, **LAYOUT)
+        assert directory_bytes(tmp_path / f"w{workers}") == reference, workers
+
+
+@pytest.mark.parametrize("stop_after", [1, 2])
+def test_interrupted_preparation_resumes_to_identical_shards(tmp_path, stop_after):
+    source = write_files(tmp_path / "in")
+    run_prepare(source, tmp_path / "full", **LAYOUT)
+    reference = directory_bytes(tmp_path / "full")
     out = tmp_path / "resumed"
     with pytest.raises(KeyboardInterrupt):
-        run_prepare(source, out, stop_after_shards=1 if val_tokens < 333 else 2, **settings)
-    # What a kill leaves behind: a partial temp file, and a shard renamed before progress.json recorded it.
-    (out / "train_000002.bin.tmp").write_bytes(b"partial")
-    (out / "train_000002.bin").write_bytes(b"garbage")
+        run_prepare(source, out, stop_after_pieces=stop_after, **LAYOUT)
+    # What a kill leaves behind: a piece's partial temp file and a shard of a piece without its record.
+    (out / "parts" / "piece_000003_000000.bin.tmp").write_bytes(b"partial")
+    (out / "parts" / "piece_000003_000000.bin").write_bytes(b"garbage")
     with pytest.raises(KeyboardInterrupt):
-        run_prepare(source, out, stop_after_shards=3, **settings)
+        run_prepare(source, out, stop_after_pieces=1, workers=2, **LAYOUT)
     assert not (out / "manifest.json").exists()
-    run_prepare(source, out, **settings)
-    assert {name: (out / name).read_bytes() for name in os.listdir(out)} == reference
-    assert np.array_equal(all_tokens(out), expected_stream(DOCS[:44]))
+    run_prepare(source, out, **LAYOUT)
+    assert directory_bytes(out) == reference
 
 
-def test_killed_after_the_last_shard_resumes_without_reading_again(tmp_path):
-    # Killed between the last shard's progress.json and manifest.json: the re-run only writes the manifest
-    # (it must not read the corpus again from the start and append it a second time).
+def test_killed_after_the_last_piece_only_names_the_shards(tmp_path, monkeypatch):
+    # Killed after the last piece's record: the re-run tokenises nothing again, it only names the shards.
     write_jsonl(tmp_path / "a.jsonl", DOCS)
     source = prep.files_source(str(tmp_path / "a.jsonl"))
     reference = run_prepare(source, tmp_path / "full")
     with pytest.raises(KeyboardInterrupt):
-        run_prepare(source, tmp_path / "out", stop_after_shards=len(reference["shards"]))
+        run_prepare(source, tmp_path / "out", stop_after_pieces=1)
     assert not (tmp_path / "out" / "manifest.json").exists()
+    monkeypatch.setattr(prep, "_tokenize_piece", lambda task: pytest.fail(f"piece {task[0]} tokenised again"))
     manifest = run_prepare(source, tmp_path / "out")
     assert manifest["tokens"] == reference["tokens"] and manifest["documents"] == len(DOCS)
-    assert np.array_equal(all_tokens(tmp_path / "out"), expected_stream(DOCS))
+    assert directory_bytes(tmp_path / "out") == directory_bytes(tmp_path / "full")
+
+
+def test_max_tokens_reads_no_further_than_needed(tmp_path):
+    # The first file holds more than --max-tokens: the second one, which is not JSON at all, is never read.
+    write_jsonl(tmp_path / "a.jsonl", DOCS)
+    (tmp_path / "b.jsonl").write_text("this is not JSON\n")
+    manifest = run_prepare(prep.files_source(str(tmp_path / "*.jsonl")), tmp_path / "out", max_tokens=1000)
+    assert manifest["tokens"]["total"] == 1000
+    assert np.array_equal(all_tokens(tmp_path / "out"), expected_stream(DOCS)[:1000])
 
 
 def test_resume_refuses_other_arguments(tmp_path):
-    write_jsonl(tmp_path / "a.jsonl", DOCS)
-    source = prep.files_source(str(tmp_path / "a.jsonl"))
+    source = write_files(tmp_path / "in")
     with pytest.raises(KeyboardInterrupt):
-        run_prepare(source, tmp_path / "out", stop_after_shards=1)
+        run_prepare(source, tmp_path / "out", stop_after_pieces=1)
     with pytest.raises(DataError, match="other arguments"):
         run_prepare(source, tmp_path / "out", shard_tokens=999)
-
-
-def test_worker_processes_give_the_same_shards(tmp_path):
-    write_jsonl(tmp_path / "a.jsonl", DOCS * 3)
-    source = prep.files_source(str(tmp_path / "a.jsonl"))
-    run_prepare(source, tmp_path / "one", workers=1)
-    run_prepare(source, tmp_path / "two", workers=2)
-    for name in os.listdir(tmp_path / "one"):
-        assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes()
 
 
 def test_script_entry_point_and_offline_hub_message(tmp_path):
@@ -292,6 +326,22 @@ def test_default_corpus_is_the_embedded_text(tmp_path):
 
 
 def test_damaged_progress_file_is_one_clear_error(tmp_path):
-    (tmp_path / "progress.json").write_text('{"config": {"a": 1}, "shards": [')  # cut off mid-write
+    write_jsonl(tmp_path / "a.jsonl", DOCS)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "progress.json").write_text('{"config": {"a": 1}, "pieces": [')  # cut off mid-write
     with pytest.raises(DataError, match="progress.json is damaged"):
-        prep._load_progress(str(tmp_path), {"a": 1})
+        run_prepare(prep.files_source(str(tmp_path / "a.jsonl")), tmp_path / "out")
+
+
+def test_verify_command_reads_every_shard(tmp_path, capsys):
+    source = write_files(tmp_path / "in")
+    manifest = run_prepare(source, tmp_path / "out", **LAYOUT)
+    assert prep.main(["--verify", str(tmp_path / "out")]) == 0
+    assert f"all {len(manifest['shards'])} shard(s) intact" in capsys.readouterr().out
+    name = manifest["shards"][2]["file"]
+    data = bytearray((tmp_path / "out" / name).read_bytes())
+    data[HEADER_BYTES + 5] ^= 1  # still a byte token (< 257), so only the sha256 can tell
+    (tmp_path / "out" / name).write_bytes(bytes(data))
+    assert prep.main(["--verify", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"{name} is damaged" in err and "1 of " in err and "python -m data.prepare --files" in err

@@ -53,9 +53,12 @@ PREPARE_SETTINGS = {"tokenizer": "byte", "val_tokens": 2048, "shard_tokens": 600
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
+    """Three files (three pieces for data/prepare.py), as a --files pattern."""
     root = tmp_path_factory.mktemp("fault_corpus")
-    write_corpus(root / "corpus.jsonl", corpus_docs())
-    return root / "corpus.jsonl"
+    docs = corpus_docs()
+    for i in range(3):
+        write_corpus(root / f"corpus_{i}.jsonl", docs[i * 10:(i + 1) * 10])
+    return str(root / "corpus_*.jsonl")
 
 
 @pytest.fixture(scope="module")
@@ -312,29 +315,39 @@ def test_second_ctrl_c_while_a_checkpoint_is_written_keeps_it(config_file, tmp_p
 
 # ----------------------------------------------------------------------------- data
 
+# Runs data/prepare.py in this process (one worker), SIGKILLing itself at the point argv[2] names: half-way
+# through writing piece shard number argv[1], right before piece argv[1]'s record (its shards all written), or
+# right after the last step has given its final name to shard argv[1].
 KILL_DURING_PREPARE = """
     import os, signal, sys
     import numpy as np
     from data import prepare as prep
     which, point = int(sys.argv[1]), sys.argv[2]
-    calls = {"n": 0}
-    real_write_shard, real_write_json = prep.write_shard, prep._write_json
+    calls = {"shards": 0, "named": 0}
+    real_write_shard, real_write_json, real_replace = prep.write_shard, prep._write_json, os.replace
     die = lambda: os.kill(os.getpid(), signal.SIGKILL)
 
     def write_shard(path, tokens):
-        calls["n"] += 1
-        if calls["n"] == which and point == "mid-shard":
+        calls["shards"] += 1
+        if calls["shards"] == which and point == "mid-shard":
             with open(path + ".tmp", "wb") as f:
                 f.write(b"\\0" * 1024 + np.asarray(tokens, dtype="<u2").tobytes()[:100])
             die()
         return real_write_shard(path, tokens)
 
     def write_json(path, data):
-        if calls["n"] == which and point == "before-progress" and path.endswith("progress.json"):
+        if point == "before-record" and path.endswith(f"piece_{which:06d}.json"):
             die()
         real_write_json(path, data)
 
-    prep.write_shard, prep._write_json = write_shard, write_json
+    def replace(src, dst):
+        real_replace(src, dst)
+        if point == "naming" and dst.endswith(".bin") and os.path.basename(os.path.dirname(dst)) != "parts":
+            calls["named"] += 1
+            if calls["named"] == which:
+                die()
+
+    prep.write_shard, prep._write_json, os.replace = write_shard, write_json, replace
     sys.exit(prep.main(sys.argv[3:]))
 """
 
@@ -348,7 +361,8 @@ def prepare_args(corpus, out):
 def test_kill9_during_data_preparation_then_rerun_gives_identical_shards(corpus, data_dir, tmp_path):
     reference = directory_bytes(type(tmp_path)(data_dir))
     rng = random.Random(5)
-    points = {"mid-shard": rng.randint(2, 4), "before-progress": rng.randint(2, 4)}  # of 5 shards
+    # 3 pieces of 2 shards each; 7 named shards (the first piece shard is cut at the validation split)
+    points = {"mid-shard": rng.randint(2, 5), "before-record": rng.randint(0, 2), "naming": rng.randint(1, 5)}
     killed = {point: subprocess.Popen([sys.executable, "-c", textwrap.dedent(KILL_DURING_PREPARE), str(which), point,
                                        *prepare_args(corpus, tmp_path / point)], cwd=REPO, env=ENV,
                                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -389,7 +403,7 @@ def test_damaged_shards_are_refused_and_the_named_command_rewrites_exactly_them(
     with pytest.raises(DataError) as info:
         train.run([str(config), f"--out_dir={tmp_path / 'run'}"])
     message = str(info.value)
-    assert names[1] in message and "\n" not in message, message
+    assert names[-1] in message and "\n" not in message, message  # presence and headers come before content
     command = message.split("`")[1]
     assert command.startswith("python -m data.prepare ")
     stamps = {name: os.stat(out / name).st_mtime_ns for name in names if name not in damages}
@@ -418,12 +432,39 @@ def test_token_ids_beyond_the_vocabulary_are_refused_before_training(config_file
     assert torch.load(tmp_path / "run" / "ckpt.pt", weights_only=True)["tokenizer"] == "gpt2"
 
 
+def test_a_shard_damaged_after_its_check_is_caught_by_the_batch_check(config_file, data_dir, tmp_path,
+                                                                       monkeypatch):
+    # Damage that leaves a file's size and times alone (a disk flipping bits) is invisible to the recorded check at
+    # start (stood in for here by no check at all); the batch that reads it must stop the run before a step uses it.
+    import shutil
+    import data.loader
+    from data.loader import TrainBatches, permute
+
+    copy = tmp_path / "data"
+    shutil.copytree(data_dir, copy)
+    clean = TrainBatches(str(copy), batch_size=4, block_size=32, seed=1337)
+    window = int(permute([3 * 4], clean.windows_per_epoch, 1337, 0)[0])  # the first window of batch 3
+    shard = int(np.searchsorted(clean.offsets, window, side="right")) - 1
+    with open(clean.paths[shard], "r+b") as f:
+        f.seek(HEADER_BYTES + 2 * ((window - int(clean.offsets[shard])) * 32 + 5))
+        f.write(np.array([400], dtype="<u2").tobytes())
+    monkeypatch.setattr(data.loader, "verify_shards", lambda *args, **kwargs: None)
+    hit = [i for i in range(4) if 400 in TrainBatches(str(copy), 4, 32, 1337).batch(i)[0]]
+    assert hit and hit[-1] == 3
+    args = [config_file, f"--data_dir={copy}", f"--out_dir={tmp_path / 'run'}", "--max_iters=8"]
+    with pytest.raises(DataError, match=f"training batch {hit[0]} holds token id 400, but vocab_size is 320"):
+        train.run(args)
+    # No step used it: the check before saving the weights after step 3 reads the first batch of step 3, so the last
+    # checkpoint is that of step 2 (checkpoints after every step here).
+    assert checkpoints.load(str(tmp_path / "run" / "ckpt.pt"))["step"] == hit[0] - 1
+
+
 def test_a_source_edited_in_place_is_not_mixed_into_a_resumed_preparation(tmp_path):
     docs = corpus_docs()
     write_corpus(tmp_path / "a.jsonl", docs)
     source = prep.files_source(str(tmp_path / "a.jsonl"))
     with pytest.raises(KeyboardInterrupt):
-        prep.prepare(source, str(tmp_path / "out"), progress_bar=False, stop_after_shards=1, **PREPARE_SETTINGS)
+        prep.prepare(source, str(tmp_path / "out"), progress_bar=False, stop_after_pieces=1, **PREPARE_SETTINGS)
     edited = [doc.replace("the", "THE") for doc in docs]  # same size, other content
     write_corpus(tmp_path / "a.jsonl", edited)
     assert os.path.getsize(tmp_path / "a.jsonl") == len("".join(json.dumps({"text": d}) + "\n" for d in docs))
@@ -475,9 +516,9 @@ def test_a_full_disk_while_preparing_is_one_sentence_and_resumable(corpus, data_
 # what the surviving process does): rank 1 dies or freezes when it reaches training step 3.
 RANK_FAULT = """
     import os, signal, sys, time
-    import data.loader, train
+    import data.prefetch, train
     fault = sys.argv[1]
-    real_batch = data.loader.TrainBatches.batch
+    real_batch = data.prefetch.PrefetchedBatches.batch
 
     def batch(self, index):
         if os.environ["RANK"] == "1" and index >= 2 * 4:  # step 4, after the checkpoint at 3 (which reads step 3's)
@@ -486,7 +527,7 @@ RANK_FAULT = """
             time.sleep(3600)  # frozen
         return real_batch(self, index)
 
-    data.loader.TrainBatches.batch = batch
+    data.prefetch.PrefetchedBatches.batch = batch
     sys.argv = ["train.py"] + sys.argv[2:]
     train.main()
 """

@@ -1,0 +1,172 @@
+"""data/verify.py and data/prefetch.py: shard contents read once and recorded, the first read split over processes,
+every batch's token ids checked, and prefetched batches equal to the loader's own."""
+import json
+import os
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from data import verify
+from data.loader import TrainBatches
+from data.prefetch import DamagedBatch, PrefetchedBatches
+from data.shards import HEADER_BYTES, DataError, write_shard
+
+T = 8
+SIZES = [101, 57, 8, 40, 66]  # train shards; token = its global position, so a window shows where it came from
+
+
+@pytest.fixture
+def data_dir(tmp_path):
+    folder = tmp_path / "data"
+    folder.mkdir()
+    write_shard(str(folder / "val_000000.bin"), np.arange(1000, 1083))
+    shards, start = [{"file": "val_000000.bin", "split": "val", "tokens": 83}], 0
+    for i, n in enumerate(SIZES):
+        name = f"train_{i + 1:06d}.bin"
+        write_shard(str(folder / name), np.arange(start, start + n))
+        shards.append({"file": name, "split": "train", "tokens": n})
+        start += n
+    for shard in shards:
+        shard["sha256"] = verify.hash_and_max(str(folder / shard["file"]))[0]
+    (folder / "manifest.json").write_text(json.dumps({"tokenizer": "byte", "shards": shards}))
+    return str(folder)
+
+
+@pytest.fixture
+def reads(monkeypatch):
+    """The shards read in full, in a fresh process's state (no checks remembered in memory), with every check
+    recordable at once (the racy-time guard off)."""
+    monkeypatch.setattr(verify, "_checked", {})
+    monkeypatch.setattr(verify, "RACY_NS", 0)
+    seen = []
+    real = verify.hash_and_max
+
+    def counting(path):
+        seen.append(os.path.basename(path))
+        return real(path)
+    monkeypatch.setattr(verify, "hash_and_max", counting)
+    return seen
+
+
+def shard_names(data_dir):
+    return sorted(name for name in os.listdir(data_dir) if name.endswith(".bin"))
+
+
+def new_process():
+    verify._checked.clear()
+
+
+def flip_in_place(path, token_index, value):
+    """Change one token without changing the file's size, as a disk or a stray write would."""
+    with open(path, "r+b") as f:
+        f.seek(HEADER_BYTES + 2 * token_index)
+        f.write(np.array([value], dtype="<u2").tobytes())
+
+
+def test_contents_are_read_once_then_only_headers(data_dir, reads):
+    verify.verify_shards(data_dir, vocab_size=2000)
+    assert sorted(reads) == shard_names(data_dir)
+    record = verify.record_path(data_dir)
+    assert record.startswith(os.environ["GRAPE_CACHE_DIR"]) and not record.startswith(data_dir)
+    reads.clear()
+    new_process()
+    verify.verify_shards(data_dir, vocab_size=2000)
+    assert reads == []
+    # The recorded largest id still refuses a smaller vocabulary without reading anything.
+    new_process()
+    with pytest.raises(DataError, match="train_000004.bin holds token id 205, but the model's vocab_size is 200"):
+        verify.verify_shards(data_dir, vocab_size=200)
+    assert reads == []
+
+
+def test_a_changed_shard_is_read_again_even_with_its_old_mtime(data_dir, reads):
+    verify.verify_shards(data_dir)
+    path = os.path.join(data_dir, "train_000002.bin")
+    stat = os.stat(path)
+    flip_in_place(path, 3, 7)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # what `touch -r` or a copy keeping times does
+    reads.clear()
+    new_process()
+    with pytest.raises(DataError, match="train_000002.bin is damaged: its sha256 differs"):
+        verify.verify_shards(data_dir)
+    assert reads == ["train_000002.bin"]
+
+
+def test_an_unwritable_record_is_a_note_and_the_check_still_runs(data_dir, reads, monkeypatch, capsys):
+    blocker = os.path.join(data_dir, "..", "a_file")
+    open(blocker, "w").close()
+    monkeypatch.setenv("GRAPE_CACHE_DIR", os.path.join(blocker, "cache"))
+    verify.verify_shards(data_dir)
+    verify.verify_shards(data_dir)  # in-memory: not read again, and the note is not repeated
+    assert "note: cannot record the shard checks" in capsys.readouterr().err
+    assert len(reads) == len(SIZES) + 1
+    flip_in_place(os.path.join(data_dir, "train_000001.bin"), 0, 9)
+    with pytest.raises(DataError, match="train_000001.bin is damaged"):
+        verify.verify_shards(data_dir)
+
+
+def test_the_first_read_is_shared_out_and_every_process_raises_the_same_error(data_dir, reads, monkeypatch):
+    # Two "processes" as threads, exchanging results as torch.distributed.all_gather_object would.
+    barrier, shared = threading.Barrier(2), {}
+
+    def all_gather(results, world_size):
+        shared.update(results)
+        barrier.wait()
+        return dict(shared)
+    monkeypatch.setattr(verify, "_all_gather", all_gather)
+    read_by, errors = {"0": [], "1": [], "MainThread": []}, {}
+    counting = verify.hash_and_max
+    monkeypatch.setattr(verify, "hash_and_max",
+                        lambda path: read_by[threading.current_thread().name].append(path) or counting(path))
+
+    def process(rank):
+        try:
+            verify.verify_shards(data_dir, rank=rank, world_size=2)
+        except DataError as error:
+            errors[rank] = str(error)
+
+    flip_in_place(os.path.join(data_dir, "train_000004.bin"), 1, 2)
+    threads = [threading.Thread(target=process, args=(rank,), name=str(rank)) for rank in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert sorted(reads) == shard_names(data_dir)  # each shard read once, by one of the two
+    assert len(read_by["0"]) == len(read_by["1"]) == 3
+    assert errors[0] == errors[1] and "train_000004.bin is damaged" in errors[0]
+    # The intact shards were recorded all the same: after the repair only the damaged one is read again.
+    flip_in_place(os.path.join(data_dir, "train_000004.bin"), 1, sum(SIZES[:3]) + 1)
+    reads.clear()
+    new_process()
+    verify.verify_shards(data_dir)
+    assert reads == ["train_000004.bin"]
+
+
+def test_prefetched_batches_equal_the_loaders(data_dir):
+    loader = TrainBatches(data_dir, batch_size=3, block_size=T, seed=4)
+    prefetched = PrefetchedBatches(loader, stride=2, depth=3, vocab_size=2000)
+    # A rank's micro-batches (stride 2), a resume's jump, a repeat and going back.
+    for index in [1, 3, 5, 7, 21, 23, 23, 2, 0, 40]:
+        x, y = prefetched.batch(index)
+        reference_x, reference_y = TrainBatches(data_dir, batch_size=3, block_size=T, seed=4).batch(index)
+        assert torch.equal(x, reference_x) and torch.equal(y, reference_y), index
+    assert prefetched.windows_per_epoch == loader.windows_per_epoch
+
+
+def test_a_batch_with_an_id_beyond_the_vocabulary_is_refused(data_dir):
+    loader = TrainBatches(data_dir, batch_size=2, block_size=T, seed=1)
+    clean = [loader.batch(i) for i in range(40)]
+    # Token 120 (position 120: shard 2, which starts at 101) becomes 999 after the shards were checked.
+    flip_in_place(os.path.join(data_dir, "train_000002.bin"), 120 - 101, 999)
+    prefetched = PrefetchedBatches(loader, stride=1, depth=4, vocab_size=500)
+    hit = [i for i, (x, y) in enumerate(clean) if 120 in x or 120 in y]  # independent of the check itself
+    assert hit
+    for i in range(40):
+        if i in hit:
+            with pytest.raises(DamagedBatch, match=f"training batch {i} holds token id 999, but vocab_size is 500"
+                                                   f".*nothing of this batch was trained on.*--verify {data_dir}"):
+                prefetched.batch(i)
+        else:
+            assert torch.equal(prefetched.batch(i)[0], clean[i][0])
