@@ -143,6 +143,7 @@ def precision(cfg: TrainConfig, device: torch.device):
 def training_data(cfg: TrainConfig, vocab_size: int, block_size: int, ddp: Distributed):
     """(data directory, its tokenizer's name, the batch source), every shard checked."""
     from data.loader import RandomOffsetBatches, TrainBatches, data_description, verify_shards
+    from data.manifest import adopt_command
     from data.prefetch import PrefetchedBatches
     if cfg.data_dir == "default":  # the main process prepares it once; the others wait and use the same directory
         from data.prepare import ensure_default_corpus
@@ -155,8 +156,10 @@ def training_data(cfg: TrainConfig, vocab_size: int, block_size: int, ddp: Distr
     manifest = data_description(data_dir)  # a DataError that says how to prepare the directory
     tokenizer_name = manifest["tokenizer"]
     if manifest["shards"] is None:
-        ddp.say(f"note: {data_dir} has no manifest.json, so its shards are taken as llm.c GPT-2 tokens (the "
-                "checkpoint records tokenizer gpt2); their token ids are checked against vocab_size.")
+        raise DataError(f"{data_dir} has no manifest.json, so its shards cannot be checked for damage (a changed byte "
+                        f"would be trained on without notice); record their checksums once with "
+                        f"`{adopt_command(data_dir)}` (it reads every shard once and takes them as GPT-2 tokens), "
+                        "then train.")
     n_vocab = manifest.get("n_vocab") or manifest.get("vocab_size")
     if n_vocab is not None and n_vocab > vocab_size:
         raise ConfigError(f"the data's tokenizer {tokenizer_name!r} has {n_vocab} tokens but model.vocab_size is "

@@ -12,6 +12,7 @@ from data.shards import DataError
 
 FINEWEB_EDU_REPO = "HuggingFaceFW/fineweb-edu"
 FINEWEB_EDU_CONFIGS = {"10B": "sample-10BT", "100B": "sample-100BT", "350B": "sample-350BT"}
+GPT2_VOCAB_SIZE = 50257
 PREPARE_HINT = "prepare one with `python -m data.prepare --default` (or --files / --dataset, see README)"
 
 
@@ -83,4 +84,28 @@ def repair_hint(data_dir):
     """What to run when a shard of data_dir is damaged or missing."""
     if not os.path.exists(os.path.join(data_dir, "manifest.json")):
         return "replace it with an intact copy (this directory has no manifest.json to rebuild it from)"
+    if adopted(data_dir):
+        return ("replace it with an intact copy (this directory was adopted with --adopt: there is no source to "
+                "rebuild it from)")
     return f"run `{prepare_command(data_dir)}` (the command that prepared it): it finds and rewrites the damaged shards"
+
+
+def adopted(data_dir):
+    """Whether data_dir's manifest was written by `python -m data.prepare --adopt` (shards made elsewhere)."""
+    try:
+        return read_manifest(data_dir).get("source", {}).get("kind") == "adopted"
+    except DataError:
+        return False
+
+
+def adopt_command(data_dir):
+    return f"python -m data.prepare --adopt {shlex.quote(os.fspath(data_dir))}"
+
+
+def data_vocab_size(data_dir):
+    """How many ids the tokenizer of data_dir's shards has: its manifest's, or GPT-2's 50257 for an llm.c-style
+    directory without one (such directories hold GPT-2 tokens). None if unknown."""
+    if not os.path.exists(os.path.join(data_dir, "manifest.json")):
+        return GPT2_VOCAB_SIZE
+    manifest = read_manifest(data_dir)
+    return manifest.get("vocab_size") or manifest.get("n_vocab")

@@ -35,7 +35,8 @@ if __package__ in (None, ""):  # run as `python data/prepare.py`: make the repos
 import numpy as np
 
 from data import tokenizer as tokenization
-from data.manifest import FINEWEB_EDU_CONFIGS, FINEWEB_EDU_REPO, prepare_command, read_manifest  # noqa: F401
+from data.manifest import (FINEWEB_EDU_CONFIGS, FINEWEB_EDU_REPO, prepare_command, read_manifest,  # noqa: F401
+                           split_files)
 from data.shards import DataError, file_sha256, open_shard, read_header, write_shard
 from data.tokenizer import TOKENIZER_NAMES, encode_documents, get_tokenizer
 
@@ -635,13 +636,17 @@ def ensure_default_corpus(out_dir=None, tokenizer="gpt2", progress_bar=True):
 # ---- command line -----------------------------------------------------------------------------------------------
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--dataset", choices=["fineweb-edu"], help="a hub dataset, streamed")
     which.add_argument("--files", help="glob of local .jsonl/.json/.parquet (with a 'text' field) or .txt files")
     which.add_argument("--default", action="store_true", help="the embedded English corpus (offline)")
     which.add_argument("--verify", metavar="DIR", help="read every shard of a prepared directory now and check its "
                                                        "sha256 and token ids (training does this once per shard)")
+    which.add_argument("--adopt", metavar="DIR", help="record the sha256 of every shard of an llm.c-style directory "
+                                                      "made elsewhere (GPT-2 tokens, *train_*.bin / *val_*.bin) in a "
+                                                      "manifest.json, so that training can tell damage from data")
     parser.add_argument("--version", default="10B", choices=sorted(FINEWEB_EDU_CONFIGS),
                         help="FineWeb-Edu sample size (default 10B; the paper used 100B)")
     parser.add_argument("--out", help="output directory (default data_cache/<name>)")
@@ -658,7 +663,14 @@ def parse_args(argv=None):
     parser.add_argument("--txt-sample-by", default="document", choices=["document", "paragraph", "line"],
                         help="what one document of a .txt file is (default: the whole file)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    return parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.files and all(os.path.exists(path) for path in extra):
+        example = os.path.join(os.path.dirname(args.files), "*" + os.path.splitext(args.files)[1])
+        parser.error(f"--files takes one pattern, but the shell expanded it into {len(extra) + 1} paths; quote it so "
+                     f"that this script expands it, e.g. --files '{example}'")
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
 
 
 def verify_command(data_dir, workers=None):
@@ -679,6 +691,41 @@ def verify_command(data_dir, workers=None):
     return 0
 
 
+def adopt(data_dir):
+    """Write manifest.json for a manifest-free llm.c-style directory of GPT-2 token shards, from what they hold now
+    (adopt a copy you trust): from then on a changed byte is caught. Returns the manifest."""
+    from data.manifest import GPT2_VOCAB_SIZE
+    from data.verify import check_content
+    path = os.path.join(data_dir, "manifest.json")
+    if os.path.exists(path):
+        raise DataError(f"{data_dir} already has a manifest.json; `python -m data.prepare --verify {data_dir}` checks "
+                        "its shards against it")
+    shards = []
+    for split in ("val", "train"):
+        for shard in split_files(data_dir, split):  # by name: llm.c's fineweb_val_000000.bin, ...
+            count = read_header(shard, redo="replace it with an intact copy, then adopt the directory")
+            result = check_content(shard)
+            if isinstance(result, str):
+                raise DataError(result)
+            _, digest, largest = result
+            if largest >= GPT2_VOCAB_SIZE:
+                raise DataError(f"shard {shard} holds token id {largest}, beyond GPT-2's {GPT2_VOCAB_SIZE} ids: it is "
+                                "damaged or not GPT-2 tokens; replace it with an intact copy, then adopt again")
+            shards.append({"file": os.path.basename(shard), "split": split, "tokens": count, "sha256": digest})
+    counts = {split: sum(s["tokens"] for s in shards if s["split"] == split) for split in ("val", "train")}
+    manifest = {"format": "llm.c uint16 token shards: 256 x int32 header (magic 20240520, version 1, token count), "
+                          "then uint16 tokens",
+                "source": {"kind": "adopted"}, "tokenizer": "gpt2", "vocab_size": GPT2_VOCAB_SIZE, "eot_token": 50256,
+                "tokens": {**counts, "total": counts["val"] + counts["train"]}, "shards": shards}
+    try:
+        _write_json(path, manifest)
+    except OSError as error:
+        raise DataError(f"cannot write {path} ({error.strerror or error}); for a read-only directory, make a "
+                        f"writable one of links to its shards (mkdir NEW && ln -s {os.path.abspath(data_dir)}/*.bin "
+                        "NEW/) and adopt that") from None
+    return manifest
+
+
 def _stop_now(signum, frame):
     # Ctrl-C or kill: stop the workers and leave at once. Unwinding through Pool.terminate() can hang while its
     # task thread is blocked on a full pipe, and nothing needs cleaning up: shards and records are only ever
@@ -696,6 +743,11 @@ def main(argv=None):
     try:
         if args.verify:
             return verify_command(args.verify, args.workers)
+        if args.adopt:
+            manifest = adopt(args.adopt)
+            print(f"{args.adopt}: recorded {len(manifest['shards'])} shard(s), {manifest['tokens']['total']:,} GPT-2 "
+                  "tokens, in manifest.json; training now checks them against it")
+            return 0
         if args.default:
             out = ensure_default_corpus(args.out, tokenizer=args.tokenizer, progress_bar=not args.quiet)
             print(out)

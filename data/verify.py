@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from data.manifest import read_manifest, repair_hint, split_files
+from data.manifest import data_vocab_size, read_manifest, repair_hint, split_files
 from data.shards import HEADER_BYTES, DataError, read_header
 
 CACHE_ENV = "GRAPE_CACHE_DIR"
@@ -161,7 +161,11 @@ def verify_shards(data_dir, splits=("train", "val"), vocab_size=None, rank=0, wo
         if problems:
             raise DataError(f"{problems[0]}; {repair_hint(data_dir)}")
     if vocab_size is not None:
+        tokenizer_ids = data_vocab_size(data_dir)
         for path in paths:
+            if tokenizer_ids is not None and largest[path] >= tokenizer_ids:  # no tokenizer of this data makes it
+                raise DataError(f"shard {path} holds token id {largest[path]}, which its tokenizer ({tokenizer_ids} "
+                                f"ids) never produces: the shard is damaged; {repair_hint(data_dir)}")
             if largest[path] >= vocab_size:
                 raise DataError(f"shard {path} holds token id {largest[path]}, but the model's vocab_size is "
                                 f"{vocab_size}: the data was made with a larger tokenizer; set "
@@ -190,7 +194,7 @@ def verify_all(data_dir, workers=1):
     record, largest = _load_record(record_file), {}
     problems += _judge(data_dir, dict(zip(readable, contents)), expected, record, largest)
     _save_record(record_file, data_dir, record, lambda text: print(text, file=sys.stderr))
-    vocab_size = read_manifest(data_dir).get("vocab_size") if expected else 50257
+    vocab_size = data_vocab_size(data_dir)
     problems += [f"shard {path} holds token id {top}, but its tokenizer has only {vocab_size} ids"
                  for path, top in largest.items() if vocab_size and top >= vocab_size]
     return len(paths), sum(os.path.getsize(p) for p in readable), problems

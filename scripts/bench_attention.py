@@ -611,7 +611,7 @@ def plot(png, layer, Ts):
 
 
 def parse_args(argv):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     ap.add_argument("--T", default=None, help="comma-separated lengths (default 512,1024,2048,4096; +8192 on GPU)")
     ap.add_argument("--encodings", default=",".join(LAYER_CASES), help="comma-separated layer cases")
     ap.add_argument("--batch", type=int, default=1)

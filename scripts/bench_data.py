@@ -90,7 +90,7 @@ def measured_prepare(source, out, **kwargs):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workers", default="1,2", help="comma-separated worker counts to try")
     parser.add_argument("--copies", type=int, default=8, help="copies of the corpus, one file each (more = steadier)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per row; the table shows the median")

@@ -61,7 +61,7 @@ def predicted_cycles(head_dim: int, dtype: str = "bf16") -> float | None:
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     ap.add_argument("--T", default="4096,8192")
     ap.add_argument("--batch", default="1,4")
     ap.add_argument("--heads", type=int, default=8)

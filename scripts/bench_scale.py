@@ -159,7 +159,7 @@ def growth_sentence(sizes, medians, checks):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes-gb", default="1,4", help="dataset sizes (GB of shards)")
     parser.add_argument("--baseline", default="d9f9fd3", help="commit whose start-up is the 'before' row")
     parser.add_argument("--repeats", type=int, default=3, help="launches per row")

@@ -77,7 +77,7 @@ def timed(fn, n, device) -> float:
 
 
 def parse_args(argv):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0],
                                  epilog="Unknown --key=value arguments override the config file's model/train keys.")
     ap.add_argument("--config", default=os.path.join(ROOT, "configs", "quickstart.toml"))
     ap.add_argument("--encodings", default=",".join(DEFAULT_ENCODINGS))

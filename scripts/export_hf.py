@@ -20,7 +20,7 @@ from hf.export import FORMATS, ExportError, export  # noqa: E402
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", help="run directory holding ckpt.pt, or a checkpoint file")
     parser.add_argument("out_dir", help="the new directory to write (must not exist)")
     parser.add_argument("--format", choices=FORMATS, default="auto",

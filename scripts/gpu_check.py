@@ -258,7 +258,7 @@ def check_models(device, deadline):
 
 
 def main():
-    ap = argparse.ArgumentParser(description="GPU correctness checks (bf16 Triton kernel, FlashAttention lift, models).")
+    ap = argparse.ArgumentParser(allow_abbrev=False, description="GPU correctness checks (bf16 Triton kernel, FlashAttention lift, models).")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "gpu_check.md"))
     ap.add_argument("--smoke", action="store_true", help="tiny CPU run that only checks this script")
     ap.add_argument("--seconds", type=float, default=50.0,

@@ -281,7 +281,7 @@ def tables(rows, args, command) -> list[str]:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     ap.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: H100/H200, 80: A100)")
     ap.add_argument("--dtype", default="bf16,fp16", help="comma-separated: bf16, fp16, fp32")
     ap.add_argument("--head_dim", default="64,128", help="comma-separated head dims")

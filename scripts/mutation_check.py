@@ -251,7 +251,7 @@ def run_break(scratch: str, name: str, rel: str, old: str, new: str, tests: list
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default="", help="run only the breaks whose name contains this text")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per break (default 600)")
     parser.add_argument("--list", action="store_true", help="list the breaks and exit")

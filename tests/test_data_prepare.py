@@ -345,3 +345,20 @@ def test_verify_command_reads_every_shard(tmp_path, capsys):
     assert prep.main(["--verify", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert f"{name} is damaged" in err and "1 of " in err and "python -m data.prepare --files" in err
+
+
+
+def test_an_unquoted_files_glob_is_answered_with_how_to_quote_it(tmp_path, capsys):
+    from data.prepare import parse_args
+    for name in ("a.jsonl", "b.jsonl", "c.jsonl"):
+        (tmp_path / name).write_text("{}\n")
+    expanded = [str(tmp_path / name) for name in ("a.jsonl", "b.jsonl", "c.jsonl")]  # what the shell passes
+    with pytest.raises(SystemExit):
+        parse_args(["--files", *expanded, "--out", str(tmp_path / "out")])
+    assert f"expanded it into 3 paths; quote it so that this script expands it, e.g. --files '{tmp_path}/*.jsonl'" \
+        in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # anything else unknown is still argparse's plain error
+        parse_args(["--files", expanded[0], "--bogus"])
+    assert "unrecognized arguments: --bogus" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_args(["--file", expanded[0]])  # no abbreviations

@@ -422,13 +422,15 @@ def test_token_ids_beyond_the_vocabulary_are_refused_before_training(config_file
     bad = rng.integers(0, 320, 4000)
     bad[1234] = 400
     write_shard(str(bare / "train_000001.bin"), bad)
+    assert prep.main(["--adopt", str(bare)]) == 0  # 400 is a GPT-2 id: the shards are adopted as they are
     args = [config_file, f"--data_dir={bare}", "--max_iters=1", "--warmup_iters=0", f"--out_dir={tmp_path / 'run'}"]
+    with pytest.raises(ConfigError, match="the data's tokenizer 'gpt2' has 50257 tokens but model.vocab_size is 320; "
+                                          "set --vocab_size=50257 or more"):
+        train.run(args)  # adopted shards are GPT-2 tokens
     with pytest.raises(DataError, match=f"train_000001.bin holds token id 400.*vocab_size is 320.*--vocab_size=401"):
-        train.run(args)
+        verify_shards(str(bare), vocab_size=320)  # (what a model with a smaller vocabulary would meet, id by id)
     assert not (tmp_path / "run" / "ckpt.pt").exists()
-    bad[1234] = 319
-    write_shard(str(bare / "train_000001.bin"), bad)
-    assert train.run(args)["step"] == 1
+    assert train.run(args + ["--vocab_size=50304"])["step"] == 1
     assert torch.load(tmp_path / "run" / "ckpt.pt", weights_only=True)["tokenizer"] == "gpt2"
 
 
@@ -890,3 +892,40 @@ def test_missing_paper_data_names_the_command_that_prepares_it(tmp_path):
                    "--n_head=1", "--head_dim=32", "--block_size=32", "--batch_size=1", "--global_batch_size=2",
                    f"--data_dir={tmp_path / 'fineweb-edu-10B'}", f"--out_dir={tmp_path / 'run'}"])
     assert not (tmp_path / "run").exists()
+
+
+
+def test_a_directory_without_a_manifest_is_adopted_before_training_and_its_damage_is_then_caught(config_file, tmp_path):
+    """llm.c-style shards have no checksums: training refuses them until `--adopt` records them; a byte flipped
+    after that is refused as damage, and an id no GPT-2 tokenizer makes is never answered with a larger vocabulary."""
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    rng = np.random.default_rng(1)
+    write_shard(str(bare / "fineweb_val_000000.bin"), rng.integers(0, 320, 4000))
+    write_shard(str(bare / "fineweb_train_000001.bin"), rng.integers(0, 320, 4000))
+    args = [config_file, f"--data_dir={bare}", "--max_iters=1", "--warmup_iters=0", "--vocab_size=50304",
+            f"--out_dir={tmp_path / 'run'}"]
+    with pytest.raises(DataError, match="has no manifest.json, so its shards cannot be checked for damage.*"
+                                        f"`python -m data.prepare --adopt {bare}`"):
+        train.run(args)
+    assert prep.main(["--adopt", str(bare)]) == 0
+    shard = bare / "fineweb_train_000001.bin"
+    with open(shard, "r+b") as f:  # a flipped byte: the size stays, the token becomes 65535 + ...
+        f.seek(HEADER_BYTES + 2 * 100)
+        f.write(b"\xff\xff")
+    with pytest.raises(DataError, match="fineweb_train_000001.bin is damaged: its sha256 differs.*replace it with an "
+                                        "intact copy \\(this directory was adopted"):
+        train.run(args)
+    assert not (tmp_path / "run" / "ckpt.pt").exists()
+    os.remove(bare / "manifest.json")
+    with pytest.raises(DataError, match="holds token id 65535, beyond GPT-2's 50257 ids: it is damaged"):
+        prep.adopt(str(bare))  # adopting the damaged copy is refused too
+    # a manifest whose tokenizer has fewer ids than a shard holds: damage, not a reason for a larger vocabulary
+    write_shard(str(shard), rng.integers(0, 320, 4000))
+    prep.adopt(str(bare))
+    manifest = json.loads((bare / "manifest.json").read_text())
+    manifest["vocab_size"] = 300
+    (bare / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(DataError, match="which its tokenizer \\(300 ids\\) never produces: the shard is damaged") as info:
+        verify_shards(str(bare), vocab_size=1000)
+    assert "--vocab_size" not in str(info.value)
