@@ -255,6 +255,8 @@ def main(argv=None) -> int:
     parser.add_argument("--only", default="", help="run only the breaks whose name contains this text")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per break (default 600)")
     parser.add_argument("--list", action="store_true", help="list the breaks and exit")
+    parser.add_argument("--table", metavar="FILE", help="also write the results as a markdown table to FILE "
+                                                        "(docs/testing.md quotes it)")
     args = parser.parse_args(argv)
     selected = [b for b in BREAKS if args.only in b[0]]
     if args.list:
@@ -273,6 +275,13 @@ def main(argv=None) -> int:
             print(f"{results[name]:16s} {name:40s} {time.perf_counter() - start:6.1f} s", flush=True)
     caught = sum(r.startswith("caught") for r in results.values())
     stale = sum(r == "stale" for r in results.values())
+    if args.table:
+        rows = ["| break | file | caught by (test files run) | result |", "|---|---|---|---|"]
+        for name, rel, _, _, tests in selected:
+            files = ", ".join("`" + test.removeprefix("tests/") + "`" for test in tests)
+            rows.append(f"| `{name}` | `{rel}` | {files} | {results[name]} |")
+        with open(args.table, "w") as f:
+            f.write("\n".join(rows) + "\n")
     print(f"caught {caught} of {len(results) - stale} breaks" + (f" ({stale} stale: update BREAKS)" if stale else ""))
     return 0 if caught == len(results) - stale and not stale else 1
 
