@@ -163,12 +163,15 @@ def test_random_offset_sequences_do_not_depend_on_the_split_and_come_from_one_sh
     ends = torch.where(shard_of, torch.tensor(158), torch.tensor(101))
     assert (y[:, -1] < ends).all() and (y - x == 1).all()  # inside one shard, never across
     assert len(set(x[:, 0].tolist())) > 12  # 24 draws with replacement, not all equal
-    # sequence o of step 0 is row o mod 2 of their micro-batch m of process p, o div 2 = m·2 + p, drawn with
-    # the seed fold_in_seed(42, p, m)
-    generator = torch.Generator().manual_seed(fold_in_seed(42, 1, 2))  # process 1, micro-batch 2 of step 0
-    shard = int(torch.randint(2, (1,), generator=generator))
-    starts = torch.randint((101, 57)[shard] - T, (2,), generator=generator) + (0, 101)[shard]
-    assert x[10:12, 0].tolist() == starts.tolist()  # o = 10, 11: o div 2 = 5 = 2·2 + 1
+    # sequence o of step 0 is row o mod 2 of their micro-batch m of process p, o div 2 = m·2 + p (2 processes),
+    # drawn with the seed fold_in_seed(42, p, m): a shard, then the 2 starts
+    for m in range(3):
+        for p in range(2):
+            generator = torch.Generator().manual_seed(fold_in_seed(42, p, m))
+            shard = int(torch.randint(2, (1,), generator=generator))
+            starts = torch.randint((101, 57)[shard] - T, (2,), generator=generator) + (0, 101)[shard]
+            o = 2 * (m * 2 + p)
+            assert x[o:o + 2, 0].tolist() == starts.tolist(), (m, p)
 
 
 def test_random_offsets_need_every_shard_longer_than_the_context(data_dir):
