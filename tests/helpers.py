@@ -80,3 +80,10 @@ def run_under_triton_interpreter(test_file, path):
                            capture_output=True, text=True, timeout=900)
     assert child.returncode == 0, f"the interpreted Triton kernels failed:\n{child.stderr[-4000:]}"
     return torch.load(path)
+
+
+def examples(n):
+    """hypothesis settings for a test whose examples are costly: n examples under the CI profile, 20x as many under
+    `--hypothesis-profile=long` (conftest.py)."""
+    from hypothesis import settings
+    return settings(max_examples=n * 20 if settings().max_examples > 100 else n)
