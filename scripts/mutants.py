@@ -1,0 +1,430 @@
+"""Generated mutation testing: mutmut's mutants of the modules a wrong result would come from, a seeded sample of
+them (or all), each run against only the tests that reach its function, fastest test first, stopping at the first
+failure; resumable; the per-module table is written to docs/mutants.md and the survivors are listed for triage.
+
+    nice -n 10 python3 scripts/mutants.py            # the seeded sample (420 mutants); run it again to resume
+    python3 scripts/mutants.py --all --jobs 16       # every mutant, on a machine with more cores
+    python3 scripts/mutants.py --report              # rewrite docs/mutants.md from the results so far
+    python3 scripts/mutants.py --survivors           # each surviving mutant's diff, for triage
+    python3 scripts/mutants.py --fresh               # start over (after merging: the run on the final commit)
+
+The modules are pyproject.toml's [tool.mutmut] source_paths (only the report logic of scripts/study.py is
+sampled: REPORT_FUNCTIONS). mutmut 3 (docs/testing.md says why it and not cosmic-ray) copies the repository to
+mutants/, with every function of those modules replaced by a trampoline that calls the original or one of its
+mutants, chosen by the environment variable MUTANT_UNDER_TEST, which subprocesses inherit: a test that runs
+`python3 train.py` or torchrun tests the mutant too. mutmut first runs the whole suite once to record which tests
+reach each function ("stats"); it sees only calls in the test process, so a sitecustomize (scripts/mutants_site/)
+records the calls made in subprocesses during that run, and they are added to the tests of each function. Results
+are kept per mutant in mutants/ (mutmut's own .meta files): a stopped run resumes with the mutants it has not
+judged; a function that changed since is judged again. This script adds the sampling, the fastest-first test
+order, the subprocess calls and the report; it depends on mutmut's internals and is pinned to mutmut 3.8.
+
+Mutants that change only the text of a message (an exception's, a warning's, a printed line's) are left out of
+the population: they are listed as such in the report's counts, not sampled. Every other survivor must be killed
+by a test or listed in scripts/mutants_equivalent.toml with a one-line reason.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import datetime
+import difflib
+import glob
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+import tomllib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STATE = os.path.join("mutants", "sample.json")
+REPORT = os.path.join("docs", "mutants.md")
+EQUIVALENT = os.path.join("scripts", "mutants_equivalent.toml")
+SITE = os.path.join(ROOT, "scripts", "mutants_site")
+HITS = os.path.join("mutants", "subprocess_hits")
+DEFAULT_SAMPLE, DEFAULT_SEED, MIN_PER_MODULE = 420, 2026, 8
+
+# The report logic of scripts/study.py (the rest runs jobs; a wrong number in the report comes from these).
+REPORT_FUNCTIONS = {"read_records", "run_trained", "final_val_loss", "run_finished", "lost_records",
+                    "checkpoint_identity", "describe", "paired_difference", "verdict", "read_json", "run_row",
+                    "extrapolation_summary", "zero_shot_summary", "count_parameters", "setup_summary",
+                    "build_report", "fmt", "setup_lines", "paper_warning", "markdown"}
+# Rows of the table: the issue's modules (a package is one row).
+GROUPS = [("config.py", "config"), ("checkpoints.py", "checkpoints"), ("training/", "training."),
+          ("data/", "data."), ("hf/", "hf."), ("eval/", "eval."), ("positional.py", "positional"),
+          ("model.py", "model"), ("attention.py", "attention"), ("kernels/grape_ap.py", "kernels.grape_ap"),
+          ("scripts/study.py (report)", "scripts.study")]
+MESSAGE_CALLS = {"print", "say", "warn", "warning", "write", "info", "note", "_write", "error", "fail", "exit"}
+STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no test", 33: "no test", 36: "timeout", 24: "timeout",
+          -24: "timeout", 152: "timeout", 255: "timeout", None: "not run"}
+
+
+# ----------------------------------------------------------------------------- mutants and their sources
+
+def module_of(name: str) -> str:
+    return name.split(".x", 1)[0] if ".x_" in name or ".xǁ" in name else name.rsplit(".", 1)[0]
+
+
+def function_of(name: str) -> str:
+    """'training.divergence.xǁDivergenceMonitorǁproblem__mutmut_3' -> 'DivergenceMonitor.problem'."""
+    tail = name[len(module_of(name)) + 1:].rsplit("__mutmut_", 1)[0]  # x_function or xǁClassǁmethod
+    return tail[2:].replace("ǁ", ".")
+
+
+def group_of(name: str) -> str | None:
+    module = module_of(name)
+    for label, prefix in GROUPS:
+        if module == prefix or (prefix.endswith(".") and module.startswith(prefix)):
+            return label
+    return None
+
+
+def mutated_files() -> list[str]:
+    return sorted(glob.glob("mutants/**/*.py.meta", recursive=True))
+
+
+def function_sources(meta_path: str) -> dict[str, str]:
+    """Source of every mutant and original function (by mutmut's mangled name) of one mutated file."""
+    path = meta_path[:-len(".meta")]
+    with open(path) as f:
+        text = f.read()
+    sources = {}
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and "__mutmut_" in node.name:
+            sources[node.name] = ast.get_source_segment(text, node)
+    return sources
+
+
+def mutants_with_sources() -> dict[str, tuple[str, str]]:
+    """{mutant name: (original function source, mutant source)} for every mutant mutmut generated."""
+    out = {}
+    for meta_path in mutated_files():
+        with open(meta_path) as f:
+            names = list(json.load(f)["exit_code_by_key"])
+        sources = function_sources(meta_path)
+        for name in names:
+            local = name[len(module_of(name)) + 1:]
+            original = sources.get(local.rsplit("__mutmut_", 1)[0] + "__mutmut_orig")
+            if original is not None and local in sources:
+                out[name] = (original, sources[local])
+    return out
+
+
+def changed_lines(original: str, mutant: str) -> tuple[str, str]:
+    """The first changed line, before and after (whitespace-trimmed), ignoring the def line's renaming."""
+    a, b = original.splitlines()[1:], mutant.splitlines()[1:]
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
+        if tag != "equal":
+            return " ".join(x.strip() for x in a[i1:i2]), " ".join(x.strip() for x in b[j1:j2])
+    return "", ""
+
+
+def only_message_text(original: str, mutant: str) -> bool:
+    """Whether the mutant changes nothing but string constants inside a raise, or inside the arguments of a call
+    that prints or warns (MESSAGE_CALLS), or an f-string's text: a message's wording."""
+    def body(source):
+        tree = ast.parse(source).body[0]
+        tree.name = "f"
+        return tree
+
+    def walk(a, b, inside):
+        if type(a) is not type(b):
+            return False
+        if isinstance(a, ast.Constant):
+            return a.value == b.value or (isinstance(a.value, str) and isinstance(b.value, str) and inside)
+        if isinstance(a, ast.AST):
+            here = inside or isinstance(a, (ast.Raise, ast.JoinedStr)) or (
+                isinstance(a, ast.Call) and (getattr(a.func, "id", None) or getattr(a.func, "attr", None)) in
+                MESSAGE_CALLS) or (isinstance(a, ast.Call) and (getattr(a.func, "id", "") or "").endswith("Error"))
+            return all(walk(getattr(a, field, None), getattr(b, field, None), here) for field in a._fields)
+        if isinstance(a, list):
+            return len(a) == len(b) and all(walk(x, y, inside) for x, y in zip(a, b))
+        return a == b
+    try:
+        return walk(body(original), body(mutant), False)
+    except SyntaxError:
+        return False
+
+
+def population(sources: dict[str, tuple[str, str]]) -> tuple[dict[str, list[str]], dict[str, int]]:
+    """The sampled population per table row, and per row the number of mutants left out as message wording."""
+    rows, wording = {label: [] for label, _ in GROUPS}, {label: 0 for label, _ in GROUPS}
+    for name, (original, mutant) in sorted(sources.items()):
+        label = group_of(name)
+        if label is None:
+            continue
+        if module_of(name) == "scripts.study" and function_of(name).split(".")[-1] not in REPORT_FUNCTIONS:
+            continue
+        if only_message_text(original, mutant):
+            wording[label] += 1
+            continue
+        rows[label].append(name)
+    return rows, wording
+
+
+def draw_sample(rows: dict[str, list[str]], size: int, seed: int) -> list[str]:
+    """size mutants spread over the rows in proportion to their populations (at least MIN_PER_MODULE each, or all
+    of a smaller row), each row's drawn with random.Random(seed)."""
+    total = sum(len(v) for v in rows.values())
+    rng = random.Random(seed)
+    chosen = []
+    for label, names in rows.items():
+        n = min(len(names), max(MIN_PER_MODULE, round(size * len(names) / total)))
+        chosen += rng.sample(names, n)
+    return sorted(chosen)
+
+
+# ----------------------------------------------------------------------------- running mutmut
+
+def patch_mutmut(state: dict) -> None:
+    """Three changes to mutmut's flow: each mutant's tests run fastest first (pytest keeps the order of the ids
+    given); calls made in the test suite's subprocesses count towards the tests that reach a function; and the
+    clean-run of the selected tests is skipped when the stats run (the same tests, unmutated) passed."""
+    import mutmut.__main__ as main
+    from mutmut.runners import harness
+    from mutmut.state import state as mutmut_state
+
+    regular = harness.PytestRunner._pytest_args_regular_run
+
+    def fastest_first(self, tests):
+        durations = mutmut_state().duration_by_test
+        return regular(self, sorted(tests, key=lambda t: (durations.get(t, 1e9), t)))
+    harness.PytestRunner._pytest_args_regular_run = fastest_first
+
+    class CurrentTest:
+        """Tells the subprocesses of the stats run which test started them."""
+        @staticmethod
+        def pytest_runtest_setup(item):
+            os.environ["GRAPE_MUTMUT_TEST"] = item.nodeid
+
+    execute = harness.PytestRunner.execute_pytest
+
+    def with_current_test(self, params, **kwargs):
+        if os.environ.get("MUTANT_UNDER_TEST") == "stats":
+            kwargs["plugins"] = [*kwargs.get("plugins", []), CurrentTest()]
+        return execute(self, params, **kwargs)
+    harness.PytestRunner.execute_pytest = with_current_test
+
+    collect = main.run_stats_collection
+
+    def stats_with_subprocesses(runner, tests=None):
+        os.makedirs(HITS, exist_ok=True)
+        for old in glob.glob(os.path.join(HITS, "*.json")):
+            os.remove(old)
+        os.environ["GRAPE_MUTMUT_HITS"] = os.path.abspath(HITS)
+        os.environ["PYTHONPATH"] = SITE + os.pathsep + os.environ.get("PYTHONPATH", "")
+        try:
+            collect(runner, tests)
+        finally:
+            os.environ.pop("GRAPE_MUTMUT_HITS", None)
+            os.environ["PYTHONPATH"] = os.environ["PYTHONPATH"].replace(SITE + os.pathsep, "", 1)
+        added = 0
+        for path in glob.glob(os.path.join(HITS, "*.json")):
+            with open(path) as f:
+                record = json.load(f)
+            test = record["test"].removeprefix("mutants/")
+            for function in record["functions"]:
+                if test not in mutmut_state().tests_by_mangled_function_name[function]:
+                    mutmut_state().tests_by_mangled_function_name[function].add(test)
+                    added += 1
+        from mutmut.stats import save_stats
+        save_stats()
+        state["stats_ok"] = True
+        print(f"    {added} (test, function) pairs seen only in subprocesses added")
+    main.run_stats_collection = stats_with_subprocesses
+
+    clean = None
+
+    def get_runner(max_children):
+        nonlocal clean
+        runner = real_get_runner(max_children)
+        clean = runner.run_clean_tests
+        runner.run_clean_tests = lambda tests: 0 if state.get("stats_ok") else clean(tests)
+        return runner
+    real_get_runner = main.get_mutant_runner
+    main.get_mutant_runner = get_runner
+
+
+def results() -> dict[str, dict]:
+    """{mutant name: {"exit_code", "duration"}} from mutmut's .meta files."""
+    out = {}
+    for meta_path in mutated_files():
+        with open(meta_path) as f:
+            meta = json.load(f)
+        for name, code in meta["exit_code_by_key"].items():
+            out[name] = {"exit_code": code, "duration": meta.get("durations_by_key", {}).get(name)}
+    return out
+
+
+def load_equivalents() -> list[dict]:
+    if not os.path.exists(EQUIVALENT):
+        return []
+    with open(EQUIVALENT, "rb") as f:
+        return tomllib.load(f).get("equivalent", [])
+
+
+def equivalence(name: str, sources: dict, equivalents: list[dict]) -> str | None:
+    """The reason a mutant is listed as equivalent, or None: matched on its function and changed line."""
+    if name not in sources:
+        return None
+    before, after = changed_lines(*sources[name])
+    for entry in equivalents:
+        if entry["function"] == f"{module_of(name)}.{function_of(name)}" and entry["original"] == before \
+                and entry["mutant"] == after:
+            return entry["reason"]
+    return None
+
+
+def git(*args) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+
+def write_report(state: dict, sources: dict, wording: dict) -> dict:
+    outcome, equivalents = results(), load_equivalents()
+    rows = {label: {"killed": 0, "survived": 0, "equivalent": 0, "timeout": 0, "no test": 0, "not run": 0}
+            for label, _ in GROUPS}
+    survivors = []
+    for name in state["sample"]:
+        status = STATUS.get(outcome.get(name, {}).get("exit_code"), "other")
+        label = group_of(name)
+        reason = equivalence(name, sources, equivalents) if status in ("survived", "no test") else None
+        if reason:
+            status = "equivalent"
+        if status in ("survived", "no test"):
+            survivors.append(name)
+        rows[label][status if status in rows[label] else "not run"] += 1
+    lines = ["# Generated mutants: the score", "",
+             f"{state['command']} on commit `{state['commit']}`, {state['date']}: {len(state['sample'])} mutants drawn "
+             f"with seed {state['seed']} from {state['population']} (the modules' {state['generated']} generated "
+             f"mutants less {sum(wording.values())} that change only a message's text), in proportion to each "
+             f"module's mutants (at least {MIN_PER_MODULE}). Wall time {state['wall_s'] / 60:.0f} min in "
+             f"{len(state['sittings'])} sitting(s) on {state['machine']} (mean load while it ran: "
+             f"{state['mean_load']:.1f}).", "",
+             "| module | sampled | killed | survived | equivalent | timeout | no test reaches it | not run | "
+             "killed / non-equivalent |", "|---|---|---|---|---|---|---|---|---|"]
+    totals = {k: 0 for k in rows[GROUPS[0][0]]}
+    for label, row in rows.items():
+        for k, v in row.items():
+            totals[k] += v
+    for label, row in [*rows.items(), ("**all**", totals)]:
+        judged = row["killed"] + row["survived"] + row["timeout"] + row["no test"]
+        score = f"{100 * (row['killed'] + row['timeout']) / judged:.0f}%" if judged else "-"
+        lines.append(f"| {label} | {sum(row.values())} | {row['killed']} | {row['survived']} | {row['equivalent']} | "
+                     f"{row['timeout']} | {row['no test']} | {row['not run']} | {score} |")
+    lines += ["", "A timeout counts as killed (the mutant made a test hang). Equivalent mutants are listed with their "
+              f"reasons in `{EQUIVALENT}`; surviving ones below.", ""]
+    if survivors:
+        lines += ["## Survivors", ""]
+        for name in survivors:
+            before, after = changed_lines(*sources[name]) if name in sources else ("?", "?")
+            lines.append(f"- `{name}`: `{before}` -> `{after}`")
+    os.makedirs(os.path.dirname(REPORT), exist_ok=True)
+    with open(os.path.join(ROOT, REPORT), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return {"rows": rows, "totals": totals, "survivors": survivors}
+
+
+def load_average() -> float:
+    return os.getloadavg()[0]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sample", type=int, default=DEFAULT_SAMPLE, help="mutants to draw (default %(default)s)")
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="seed of the draw (default %(default)s)")
+    parser.add_argument("--all", action="store_true", help="every mutant instead of a sample")
+    parser.add_argument("--jobs", type=int, default=2, help="mutants run at once (default %(default)s)")
+    parser.add_argument("--fresh", action="store_true", help="delete mutants/ and start over")
+    parser.add_argument("--report", action="store_true", help="only rewrite the report from the results so far")
+    parser.add_argument("--survivors", action="store_true", help="print each survivor's diff")
+    args = parser.parse_args(argv)
+    os.chdir(ROOT)
+    try:
+        import mutmut  # noqa: F401
+    except ImportError:
+        print("mutmut is not installed: python3 -m pip install -r requirements-dev.txt", file=sys.stderr)
+        return 2
+    if args.fresh and os.path.isdir("mutants"):
+        import shutil
+        shutil.rmtree("mutants")
+    import mutmut.__main__ as main_module
+    from mutmut.configuration import config
+
+    state = {"sittings": []}
+    if os.path.exists(STATE):
+        with open(STATE) as f:
+            state = json.load(f)
+    if not os.path.isdir("mutants") or not mutated_files():
+        print("generating mutants (a few minutes) ...", flush=True)
+        os.makedirs("mutants", exist_ok=True)
+        from mutmut.utils.file_utils import copy_also_copy_files, copy_src_dir
+        main_module.set_mutant_under_test("mutant_generation")
+        copy_src_dir()
+        copy_also_copy_files()
+        main_module.create_mutants(max(1, args.jobs))
+        main_module.set_mutant_under_test("")
+    sources = mutants_with_sources()
+    rows, wording = population(sources)
+    if "sample" not in state or state.get("all") != args.all or (not args.all and (
+            state.get("seed") != args.seed or state.get("size") != args.sample)):
+        sample = sorted(n for names in rows.values() for n in names) if args.all else \
+            draw_sample(rows, args.sample, args.seed)
+        state = {"sample": sample, "seed": args.seed, "size": args.sample, "all": args.all, "sittings": []}
+    state.update(population=sum(len(v) for v in rows.values()), generated=len(sources),
+                 commit=git("rev-parse", "--short", "HEAD") + ("-dirty" if git("status", "--porcelain",
+                                                                               "--untracked-files=no") else ""),
+                 command="`nice -n 10 python3 scripts/mutants.py" + (" --all" if args.all else "") + "`",
+                 machine=f"{os.cpu_count()} cores, --jobs {args.jobs}")
+
+    if args.survivors:
+        equivalents = load_equivalents()
+        outcome = results()
+        for name in state["sample"]:
+            if STATUS.get(outcome.get(name, {}).get("exit_code")) in ("survived", "no test") and \
+                    not equivalence(name, sources, equivalents):
+                original, mutant = sources[name]
+                print(f"== {name} ({STATUS[outcome[name]['exit_code']]})")
+                print("".join(difflib.unified_diff(original.splitlines(True)[1:], mutant.splitlines(True)[1:], n=1)))
+        return 0
+    if not args.report:
+        outcome = results()
+        pending = [n for n in state["sample"] if outcome.get(n, {}).get("exit_code") is None]
+        print(f"{len(state['sample']) - len(pending)} of {len(state['sample'])} sampled mutants judged; "
+              f"running {len(pending)} with {args.jobs} job(s)", flush=True)
+        started, loads = time.time(), [load_average()]
+        if pending:
+            config()  # read [tool.mutmut] now, from the repository root
+            patch_mutmut(state)
+            try:
+                main_module._run(pending, args.jobs)
+            except KeyboardInterrupt:
+                print("stopped: run the same command again to continue", file=sys.stderr)
+            except SystemExit as stop:
+                if stop.code not in (0, None):
+                    print(f"mutmut stopped ({stop.code}); see its output above", file=sys.stderr)
+                    return 1
+            finally:
+                loads.append(load_average())
+                state["sittings"].append({"start": started, "seconds": time.time() - started,
+                                          "load": sum(loads) / len(loads)})
+                state.pop("stats_ok", None)
+                with open(STATE, "w") as f:
+                    json.dump(state, f)
+    sittings = state["sittings"]
+    state["wall_s"] = sum(s["seconds"] for s in sittings)
+    state["mean_load"] = (sum(s["load"] * s["seconds"] for s in sittings) / state["wall_s"]) if state["wall_s"] else 0
+    state["date"] = datetime.date.today().isoformat()
+    summary = write_report(state, sources, wording)
+    with open(STATE, "w") as f:
+        json.dump(state, f)
+    t = summary["totals"]
+    print(f"{t['killed']} killed, {t['survived']} survived, {t['equivalent']} equivalent, {t['timeout']} timeout, "
+          f"{t['no test']} reached by no test, {t['not run']} not run; table in {REPORT}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
