@@ -202,10 +202,28 @@ def patch_mutmut(state: dict) -> None:
     execute = harness.PytestRunner.execute_pytest
 
     def with_current_test(self, params, **kwargs):
-        if os.environ.get("MUTANT_UNDER_TEST") == "stats":
+        if os.environ.get("MUTANT_UNDER_TEST") == "stats":  # (in the child process that runs the tests)
             kwargs["plugins"] = [*kwargs.get("plugins", []), CurrentTest()]
+            outside_compiled_code()
         return execute(self, params, **kwargs)
     harness.PytestRunner.execute_pytest = with_current_test
+
+    def outside_compiled_code():
+        """Code that torch.compile traces calls the original functions without recording the call: the recording
+        is Python that dynamo cannot trace (a fullgraph compile would fail); the same functions run eagerly too."""
+        import torch
+        from mutmut.mutation import trampoline
+        real = trampoline.get_mutant_under_test
+        if getattr(real, "outside_compiled_code", False):
+            return
+
+        def get():
+            name = real()
+            return "" if name == "stats" and torch.compiler.is_compiling() else name
+        get.outside_compiled_code = True
+        trampoline.get_mutant_under_test = get
+
+    main.copy_also_copy_files = copy_unmutated_files
 
     collect = main.run_stats_collection
 
@@ -245,6 +263,26 @@ def patch_mutmut(state: dict) -> None:
         return runner
     real_get_runner = main.get_mutant_runner
     main.get_mutant_runner = get_runner
+
+
+def copy_unmutated_files() -> None:
+    """mutmut's also_copy, without overwriting the mutated modules inside the folders it names (mutmut's own copy
+    would, and then regenerate every mutant of them on each start)."""
+    import shutil
+    from mutmut.configuration import config
+    mutated = {os.path.normpath(str(p)) for p in config().source_paths}
+
+    def skip(folder, names):
+        return [n for n in names if os.path.normpath(os.path.join(folder, n)) in mutated or n == "__pycache__"]
+    for path in map(str, config().also_copy):
+        destination = os.path.join("mutants", path)
+        if not os.path.exists(path) or os.path.normpath(path) in mutated:
+            continue
+        if os.path.isfile(path):
+            os.makedirs(os.path.dirname(destination) or ".", exist_ok=True)
+            shutil.copy2(path, destination)
+        else:
+            shutil.copytree(path, destination, dirs_exist_ok=True, ignore=skip)
 
 
 def results() -> dict[str, dict]:
@@ -360,10 +398,10 @@ def main(argv=None) -> int:
     if not os.path.isdir("mutants") or not mutated_files():
         print("generating mutants (a few minutes) ...", flush=True)
         os.makedirs("mutants", exist_ok=True)
-        from mutmut.utils.file_utils import copy_also_copy_files, copy_src_dir
+        from mutmut.utils.file_utils import copy_src_dir
         main_module.set_mutant_under_test("mutant_generation")
         copy_src_dir()
-        copy_also_copy_files()
+        copy_unmutated_files()
         main_module.create_mutants(max(1, args.jobs))
         main_module.set_mutant_under_test("")
     sources = mutants_with_sources()
