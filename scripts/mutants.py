@@ -90,10 +90,11 @@ def function_sources(meta_path: str) -> dict[str, str]:
     path = meta_path[:-len(".meta")]
     with open(path) as f:
         text = f.read()
-    sources = {}
+    lines, sources = text.splitlines(True), {}
     for node in ast.walk(ast.parse(text)):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and "__mutmut_" in node.name:
-            sources[node.name] = ast.get_source_segment(text, node)
+            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            sources[node.name] = "".join(lines[first - 1:node.end_lineno])
     return sources
 
 
