@@ -1,10 +1,10 @@
 """Generated mutation testing: mutmut's mutants of the modules a wrong result would come from, a seeded sample of
 them (or all), each run against only the tests that reach its function, fastest test first, stopping at the first
-failure; resumable; the per-module table is written to docs/mutants.md and the survivors are listed for triage.
+failure; resumable; the per-module table is written into docs/testing.md and the survivors into docs/mutants.md.
 
     nice -n 10 python3 scripts/mutants.py            # the seeded sample (420 mutants); run it again to resume
     python3 scripts/mutants.py --all --jobs 16       # every mutant, on a machine with more cores
-    python3 scripts/mutants.py --report              # rewrite docs/mutants.md from the results so far
+    python3 scripts/mutants.py --report              # rewrite the table from the results so far
     python3 scripts/mutants.py --survivors           # each surviving mutant's diff, for triage
     python3 scripts/mutants.py --fresh               # start over (after merging: the run on the final commit)
 
@@ -40,7 +40,9 @@ import tomllib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STATE = os.path.join("mutants", "sample.json")
-REPORT = os.path.join("docs", "mutants.md")
+REPORT = os.path.join("docs", "testing.md")  # the table goes between its mutants:begin/end markers
+SURVIVORS = os.path.join("docs", "mutants.md")
+MARKERS = ("<!-- mutants:begin (scripts/mutants.py writes this part) -->", "<!-- mutants:end -->")
 EQUIVALENT = os.path.join("scripts", "mutants_equivalent.toml")
 SITE = os.path.join(ROOT, "scripts", "mutants_site")
 HITS = os.path.join("mutants", "subprocess_hits")
@@ -334,14 +336,13 @@ def write_report(state: dict, sources: dict, wording: dict) -> dict:
         if status in ("survived", "no test"):
             survivors.append(name)
         rows[label][status if status in rows[label] else "not run"] += 1
-    lines = ["# Generated mutants: the score", "",
-             f"{state['command']} on commit `{state['commit']}`, {state['date']}: {len(state['sample'])} mutants drawn "
-             f"with seed {state['seed']} from {state['population']} (the modules' {state['generated']} generated "
-             f"mutants less {sum(wording.values())} that change only a message's text), in proportion to each "
-             f"module's mutants (at least {MIN_PER_MODULE}). Wall time {state['wall_s'] / 60:.0f} min in "
-             f"{len(state['sittings'])} sitting(s) on {state['machine']} (mean load while it ran: "
-             f"{state['mean_load']:.1f}).", "",
-             "| module | sampled | killed | survived | equivalent | timeout | no test reaches it | not run | "
+    table = [f"{state['command']} on commit `{state['commit']}`, {state['date']}: {len(state['sample'])} mutants "
+             f"drawn with seed {state['seed']} from {state['population']} (the modules' {state['generated']} "
+             f"generated mutants less {sum(wording.values())} that change only a message's text, and less the "
+             f"non-report functions of scripts/study.py), in proportion to each module's mutants (at least "
+             f"{MIN_PER_MODULE}). Wall time {state['wall_s'] / 60:.0f} min in {len(state['sittings'])} sitting(s), "
+             f"{state['machine']}, mean load {state['mean_load']:.1f} while it ran (other work shared the machine).",
+             "", "| module | sampled | killed | survived | equivalent | timeout | no test reaches it | not run | "
              "killed / non-equivalent |", "|---|---|---|---|---|---|---|---|---|"]
     totals = {k: 0 for k in rows[GROUPS[0][0]]}
     for label, row in rows.items():
@@ -350,19 +351,30 @@ def write_report(state: dict, sources: dict, wording: dict) -> dict:
     for label, row in [*rows.items(), ("**all**", totals)]:
         judged = row["killed"] + row["survived"] + row["timeout"] + row["no test"]
         score = f"{100 * (row['killed'] + row['timeout']) / judged:.0f}%" if judged else "-"
-        lines.append(f"| {label} | {sum(row.values())} | {row['killed']} | {row['survived']} | {row['equivalent']} | "
+        table.append(f"| {label} | {sum(row.values())} | {row['killed']} | {row['survived']} | {row['equivalent']} | "
                      f"{row['timeout']} | {row['no test']} | {row['not run']} | {score} |")
-    lines += ["", "A timeout counts as killed (the mutant made a test hang). Equivalent mutants are listed with their "
-              f"reasons in `{EQUIVALENT}`; surviving ones below.", ""]
-    if survivors:
-        lines += ["## Survivors", ""]
-        for name in survivors:
-            before, after = changed_lines(*sources[name]) if name in sources else ("?", "?")
-            lines.append(f"- `{name}`: `{before}` -> `{after}`")
-    os.makedirs(os.path.dirname(REPORT), exist_ok=True)
-    with open(os.path.join(ROOT, REPORT), "w") as f:
-        f.write("\n".join(lines) + "\n")
+    table += ["", f"A timeout counts as killed (the mutant made a test hang). Survivors: {len(survivors)}, listed in "
+              f"`{SURVIVORS}`; the equivalent mutants and their reasons are in `{EQUIVALENT}`."]
+    replace_between_markers(os.path.join(ROOT, REPORT), "\n".join(table))
+    listing = ["# Surviving generated mutants", "", f"From the run described in `{REPORT}` (`python3 "
+               "scripts/mutants.py --survivors` prints each one's diff). Each needs a test that kills it, or an "
+               f"entry in `{EQUIVALENT}` that says why no test can.", ""]
+    for name in survivors:
+        before, after = changed_lines(*sources[name]) if name in sources else ("?", "?")
+        listing.append(f"- `{name}`: `{before}` -> `{after}`")
+    if not survivors:
+        listing.append("None.")
+    with open(os.path.join(ROOT, SURVIVORS), "w") as f:
+        f.write("\n".join(listing) + "\n")
     return {"rows": rows, "totals": totals, "survivors": survivors}
+
+
+def replace_between_markers(path: str, text: str) -> None:
+    with open(path) as f:
+        document = f.read()
+    begin, end = document.index(MARKERS[0]) + len(MARKERS[0]), document.index(MARKERS[1])
+    with open(path, "w") as f:
+        f.write(document[:begin] + "\n" + text + "\n" + document[end:])
 
 
 def load_average() -> float:
@@ -461,7 +473,7 @@ def main(argv=None) -> int:
         json.dump(state, f)
     t = summary["totals"]
     print(f"{t['killed']} killed, {t['survived']} survived, {t['equivalent']} equivalent, {t['timeout']} timeout, "
-          f"{t['no test']} reached by no test, {t['not run']} not run; table in {REPORT}")
+          f"{t['no test']} reached by no test, {t['not run']} not run; table in {REPORT}, survivors in {SURVIVORS}")
     return 0
 
 
