@@ -192,8 +192,20 @@ def patch_mutmut(state: dict) -> None:
     regular = harness.PytestRunner._pytest_args_regular_run
 
     def fastest_first(self, tests):
+        """The tests in the order of their recorded durations; with a budget, only the fastest ones that fit in it
+        (at least one). An empty list means the whole suite to mutmut (its forced-fail check): kept as it is."""
         durations = mutmut_state().duration_by_test
-        return regular(self, sorted(tests, key=lambda t: (durations.get(t, 1e9), t)))
+        ordered = sorted(tests, key=lambda t: (durations.get(t, 1e9), t))
+        budget = state.get("budget_s") or 0
+        if budget and ordered:
+            kept, spent = [], 0.0
+            for test in ordered:
+                spent += durations.get(test, 0.0)
+                if kept and spent > budget:
+                    break
+                kept.append(test)
+            ordered = kept
+        return regular(self, ordered)
     harness.PytestRunner._pytest_args_regular_run = fastest_first
 
     class CurrentTest:
@@ -391,6 +403,11 @@ def main(argv=None) -> int:
     parser.add_argument("--fresh", action="store_true", help="delete mutants/ and start over")
     parser.add_argument("--report", action="store_true", help="only rewrite the report from the results so far")
     parser.add_argument("--survivors", action="store_true", help="print each survivor's diff")
+    parser.add_argument("--budget", type=float, default=60.0,
+                        help="run a mutant's tests fastest first only up to this many seconds of their recorded "
+                             "time (default %(default)s; 0 = all of them)")
+    parser.add_argument("--recheck", action="store_true",
+                        help="run the survivors again with all the tests that reach them (no budget)")
     args = parser.parse_args(argv)
     os.chdir(ROOT)
     try:
@@ -443,8 +460,16 @@ def main(argv=None) -> int:
     if not args.report:
         outcome = results()
         pending = [n for n in state["sample"] if outcome.get(n, {}).get("exit_code") is None]
+        state["budget_s"] = args.budget
+        if args.recheck:
+            pending = [n for n in state["sample"] if STATUS.get(outcome.get(n, {}).get("exit_code")) == "survived"]
+            state["budget_s"] = 0
+            state.setdefault("rechecked", [])
+            state["rechecked"] = sorted(set(state["rechecked"]) | set(pending))
         print(f"{len(state['sample']) - len(pending)} of {len(state['sample'])} sampled mutants judged; "
-              f"running {len(pending)} with {args.jobs} job(s)", flush=True)
+              f"running {len(pending)} with {args.jobs} job(s)"
+              + (f", each with its fastest tests up to {state['budget_s']:g} s" if state["budget_s"] else
+                 ", each with all its tests"), flush=True)
         started, loads = time.time(), [load_average()]
         if pending:
             config()  # read [tool.mutmut] now, from the repository root
