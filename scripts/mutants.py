@@ -353,7 +353,10 @@ def write_report(state: dict, sources: dict, wording: dict) -> dict:
              f"generated mutants less {sum(wording.values())} that change only a message's text, and less the "
              f"non-report functions of scripts/study.py), in proportion to each module's mutants (at least "
              f"{MIN_PER_MODULE}). Wall time {state['wall_s'] / 60:.0f} min in {len(state['sittings'])} sitting(s), "
-             f"{state['machine']}, mean load {state['mean_load']:.1f} while it ran (other work shared the machine).",
+             f"{state['machine']}, mean load {state['mean_load']:.1f} while it ran (other work shared the machine). "
+             f"Each mutant ran the tests that reach its function, fastest first, stopping at the first failure, up "
+             f"to {state.get('first_budget_s', 0):g} s of their recorded time; {len(state.get('rechecked', []))} "
+             "survivors of that ran again with all of them (`--recheck`).",
              "", "| module | sampled | killed | survived | equivalent | timeout | no test reaches it | not run | "
              "killed / non-equivalent |", "|---|---|---|---|---|---|---|---|---|"]
     totals = {k: 0 for k in rows[GROUPS[0][0]]}
@@ -461,6 +464,8 @@ def main(argv=None) -> int:
         outcome = results()
         pending = [n for n in state["sample"] if outcome.get(n, {}).get("exit_code") is None]
         state["budget_s"] = args.budget
+        if not args.recheck:
+            state["first_budget_s"] = args.budget
         if args.recheck:
             pending = [n for n in state["sample"] if STATUS.get(outcome.get(n, {}).get("exit_code")) == "survived"]
             state["budget_s"] = 0
