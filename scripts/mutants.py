@@ -265,6 +265,7 @@ def patch_mutmut(state: dict) -> None:
         from mutmut.stats import save_stats
         save_stats()
         state["stats_ok"] = True
+        state["stats_fingerprint"] = fingerprint()
         print(f"    {added} (test, function) pairs seen only in subprocesses added")
     main.run_stats_collection = stats_with_subprocesses
 
@@ -298,6 +299,20 @@ def copy_unmutated_files() -> None:
             shutil.copy2(path, destination)
         else:
             shutil.copytree(path, destination, dirs_exist_ok=True, ignore=skip)
+
+
+def fingerprint() -> str:
+    """A hash of the mutated modules and the tests: while it is the one of the last stats run (which ran all the
+    tests on the unmutated code and passed), mutmut's clean run of the same tests is skipped."""
+    import hashlib
+    from mutmut.configuration import config
+    digest = hashlib.sha256()
+    paths = [str(p) for p in config().source_paths] + ["tests"]
+    files = sorted(f for p in paths for f in ([p] if os.path.isfile(p) else glob.glob(f"{p}/**/*.py", recursive=True)))
+    for path in files:
+        with open(path, "rb") as f:
+            digest.update(path.encode() + b"\0" + f.read())
+    return digest.hexdigest()
 
 
 def results() -> dict[str, dict]:
@@ -478,6 +493,7 @@ def main(argv=None) -> int:
         started, loads = time.time(), [load_average()]
         if pending:
             config()  # read [tool.mutmut] now, from the repository root
+            state["stats_ok"] = state.get("stats_fingerprint") == fingerprint()
             patch_mutmut(state)
             try:
                 main_module._run(pending, args.jobs)
