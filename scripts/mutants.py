@@ -491,6 +491,8 @@ def main(argv=None) -> int:
               + (f", each with its fastest tests up to {state['budget_s']:g} s" if state["budget_s"] else
                  ", each with all its tests"), flush=True)
         started, loads = time.time(), [load_average()]
+        with open(STATE, "w") as f:  # the sample, before any work (a kill -9 keeps it)
+            json.dump(state, f)
         if pending:
             config()  # read [tool.mutmut] now, from the repository root
             state["stats_ok"] = state.get("stats_fingerprint") == fingerprint()
