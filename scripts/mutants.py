@@ -58,6 +58,7 @@ GROUPS = [("config.py", "config"), ("checkpoints.py", "checkpoints"), ("training
           ("data/", "data."), ("hf/", "hf."), ("eval/", "eval."), ("positional.py", "positional"),
           ("model.py", "model"), ("attention.py", "attention"), ("kernels/grape_ap.py", "kernels.grape_ap"),
           ("scripts/study.py (report)", "scripts.study")]
+TEXT_KEYWORDS = {"help", "description", "epilog", "metavar", "usage"}  # argparse's texts for people
 MESSAGE_CALLS = {"print", "say", "warn", "warning", "write", "info", "note", "_write", "error", "fail", "exit"}
 STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no test", 33: "no test", 36: "timeout", 24: "timeout",
           -24: "timeout", 152: "timeout", 255: "timeout", None: "not run"}
@@ -125,8 +126,9 @@ def changed_lines(original: str, mutant: str) -> tuple[str, str]:
 
 
 def only_message_text(original: str, mutant: str) -> bool:
-    """Whether the mutant changes nothing but string constants inside a raise, or inside the arguments of a call
-    that prints or warns (MESSAGE_CALLS), or an f-string's text: a message's wording."""
+    """Whether the mutant changes nothing but string constants inside a raise, inside the arguments of a call that
+    prints or warns (MESSAGE_CALLS) or builds an ...Error, in an f-string, or in an argparse text (TEXT_KEYWORDS):
+    a message's wording."""
     def body(source):
         tree = ast.parse(source).body[0]
         tree.name = "f"
@@ -139,6 +141,7 @@ def only_message_text(original: str, mutant: str) -> bool:
             return a.value == b.value or (isinstance(a.value, str) and isinstance(b.value, str) and inside)
         if isinstance(a, ast.AST):
             here = inside or isinstance(a, (ast.Raise, ast.JoinedStr)) or (
+                isinstance(a, ast.keyword) and a.arg in TEXT_KEYWORDS) or (
                 isinstance(a, ast.Call) and (getattr(a.func, "id", None) or getattr(a.func, "attr", None)) in
                 MESSAGE_CALLS) or (isinstance(a, ast.Call) and (getattr(a.func, "id", "") or "").endswith("Error"))
             return all(walk(getattr(a, field, None), getattr(b, field, None), here) for field in a._fields)
@@ -454,11 +457,13 @@ def main(argv=None) -> int:
         main_module.set_mutant_under_test("")
     sources = mutants_with_sources()
     rows, wording = population(sources)
-    if "sample" not in state or state.get("all") != args.all or (not args.all and (
-            state.get("seed") != args.seed or state.get("size") != args.sample)):
+    eligible = {n for names in rows.values() for n in names}
+    if "sample" not in state or not set(state["sample"]) <= eligible or state.get("all") != args.all or (
+            not args.all and (state.get("seed"), state.get("size")) != (args.seed, args.sample)):
         sample = sorted(n for names in rows.values() for n in names) if args.all else \
             draw_sample(rows, args.sample, args.seed)
-        state = {"sample": sample, "seed": args.seed, "size": args.sample, "all": args.all, "sittings": []}
+        state = {"sample": sample, "seed": args.seed, "size": args.sample, "all": args.all, "sittings": [],
+                 "stats_fingerprint": state.get("stats_fingerprint")}
     state.update(population=sum(len(v) for v in rows.values()), generated=len(sources),
                  commit=git("rev-parse", "--short", "HEAD") + ("-dirty" if git("status", "--porcelain",
                                                                                "--untracked-files=no") else ""),
