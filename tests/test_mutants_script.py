@@ -16,6 +16,7 @@ def test_only_a_messages_text_is_wording():
         pair('    print("done", a)\n', '    print("DONE", a)\n'),
         pair('    ddp.say(f"note: {a}")\n', '    ddp.say(f"NOTE: {a}")\n'),
         pair('    return TrainError("diverged")\n', '    return TrainError("XXdivergedXX")\n'),
+        pair('    p.add_argument("--x", default=1, help="the x")\n', '    p.add_argument("--x", default=1, help="THE X")\n'),
     ]
     behaviour = [
         pair('    path = a + "ckpt.pt"\n', '    path = a + "XXckpt.ptXX"\n'),  # what is saved
@@ -24,6 +25,7 @@ def test_only_a_messages_text_is_wording():
         pair('    if a > 1:\n        raise ValueError("x")\n', '    if a >= 1:\n        raise ValueError("x")\n'),
         pair('    print("done", a)\n', '    print("done", None)\n'),
         pair('    raise ValueError("x")\n', '    raise TypeError("x")\n'),
+        pair('    p.add_argument("--x", default="auto", help="h")\n', '    p.add_argument("--x", default="AUTO", help="h")\n'),
     ]
     assert all(mutants.only_message_text(*p) for p in wording)
     assert not any(mutants.only_message_text(*p) for p in behaviour)
