@@ -33,6 +33,7 @@ import glob
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import time
@@ -46,6 +47,7 @@ MARKERS = ("<!-- mutants:begin (scripts/mutants.py writes this part) -->", "<!--
 EQUIVALENT = os.path.join("scripts", "mutants_equivalent.toml")
 SITE = os.path.join(ROOT, "scripts", "mutants_site")
 HITS = os.path.join("mutants", "subprocess_hits")
+FAILED_IN_STATS = os.path.join("mutants", "stats_failed.json")
 DEFAULT_SAMPLE, DEFAULT_SEED, MIN_PER_MODULE = 420, 2026, 8
 
 # The report logic of scripts/study.py (the rest runs jobs; a wrong number in the report comes from these).
@@ -212,18 +214,32 @@ def patch_mutmut(state: dict) -> None:
     harness.PytestRunner._pytest_args_regular_run = fastest_first
 
     class CurrentTest:
-        """Tells the subprocesses of the stats run which test started them."""
+        """Tells the subprocesses of the stats run which test started them, and notes the tests that fail."""
+        failed = []
+
         @staticmethod
         def pytest_runtest_setup(item):
             os.environ["GRAPE_MUTMUT_TEST"] = item.nodeid
 
+        @classmethod
+        def pytest_runtest_logreport(cls, report):
+            if report.failed:
+                cls.failed.append(report.nodeid.removeprefix("mutants/"))
+
     execute = harness.PytestRunner.execute_pytest
 
     def with_current_test(self, params, **kwargs):
-        if os.environ.get("MUTANT_UNDER_TEST") == "stats":  # (in the child process that runs the tests)
-            kwargs["plugins"] = [*kwargs.get("plugins", []), CurrentTest()]
-            outside_compiled_code()
-        return execute(self, params, **kwargs)
+        """In the stats run (in the child process that runs the tests): the whole suite, not stopping at a failure;
+        a test that fails there is reported and left out of every mutant's tests (it could only kill mutants
+        falsely), and the run counts as collected."""
+        if os.environ.get("MUTANT_UNDER_TEST") != "stats":
+            return execute(self, params, **kwargs)
+        kwargs["plugins"] = [*kwargs.get("plugins", []), CurrentTest()]
+        outside_compiled_code()
+        code = execute(self, [p for p in params if p != "-x"], **kwargs)
+        with open(os.path.join(ROOT, FAILED_IN_STATS), "w") as f:
+            json.dump(CurrentTest.failed, f)
+        return 0 if code == 1 and CurrentTest.failed else code
     harness.PytestRunner.execute_pytest = with_current_test
 
     def outside_compiled_code():
@@ -251,11 +267,23 @@ def patch_mutmut(state: dict) -> None:
             os.remove(old)
         os.environ["GRAPE_MUTMUT_HITS"] = os.path.abspath(HITS)
         os.environ["PYTHONPATH"] = SITE + os.pathsep + os.environ.get("PYTHONPATH", "")
+        # also where tests set PYTHONPATH to the repository alone (it acts only during this run)
+        shutil.copy(os.path.join(SITE, "sitecustomize.py"), os.path.join("mutants", "sitecustomize.py"))
         try:
             collect(runner, tests)
         finally:
             os.environ.pop("GRAPE_MUTMUT_HITS", None)
             os.environ["PYTHONPATH"] = os.environ["PYTHONPATH"].replace(SITE + os.pathsep, "", 1)
+        failed = []
+        if os.path.exists(FAILED_IN_STATS):
+            with open(FAILED_IN_STATS) as f:
+                failed = json.load(f)
+        if failed:
+            print(f"    {len(failed)} test(s) failed in the stats run and are left out of every mutant's tests: "
+                  + ", ".join(failed), flush=True)
+            for function, reaching in mutmut_state().tests_by_mangled_function_name.items():
+                reaching.difference_update(failed)
+            state["left_out_tests"] = sorted(set(state.get("left_out_tests", [])) | set(failed))
         added = 0
         for path in glob.glob(os.path.join(HITS, "*.json")):
             with open(path) as f:
@@ -287,7 +315,6 @@ def patch_mutmut(state: dict) -> None:
 def copy_unmutated_files() -> None:
     """mutmut's also_copy, without overwriting the mutated modules inside the folders it names (mutmut's own copy
     would, and then regenerate every mutant of them on each start)."""
-    import shutil
     from mutmut.configuration import config
     mutated = {os.path.normpath(str(p)) for p in config().source_paths}
 
@@ -388,6 +415,9 @@ def write_report(state: dict, sources: dict, wording: dict) -> dict:
                      f"{row['timeout']} | {row['no test']} | {row['not run']} | {score} |")
     table += ["", f"A timeout counts as killed (the mutant made a test hang). Survivors: {len(survivors)}, listed in "
               f"`{SURVIVORS}`; the equivalent mutants and their reasons are in `{EQUIVALENT}`."]
+    if state.get("left_out_tests"):
+        table += ["", "Tests that failed on the unmutated code in mutmut's recording run, and so were left out of "
+                  "every mutant's tests: " + ", ".join(f"`{t}`" for t in state["left_out_tests"]) + "."]
     replace_between_markers(os.path.join(ROOT, REPORT), "\n".join(table))
     listing = ["# Surviving generated mutants", "", f"From the run described in `{REPORT}` (`python3 "
                "scripts/mutants.py --survivors` prints each one's diff). Each needs a test that kills it, or an "
@@ -437,7 +467,6 @@ def main(argv=None) -> int:
         print("mutmut is not installed: python3 -m pip install -r requirements-dev.txt", file=sys.stderr)
         return 2
     if args.fresh and os.path.isdir("mutants"):
-        import shutil
         shutil.rmtree("mutants")
     import mutmut.__main__ as main_module
     from mutmut.configuration import config
