@@ -36,6 +36,7 @@ import random
 import shutil
 import subprocess
 import sys
+import textwrap
 import time
 import tomllib
 
@@ -132,7 +133,7 @@ def only_message_text(original: str, mutant: str) -> bool:
     prints or warns (MESSAGE_CALLS) or builds an ...Error, in an f-string, or in an argparse text (TEXT_KEYWORDS):
     a message's wording."""
     def body(source):
-        tree = ast.parse(source).body[0]
+        tree = ast.parse(textwrap.dedent(source)).body[0]  # (a method's source is indented)
         tree.name = "f"
         return tree
 

@@ -1,5 +1,6 @@
 """scripts/mutants.py's own logic: which mutants count as a message's wording, the proportional seeded sample, the
 names of mutmut's mutants, and the equivalence entries (mutmut itself is not needed for these)."""
+import textwrap
 from collections import Counter
 
 from scripts import mutants
@@ -28,6 +29,8 @@ def test_only_a_messages_text_is_wording():
         pair('    p.add_argument("--x", default="auto", help="h")\n', '    p.add_argument("--x", default="AUTO", help="h")\n'),
     ]
     assert all(mutants.only_message_text(*p) for p in wording)
+    method = [textwrap.indent(source, "    ") for source in wording[0]]  # a method's source, as mutmut writes it
+    assert mutants.only_message_text(*method)
     assert not any(mutants.only_message_text(*p) for p in behaviour)
 
 
