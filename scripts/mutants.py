@@ -454,7 +454,8 @@ def main(argv=None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="mutants run at once (default %(default)s)")
     parser.add_argument("--fresh", action="store_true", help="delete mutants/ and start over")
     parser.add_argument("--report", action="store_true", help="only rewrite the report from the results so far")
-    parser.add_argument("--survivors", action="store_true", help="print each survivor's diff")
+    parser.add_argument("--survivors", action="store_true",
+                        help="print each survivor's diff and an entry for scripts/mutants_equivalent.toml to fill in")
     parser.add_argument("--budget", type=float, default=60.0,
                         help="run a mutant's tests fastest first only up to this many seconds of their recorded "
                              "time (default %(default)s; 0 = all of them)")
@@ -507,8 +508,13 @@ def main(argv=None) -> int:
             if STATUS.get(outcome.get(name, {}).get("exit_code")) in ("survived", "no test") and \
                     not equivalence(name, sources, equivalents):
                 original, mutant = sources[name]
-                print(f"== {name} ({STATUS[outcome[name]['exit_code']]})")
-                print("".join(difflib.unified_diff(original.splitlines(True)[1:], mutant.splitlines(True)[1:], n=1)))
+                before, after = changed_lines(original, mutant)
+                print(f"# == {name} ({STATUS[outcome[name]['exit_code']]})")
+                print("".join("# " + line for line in difflib.unified_diff(
+                    original.splitlines(True)[1:], mutant.splitlines(True)[1:], n=1)))
+                print(f"[[equivalent]]  # or a test that kills it\nfunction = {json.dumps(f'{module_of(name)}.{function_of(name)}', ensure_ascii=False)}\n"
+                      f"original = {json.dumps(before, ensure_ascii=False)}\nmutant = {json.dumps(after, ensure_ascii=False)}\n"
+                      'reason = ""\n')
         return 0
     if not args.report:
         outcome = results()
