@@ -221,6 +221,9 @@ def patch_mutmut(state: dict) -> None:
         @staticmethod
         def pytest_runtest_setup(item):
             os.environ["GRAPE_MUTMUT_TEST"] = item.nodeid
+            # also in a file: subprocesses whose environment a test module built at import time lack the variable
+            with open(os.path.join(os.environ["GRAPE_MUTMUT_HITS"], "current_test"), "w") as f:
+                f.write(item.nodeid)
 
         @classmethod
         def pytest_runtest_logreport(cls, report):

@@ -32,7 +32,11 @@ if os.environ.get("MUTANT_UNDER_TEST") == "stats" and os.environ.get("GRAPE_MUTM
 
         def save():
             if called:
-                path = os.path.join(os.environ["GRAPE_MUTMUT_HITS"], f"{os.getpid()}.json")
-                with open(path, "w") as f:
-                    json.dump({"test": os.environ.get("GRAPE_MUTMUT_TEST", ""), "functions": sorted(called)}, f)
+                folder = os.environ["GRAPE_MUTMUT_HITS"]
+                test = os.environ.get("GRAPE_MUTMUT_TEST", "")
+                if not test and os.path.exists(os.path.join(folder, "current_test")):
+                    with open(os.path.join(folder, "current_test")) as f:  # the test running now (one at a time)
+                        test = f.read().strip()
+                with open(os.path.join(folder, f"{os.getpid()}.json"), "w") as f:
+                    json.dump({"test": test, "functions": sorted(called)}, f)
         atexit.register(save)
