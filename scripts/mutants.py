@@ -293,6 +293,8 @@ def patch_mutmut(state: dict) -> None:
             with open(path) as f:
                 record = json.load(f)
             test = record["test"].removeprefix("mutants/")
+            if not test:
+                continue  # (a subprocess that outlived its test)
             for function in record["functions"]:
                 if test not in mutmut_state().tests_by_mangled_function_name[function]:
                     mutmut_state().tests_by_mangled_function_name[function].add(test)
