@@ -48,7 +48,8 @@ MARKERS = ("<!-- mutants:begin (scripts/mutants.py writes this part) -->", "<!--
 EQUIVALENT = os.path.join("scripts", "mutants_equivalent.toml")
 SITE = os.path.join(ROOT, "scripts", "mutants_site")
 HITS = os.path.join("mutants", "subprocess_hits")
-FAILED_IN_STATS = os.path.join("mutants", "stats_failed.json")
+FAILED_IN_STATS = os.path.join("mutants", "stats_failed.json")  # of the last recording run
+LEFT_OUT = os.path.join("mutants", "left_out_tests.json")  # of all of them
 DEFAULT_SAMPLE, DEFAULT_SEED, MIN_PER_MODULE = 420, 2026, 8
 
 # The report logic of scripts/study.py (the rest runs jobs; a wrong number in the report comes from these).
@@ -287,7 +288,8 @@ def patch_mutmut(state: dict) -> None:
                   + ", ".join(failed), flush=True)
             for function, reaching in mutmut_state().tests_by_mangled_function_name.items():
                 reaching.difference_update(failed)
-            state["left_out_tests"] = sorted(set(state.get("left_out_tests", [])) | set(failed))
+            with open(LEFT_OUT, "w") as f:
+                json.dump(sorted(set(left_out_tests()) | set(failed)), f)
         added = 0
         for path in glob.glob(os.path.join(HITS, "*.json")):
             with open(path) as f:
@@ -335,6 +337,13 @@ def copy_unmutated_files() -> None:
             shutil.copy2(path, destination)
         else:
             shutil.copytree(path, destination, dirs_exist_ok=True, ignore=skip)
+
+
+def left_out_tests() -> list[str]:
+    if not os.path.exists(LEFT_OUT):
+        return []
+    with open(LEFT_OUT) as f:
+        return json.load(f)
 
 
 def fingerprint() -> str:
@@ -421,9 +430,9 @@ def write_report(state: dict, sources: dict, wording: dict) -> dict:
                      f"{row['timeout']} | {row['no test']} | {row['not run']} | {score} |")
     table += ["", f"A timeout counts as killed (the mutant made a test hang). Survivors: {len(survivors)}, listed in "
               f"`{SURVIVORS}`; the equivalent mutants and their reasons are in `{EQUIVALENT}`."]
-    if state.get("left_out_tests"):
+    if left_out_tests():
         table += ["", "Tests that failed on the unmutated code in mutmut's recording run, and so were left out of "
-                  "every mutant's tests: " + ", ".join(f"`{t}`" for t in state["left_out_tests"]) + "."]
+                  "every mutant's tests: " + ", ".join(f"`{t}`" for t in left_out_tests()) + "."]
     replace_between_markers(os.path.join(ROOT, REPORT), "\n".join(table))
     listing = ["# Surviving generated mutants", "", f"From the run described in `{REPORT}` (`python3 "
                "scripts/mutants.py --survivors` prints each one's diff). Each needs a test that kills it, or an "
