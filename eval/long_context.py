@@ -78,14 +78,15 @@ def build_parser():
                                        "tokenizer, written as scripts/export_hf.py writes it)")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     p.add_argument("--out", help="output directory (default: RUN/eval; only with one --ckpt)")
-    p.add_argument("--plot", help="accuracy against context length for all runs (default: OUT/long_context.png; "
-                                  "required with several --ckpt)")
+    p.add_argument("--plot", help="the plot of accuracy against context length for all runs (default: "
+                                  "OUT/long_context.png; required with several --ckpt)")
     p.add_argument("--log-samples", action="store_true",
                    help="also write OUT/long_context_samples/<task>_<length>.jsonl: every prompt, answer and score")
     p.add_argument("--report-only", action="store_true",
                    help="evaluate nothing: read each run's long_context.json and write the plot and tables again")
     p.add_argument("--export-data", metavar="DIR",
-                   help="(needs internet) write the data the tasks download into DIR and exit")
+                   help="(needs internet) write the data the tasks download into DIR and exit (default: evaluate "
+                        "--ckpt)")
     p.add_argument("--babilong-splits", default=",".join(EXPORT_BABILONG_SPLITS),
                    help="with --export-data: the BABILong splits to fetch, of " + ",".join(BABILONG_SPLITS))
     return p
