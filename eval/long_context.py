@@ -183,12 +183,41 @@ def rescaled_rotations(model, factor, method):
 
 # ----------------------------------------------------------------------------- evaluation
 
-def peak_memory_gb(device):
+def proc_status_gb(field):
+    """VmRSS / VmHWM of this process from /proc (Linux), in GB; None elsewhere."""
+    try:
+        with open("/proc/self/status") as f:
+            line = next(line for line in f if line.startswith(field + ":"))
+        return int(line.split()[1]) * 1024 / 1e9
+    except (OSError, StopIteration):
+        return None
+
+
+def reset_peak_memory(device):
+    """Start measuring the peak memory of one length; returns the memory in use now (GB)."""
     import torch
 
     if str(device).startswith("cuda"):
-        return torch.cuda.max_memory_allocated() / 1e9
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # Linux reports KiB
+        torch.cuda.reset_peak_memory_stats()
+        return torch.cuda.memory_allocated() / 1e9
+    try:  # Linux: "5" resets the peak resident set size (VmHWM) to the current one
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+    return proc_status_gb("VmRSS")
+
+
+def peak_memory(device):
+    """(peak memory since reset_peak_memory in GB, what it measures)."""
+    import torch
+
+    if str(device).startswith("cuda"):
+        return torch.cuda.max_memory_allocated() / 1e9, "CUDA memory allocated"
+    peak = proc_status_gb("VmHWM")
+    if peak is not None:
+        return peak, "the process's peak resident memory during the length (VmHWM)"
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9, "the process's peak resident memory so far"
 
 
 def hub_offline_reason():
@@ -305,8 +334,7 @@ def evaluate_run(ckpt, args, plan, task_manager, yaml_dir):
     for length in lengths:
         lm.max_length = 2 * length  # nothing is cut: RULER sizes prompt + answer to the length, BABILong about so
         counter.reset(length)
-        if str(lm.device).startswith("cuda"):
-            torch.cuda.reset_peak_memory_stats()
+        memory_at_start = reset_peak_memory(lm.device)
         length_start, generation_start = timing.clock(), lm.generation_s
         report["lm_eval"][str(length)] = {}
         for task in tasks:
@@ -319,12 +347,13 @@ def evaluate_run(ckpt, args, plan, task_manager, yaml_dir):
                 progress.advance(left)
         seconds = lm.generation_s - generation_start
         tokens = counter.prompt_tokens + counter.generated_tokens
+        peak, kind = peak_memory(lm.device)
         report["speed"][str(length)] = {
             "requests": counter.requests, "prompt_tokens": counter.prompt_tokens,
             "generated_tokens": counter.generated_tokens, "model_s": seconds,
             "tokens_per_s": tokens / seconds if seconds > 0 else None, "wall_s": timing.clock() - length_start,
-            "peak_memory_gb": peak_memory_gb(lm.device),
-            "peak_memory_kind": "cuda allocated" if str(lm.device).startswith("cuda") else "process peak RSS so far",
+            "memory_at_start_gb": memory_at_start, "peak_memory_gb": peak, "peak_memory_kind": kind,
+            "threads": torch.get_num_threads(),
         }
         summarize(report)
         report["elapsed_s"] = timing.clock() - start
@@ -423,14 +452,14 @@ def markdown_report(report):
              f"{report['n_params'] / 1e6:.2f}M parameters, step {report['step']}, trained at {train:,} tokens), "
              f"lm-eval {report['lm_eval_version']}, {limit} per task and length. Positions: {positions} "
              f"(`--rope-scaling {report['rope_scaling']}`).", ""]
-    notes = []
+    notes = {}  # (task, why) -> the lengths it applies to
 
     def cell_text(task, length):
         cell = report["scores"][task].get(str(length))
         if cell is None:
             return "…"  # not reached yet
         if cell.get("score") is None:
-            notes.append(f"{task} at {length:,}: {cell['status']}")
+            notes.setdefault((task, cell["status"]), []).append(length)
             return "–"
         text = fmt(cell["score"])
         if "split" in cell:
@@ -460,20 +489,26 @@ def markdown_report(report):
     lines.append("An average over fewer tasks than the family has says how many; it is not comparable with "
                  "published averages.")
     if notes:
-        lines += ["", "Cells without a score:", ""] + [f"- {note}" for note in dict.fromkeys(notes)]
+        lines += ["", "Cells without a score:", ""]
+        for (task, why), at in notes.items():
+            where = "every length" if len(at) == len(lengths) else ", ".join(f"{n:,}" for n in at)
+            lines.append(f"- {task} at {where}: {why}")
     speed = report.get("speed", {})
     if speed:
         lines += ["", "| length | requests | prompt tokens | generated tokens | model time (s) | tokens/s | "
-                      "wall time (s) | peak memory (GB) |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                      "wall time (s) | memory at start (GB) | peak memory (GB) |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for n in lengths:
             s = speed.get(str(n))
             if s:
                 lines.append(f"| {n:,} | {s['requests']} | {s['prompt_tokens']:,} | {s['generated_tokens']:,} | "
                              f"{s['model_s']:.1f} | {fmt(s['tokens_per_s'], 0)} | {s['wall_s']:.1f} | "
-                             f"{s['peak_memory_gb']:.2f} |")
-        kind = next(iter(speed.values()))["peak_memory_kind"]
-        lines += ["", f"tokens/s: prompt and generated tokens over the time in the model's generate calls; wall time "
-                      f"also counts lm-eval building the documents. Peak memory: {kind}."]
+                             f"{fmt(s.get('memory_at_start_gb'), 2)} | {s['peak_memory_gb']:.2f} |")
+        first = next(iter(speed.values()))
+        lines += ["", f"tokens/s: prompt and generated tokens over the time in the model's generate calls "
+                      f"({report['device']}, {first.get('threads', '?')} threads); wall time also counts lm-eval "
+                      f"building the documents. Memory: {first['peak_memory_kind']}, and what was in use when the "
+                      "length started (on the CPU that includes lm-eval's RULER word list, about 1.1 GB)."]
     return "\n".join(lines) + "\n"
 
 
@@ -503,6 +538,9 @@ def plot_accuracy_vs_length(reports, path):
             for n, v, c in points:
                 ax.annotate(str(c), (n, v), textcoords="offset points", xytext=(0, 5), fontsize=7, ha="center")
         ax.set_xscale("log", base=2)
+        ticks = sorted({n for r in reports for n in r["lengths"]} | {r["train_context"] for r in reports})
+        ax.set_xticks(ticks, [f"{n:,}" for n in ticks])
+        ax.minorticks_off()
         ax.set_xlabel("context length (tokens); dashed: training context")
         ax.set_ylabel("accuracy (%)")
         ax.set_ylim(-2, 102)
