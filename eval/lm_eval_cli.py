@@ -117,16 +117,21 @@ def prepare_long_context(args, data_dir, yaml_dir):
         args.tasks = ",".join(write_task_yaml(task_manager, t, os.path.join(yaml_dir, f"{t}.yaml"), data_dir=data_dir)
                               if t in chosen and needed_files(t) else t for t in expanded)
     model_args = args.model_args if isinstance(args.model_args, dict) else {}
-    if args.model == "grape" and model_args.get("ckpt") and any(t in RULER_TASKS for t in chosen):
-        if "tokenizer" not in metadata:
-            from eval.checkpoint import load_model
-            from eval.long_context_tasks import write_hf_tokenizer
+    if args.model != "grape" or not model_args.get("ckpt"):
+        return
+    ruler = any(t in RULER_TASKS for t in chosen)
+    if ruler and "tokenizer" not in metadata:
+        from eval.checkpoint import load_model
+        from eval.long_context_tasks import write_hf_tokenizer
 
-            _, tokenizer, _ = load_model(model_args["ckpt"], "cpu")
-            model_args["tokenizer"] = write_hf_tokenizer(tokenizer.name, os.path.join(yaml_dir, "tokenizer"), 1 << 30)
-        if "max_length" not in model_args:
-            model_args["max_length"] = max(lengths) if isinstance(lengths, list) and lengths else 4096
-        args.model_args = model_args
+        _, tokenizer, _ = load_model(model_args["ckpt"], "cpu")
+        model_args["tokenizer"] = write_hf_tokenizer(tokenizer.name, os.path.join(yaml_dir, "tokenizer"), 1 << 30)
+    if "max_length" not in model_args:  # nothing cut: RULER sizes prompt + answer to the length; BABILong about so
+        needed = [max(lengths) if isinstance(lengths, list) and lengths else 4096] if ruler else []
+        if any(t in BABILONG_TASKS for t in chosen):
+            needed.append(max(2048, 2 * BABILONG_SPLITS[lengths if isinstance(lengths, str) else "0k"]))
+        model_args["max_length"] = max(needed)
+    args.model_args = model_args
 
 
 def default_output_path(args):

@@ -178,6 +178,12 @@ def test_lm_eval_cli_hands_ruler_the_runs_tokenizer_and_refuses_what_cannot_run(
     assert args.model_args["max_length"] == 1024
     hf = AutoTokenizer.from_pretrained(args.model_args["tokenizer"])
     assert hf(PROBE_TEXT, add_special_tokens=False).input_ids == get_tokenizer("byte").encode(PROBE_TEXT)
+    babilong = SimpleNamespace(model="grape", model_args={"ckpt": run}, tasks="babilong_longctx",
+                               metadata={"max_seq_lengths": "4k"})
+    with monkeypatch.context() as online:  # (lm-eval would download the data)
+        online.setattr(long_context, "hub_offline_reason", lambda: None)
+        prepare_long_context(babilong, None, str(tmp_path))
+    assert babilong.model_args == {"ckpt": run, "max_length": 8192}  # twice the split: its prompts are not cut
     both = SimpleNamespace(model="grape", model_args={"ckpt": run}, tasks="niah_single_1,babilong_qa1",
                            metadata={"max_seq_lengths": [512]})
     with pytest.raises(UserError, match="BABILong reads one split"):
