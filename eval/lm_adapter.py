@@ -21,10 +21,11 @@ All three request types are exact for a causal model:
 Inputs longer than the training context (block_size) work for every encoding: pass max_length (the longest
 input kept; default block_size). A window or prompt longer than `prefill_chunk` tokens (default block_size) runs
 through the model's KV cache in chunks of that many tokens, sized to the input (plus the tokens to generate), so
-no forward pass holds more than prefill_chunk x vocab logits and attention never sees more queries than a chunk;
-only the scored positions' logits are kept. Positions are used as they are: nothing is rescaled here.
+attention never sees more queries than a chunk; logits are computed only for the positions scored (for
+generation, the prompt's last). Positions are used as they are: nothing is rescaled here.
 """
 import json
+import time
 
 import lm_eval.models  # noqa: F401  (lm-eval adds its own models, e.g. hf, only to a registry still empty of ours)
 import torch
@@ -99,6 +100,7 @@ class GrapeLM(TemplateLM):
         # replaces the adapter's own progress lines (eval/long_context.py counts progress over all its tasks).
         self.on_generated = None
         self.generation_s = 0.0  # seconds spent in generate_until, over all calls
+        self.generation_cpu_s = 0.0  # CPU seconds of this process (all its threads) in generate_until
         self.prompts_cut = 0  # prompts of the last generate_until call cut from the left to fit max_length
 
     @classmethod
@@ -126,24 +128,25 @@ class GrapeLM(TemplateLM):
 
     # ------------------------------------------------------------------ forward passes
     def _logits_from(self, idx, first):
-        """fp32 logits at positions first.. of idx (B, T). Inputs longer than prefill_chunk run through a KV
-        cache chunk by chunk (the model's own cached forward), keeping only the logits asked for."""
-        if idx.shape[1] <= self.prefill_chunk:
-            logits, _ = self.model(idx)
-            return logits[:, first:]
-        cache = self.model.new_cache(idx.shape[0], idx.shape[1])
+        """fp32 logits at positions first.. of idx (B, T), computed for those positions only. Inputs longer than
+        prefill_chunk run through a KV cache chunk by chunk (the model's own cached forward)."""
+        T = idx.shape[1]
+        if T <= self.prefill_chunk:
+            return self.model(idx, last_logits=T - first)[0]
+        cache = self.model.new_cache(idx.shape[0], T)
         kept = []
-        for start in range(0, idx.shape[1], self.prefill_chunk):
-            end = min(idx.shape[1], start + self.prefill_chunk)
-            logits, _ = self.model(idx[:, start:end], cache=cache)
-            if end > first:
-                kept.append(logits[:, max(first, start) - start:])
+        for start in range(0, T, self.prefill_chunk):
+            end = min(T, start + self.prefill_chunk)
+            kept.append(self.model(idx[:, start:end], cache=cache, last_logits=max(0, end - max(first, start)))[0])
         return torch.cat(kept, dim=1)
 
     def _prefill(self, idx, cache):
-        """Runs prompts idx (B, T) into `cache` in chunks of prefill_chunk; returns the last position's logits."""
-        for start in range(0, idx.shape[1], self.prefill_chunk):
-            logits, _ = self.model(idx[:, start:start + self.prefill_chunk], cache=cache)
+        """Runs prompts idx (B, T) into `cache` in chunks of prefill_chunk; returns the last position's logits
+        (the only ones computed)."""
+        T = idx.shape[1]
+        for start in range(0, T, self.prefill_chunk):
+            end = min(T, start + self.prefill_chunk)
+            logits, _ = self.model(idx[:, start:end], cache=cache, last_logits=1 if end == T else 0)
         return logits[:, -1]
 
     # ------------------------------------------------------------------ scoring
@@ -222,11 +225,12 @@ class GrapeLM(TemplateLM):
 
     # ------------------------------------------------------------------ generation
     def generate_until(self, requests, disable_tqdm=False):
-        start = timing.clock()
+        start, cpu_start = timing.clock(), time.process_time()
         try:
             return self._generate_until(requests, disable_tqdm)
         finally:
             self.generation_s += timing.clock() - start
+            self.generation_cpu_s += time.process_time() - cpu_start
 
     def _generate_until(self, requests, disable_tqdm):
         groups = {}  # (settings, prompt length) -> request indices

@@ -108,6 +108,21 @@ def test_loglikelihood_of_long_inputs_equals_the_full_forward_for_a_continuation
     assert lm.loglikelihood([request(context, continuation)])[0][0] == pytest.approx(expected, abs=1e-4)
 
 
+def test_last_logits_are_the_full_forwards_last_positions():
+    model = tiny_model(pos="fox", block_size=16, seed=4, kv_shift=True)
+    idx = torch.randint(0, 257, (2, 20), generator=torch.Generator().manual_seed(0))
+    full = model(idx)[0]
+    for n in (0, 1, 7, 20):
+        torch.testing.assert_close(model(idx, last_logits=n)[0], full[:, 20 - n:], atol=1e-6, rtol=1e-5)
+    cache = model.new_cache(2, 20)
+    first = model(idx[:, :12], cache=cache, last_logits=0)[0]
+    rest = model(idx[:, 12:], cache=cache, last_logits=3)[0]
+    assert first.shape == (2, 0, 320)
+    torch.testing.assert_close(rest, full[:, 17:], atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="cannot be combined"):
+        model(idx, idx, last_logits=1)
+
+
 # ----------------------------------------------------------------------------- positions beyond the training context
 
 def test_rope_scaling_ntk_is_a_larger_base_and_linear_divides_every_frequency():
