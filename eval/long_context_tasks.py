@@ -347,8 +347,9 @@ def write_hf_tokenizer(name: str, out_dir: str, model_max_length: int) -> str:
     """The run's tokenizer as Hugging Face files (those scripts/export_hf.py writes) in out_dir; returns out_dir."""
     from hf.tokenizer_files import write_tokenizer
 
-    os.makedirs(out_dir, exist_ok=True)
-    write_tokenizer(name, out_dir, model_max_length)
+    if not os.path.isfile(os.path.join(out_dir, "tokenizer.json")):  # several runs of one tokenizer: once
+        os.makedirs(out_dir, exist_ok=True)
+        write_tokenizer(name, out_dir, model_max_length)
     return out_dir
 
 
