@@ -92,14 +92,15 @@ def grape_ap_triton(q, k, v, p, r, slopes, scale: float, *, config=None):
     """The Triton path (CUDA tensors, or CPU tensors under TRITON_INTERPRET=1), through the same
     autograd-aware custom op as the chunked path. Returns v's dtype; dp, dr come back in p's and r's
     dtypes. config: see ``kernels.grape_ap_triton.default_config``."""
-    from kernels.grape_ap_triton import default_config
+    from kernels.grape_ap_triton import check_config, default_config
     if q.dtype != k.dtype or q.dtype != v.dtype:
         raise ValueError(f"grape_ap (triton): q, k, v must share one dtype (got {q.dtype}, {k.dtype}, {v.dtype})")
     # made contiguous (and p, r fp32) out here, so that autograd saves these copies for the backward
     # instead of the op copying the model's strided q, k, v views once in each pass
     q, k, v = (x.contiguous() for x in (q, k, v))
     p, r = (x.float().contiguous() for x in (p, r))
-    return path_attention(q, k, v, p, r, slopes, scale, "triton", list(config or default_config(q.shape[3], q.dtype)))
+    config = check_config(config or default_config(q.shape[3], q.dtype))
+    return path_attention(q, k, v, p, r, slopes, scale, "triton", list(config))
 
 
 # --------------------------------------------------------------------------------------------------

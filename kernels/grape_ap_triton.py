@@ -95,11 +95,13 @@ def _triangle(BLOCK_N: tl.constexpr, GREATER_EQUAL: tl.constexpr, DTYPE: tl.cons
 
 
 @triton.jit
-def _triangles(BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, LOW: tl.constexpr):
-    """GT for the in-tile suffix of ψ (fp16 parts) and GE for that of dS (parts in the inputs' dtype LOW)."""
+def _triangles(BLOCK_N: tl.constexpr, SPLIT: tl.constexpr):
+    """GT for the in-tile suffix of ψ (fp16 parts) and GE for that of dS, whose bf16 parts also carry the path
+    gradients' products (bf16 for fp16 inputs too: fp32's range, where α·sigmoid(-z) and dS fall far below
+    fp16's)."""
     if SPLIT:
         gt = _triangle(BLOCK_N, False, tl.float16)
-        ge = _triangle(BLOCK_N, True, LOW)
+        ge = _triangle(BLOCK_N, True, tl.bfloat16)
     else:
         gt = _triangle(BLOCK_N, False, tl.float32)
         ge = _triangle(BLOCK_N, True, tl.float32)
@@ -171,7 +173,7 @@ def _fwd(Q, K, V, PZ, RZ, SLOPES, OUT, LSE, qk_scale, Tq, Tk, H,
     slope = tl.load(SLOPES + bh % H)
     q = load_tile(Q, bh, Tq, rows, row_ok, D, BLOCK_D)
     pz = load_tile(PZ, bh, Tq, rows, row_ok, KZ, KZ)
-    gt, _ = _triangles(BLOCK_N, SPLIT, Q.dtype.element_ty)
+    gt, _ = _triangles(BLOCK_N, SPLIT)
 
     m_i = tl.full([BLOCK_M], -1e30, tl.float32)  # finite: a row may see no key in its first tiles
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -253,7 +255,7 @@ def _bwd_query(Q, K, V, R, PZ, RZ, SLOPES, DO, LSE, DELTA, DQ, DPATH, DS_TOTAL, 
     do = load_tile(DO, bh, Tq, rows, row_ok, DV, BLOCK_DV)
     lse = tl.load(LSE + bh * Tq + rows, mask=row_ok, other=0.0)
     delta = tl.load(DELTA + bh * Tq + rows, mask=row_ok, other=0.0)
-    gt, ge = _triangles(BLOCK_N, SPLIT, Q.dtype.element_ty)
+    gt, ge = _triangles(BLOCK_N, SPLIT)
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     dpath_weight = tl.zeros([BLOCK_M, BLOCK_DP], tl.float32)  # Σ_ℓ weight·r_ℓ, times E_i at the end
@@ -283,7 +285,7 @@ def _bwd_key_tiles(dk, dv_acc, dr, k, v, rz, cols, Q, P, PZ, DO, LSE, DELTA, DS_
                    Tq, offset, N_KTILES, PASS_ROWS, first_row, end_row, slope, qk_scale, gt, ge,
                    lo, hi, D: tl.constexpr, DV: tl.constexpr, DP: tl.constexpr, KZ: tl.constexpr,
                    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DP: tl.constexpr, BLOCK_M: tl.constexpr,
-                   MASKED: tl.constexpr, SPLIT: tl.constexpr, FAST_LOG2: tl.constexpr,
+                   BLOCK_N: tl.constexpr, MASKED: tl.constexpr, SPLIT: tl.constexpr, FAST_LOG2: tl.constexpr,
                    QK_PRECISION: tl.constexpr):
     for mb in range(lo, hi):
         rows = mb * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -295,8 +297,13 @@ def _bwd_key_tiles(dk, dv_acc, dr, k, v, rz, cols, Q, P, PZ, DO, LSE, DELTA, DS_
         delta = tl.load(DELTA + bh * Tq + rows, mask=row_ok, other=0.0)
         row_total = tl.load(DS_TOTAL + bh * Tq + rows, mask=row_ok, other=0.0)
         boundary = boundary_index(bh, N_KTILES, kb, PASS_ROWS, rows - first_row)
-        carry = tl.load(CARRY_PSI + boundary, mask=row_ok, other=0.0)
-        carry_ds = tl.load(CARRY_DS + boundary, mask=row_ok, other=0.0)
+        if MASKED:  # a row left of this key tile has no carry stored for it (its query-major tile never got
+            # here): read none, whatever the scratch holds, so that its zero weights meet finite numbers
+            written = row_ok & (rows + offset >= kb * BLOCK_N)
+        else:
+            written = row_ok
+        carry = tl.load(CARRY_PSI + boundary, mask=written, other=0.0)
+        carry_ds = tl.load(CARRY_DS + boundary, mask=written, other=0.0)
         visible = (cols[None, :] <= rows[:, None] + offset) & row_ok[:, None]
         probs, ds, _, weight = _backward_tile(q, k, v, do, pz, rz, lse, delta, carry, slope, qk_scale, gt, visible,
                                               MASKED, SPLIT, FAST_LOG2, QK_PRECISION)
@@ -333,7 +340,7 @@ def _bwd_key(Q, K, V, P, PZ, RZ, SLOPES, DO, LSE, DELTA, DK, DV_OUT, DR, DS_TOTA
     k = load_tile(K, bh, Tk, cols, col_ok, D, BLOCK_D)
     v = load_tile(V, bh, Tk, cols, col_ok, DV, BLOCK_DV)
     rz = load_tile(RZ, bh, Tk, cols, col_ok, KZ, KZ)
-    gt, ge = _triangles(BLOCK_N, SPLIT, Q.dtype.element_ty)
+    gt, ge = _triangles(BLOCK_N, SPLIT)
 
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv_acc = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
@@ -347,15 +354,15 @@ def _bwd_key(Q, K, V, P, PZ, RZ, SLOPES, DO, LSE, DELTA, DK, DV_OUT, DR, DS_TOTA
     dk, dv_acc, dr = _bwd_key_tiles(dk, dv_acc, dr, k, v, rz, cols, Q, P, PZ, DO, LSE, DELTA, DS_TOTAL, CARRY_PSI,
                                     CARRY_DS, bh, kb, Tq, offset, N_KTILES, PASS_ROWS, first_row, end_row, slope,
                                     qk_scale, gt, ge, first, full, D, DV, DP, KZ, BLOCK_D, BLOCK_DV,
-                                    BLOCK_DP, BLOCK_M, True, SPLIT, FAST_LOG2, QK_PRECISION)
+                                    BLOCK_DP, BLOCK_M, BLOCK_N, True, SPLIT, FAST_LOG2, QK_PRECISION)
     dk, dv_acc, dr = _bwd_key_tiles(dk, dv_acc, dr, k, v, rz, cols, Q, P, PZ, DO, LSE, DELTA, DS_TOTAL, CARRY_PSI,
                                     CARRY_DS, bh, kb, Tq, offset, N_KTILES, PASS_ROWS, first_row, end_row, slope,
                                     qk_scale, gt, ge, full, complete, D, DV, DP, KZ, BLOCK_D, BLOCK_DV,
-                                    BLOCK_DP, BLOCK_M, False, SPLIT, FAST_LOG2, QK_PRECISION)
+                                    BLOCK_DP, BLOCK_M, BLOCK_N, False, SPLIT, FAST_LOG2, QK_PRECISION)
     dk, dv_acc, dr = _bwd_key_tiles(dk, dv_acc, dr, k, v, rz, cols, Q, P, PZ, DO, LSE, DELTA, DS_TOTAL, CARRY_PSI,
                                     CARRY_DS, bh, kb, Tq, offset, N_KTILES, PASS_ROWS, first_row, end_row, slope,
                                     qk_scale, gt, ge, complete, last, D, DV, DP, KZ, BLOCK_D, BLOCK_DV,
-                                    BLOCK_DP, BLOCK_M, True, SPLIT, FAST_LOG2, QK_PRECISION)
+                                    BLOCK_DP, BLOCK_M, BLOCK_N, True, SPLIT, FAST_LOG2, QK_PRECISION)
     # key 0's ψ is in no bias, so its r gets no gradient at all
     dr = tl.where(cols[:, None] >= 1, dr, 0.0)
     _accumulate_tile(DK, dk * (qk_scale * 0.6931471805599453), bh, Tk, cols, col_ok, D, BLOCK_D, ACCUMULATE)
@@ -366,6 +373,32 @@ def _bwd_key(Q, K, V, P, PZ, RZ, SLOPES, DO, LSE, DELTA, DK, DV_OUT, DR, DS_TOTA
 # --------------------------------------------------------------------------------------------------
 # Launchers. config = the (BLOCK_M, BLOCK_N, warps, stages) of the forward, the query-major and the
 # key-major backward kernel, then the backward's pass rows: 13 integers (see default_config).
+
+
+def check_config(config) -> tuple[int, ...]:
+    """The 13 integers of a tile configuration (see default_config), or a ValueError saying what is wrong.
+    Every configuration that passes is valid: tiles are powers of two of at least 16 (tl.dot's smallest), and
+    the key-major kernel's key tiles are a whole number of the query-major kernel's, at whose edges the
+    query-major kernel stores the boundary carries; the query tiles of the two kernels may differ either way."""
+    config = tuple(int(c) for c in config)
+    if len(config) != 13:
+        raise ValueError(f"grape_ap triton config: expected 13 integers ((BLOCK_M, BLOCK_N, warps, stages) of the "
+                         f"forward, the query-major and the key-major backward kernel, then pass rows), got {len(config)}")
+    for name, (block_m, block_n, warps, stages) in zip(("forward", "query-major", "key-major"),
+                                                        (config[0:4], config[4:8], config[8:12])):
+        if any(b < 16 or b & (b - 1) for b in (block_m, block_n)):
+            raise ValueError(f"grape_ap triton config: the {name} kernel's tile {block_m}x{block_n} must be powers of "
+                             "two of at least 16 (tl.dot's smallest tile)")
+        if warps not in (1, 2, 4, 8, 16) or stages < 1:
+            raise ValueError(f"grape_ap triton config: the {name} kernel's {warps} warps and {stages} stages must be "
+                             "1, 2, 4, 8 or 16 warps and at least one stage")
+    if config[9] % config[5]:
+        raise ValueError(f"grape_ap triton config: the key-major kernel's key tile ({config[9]}) must be a multiple of "
+                         f"the query-major kernel's ({config[5]}), at whose edges the boundary carries are stored; "
+                         f"use a key-major BLOCK_N of at least {config[5]}")
+    if config[12] < 1:
+        raise ValueError(f"grape_ap triton config: pass rows must be positive, got {config[12]}")
+    return config
 
 
 def _path_operands(p: torch.Tensor, r: torch.Tensor, split: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -417,6 +450,7 @@ def backward_pass_rows(Tq: int, block_m: int, pass_rows: int) -> int:
 
 def triton_backward(grad_out, q, k, v, p, r, slopes, out, lse, scale: float, config):
     """(dq, dk, dv, dp, dr) in fp32."""
+    config = check_config(config)
     query_tiles, key_tiles, pass_rows = config[4:8], config[8:12], config[12]
     B, H, Tq, _ = q.shape
     Tk = k.shape[2]
@@ -462,13 +496,14 @@ def triton_backward(grad_out, q, k, v, p, r, slopes, out, lse, scale: float, con
 PASS_ROWS = 2048
 
 
-def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16) -> tuple[int, ...]:
+def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16, *, interpreter: bool = INTERPRET
+                   ) -> tuple[int, ...]:
     """Forward, query-major and key-major (BLOCK_M, BLOCK_N, warps, stages), then pass rows. bf16/fp16:
     none of the three kernels spills registers on sm_90 at D = 64 and 128 (scripts/kernel_resources.py,
     docs/kernel_resources.md), and the key-major kernel's BLOCK_N is a multiple of the query-major one's.
     fp32 inputs run every dot without tensor cores, in tiles that fit an A100's shared memory. The
-    interpreter uses tiny tiles so that the tests are fast."""
-    if INTERPRET:
+    interpreter uses tiny tiles so that the tests are fast (interpreter=False: the GPU's choice there too)."""
+    if interpreter:
         return (16, 16, 1, 1, 16, 16, 1, 1, 16, 32, 1, 1, PASS_ROWS)
     if dtype == torch.float32:
         return (64, 32, 4, 2, 32, 32, 4, 1, 32, 32, 4, 1, PASS_ROWS)
