@@ -70,7 +70,7 @@ def grape_ap_attention(q, k, v, p, r, slopes, scale: float, *, backend: str = "a
     if backend not in BACKENDS:
         raise ValueError(f"unknown grape_ap backend {backend!r}; valid: {', '.join(BACKENDS)}")
     if backend == "auto":
-        backend = auto_backend(q.device, q.dtype, q.shape[2])
+        backend = auto_backend(q.device, q.dtype, q.shape[2], q.shape[3], v.shape[3])
     if backend == "decode":
         return decode_attention(q, k, v, p, r, slopes, scale)
     if backend == "triton":
@@ -78,12 +78,15 @@ def grape_ap_attention(q, k, v, p, r, slopes, scale: float, *, backend: str = "a
     return grape_ap_chunked(q, k, v, p, r, slopes, scale, block_size=block_size)
 
 
-def auto_backend(device: torch.device, dtype: torch.dtype, n_queries: int) -> str:
+def auto_backend(device: torch.device, dtype: torch.dtype, n_queries: int, head_dim: int,
+                 value_dim: int | None = None) -> str:
     """One decoding query: "decode" (O(Tk), any device). CUDA: the Triton kernels where this Triton builds
-    them (else one warning line and the chunked path). Elsewhere "chunked"."""
+    them for this dtype and head dim and they fit the GPU (else one warning line and the chunked path).
+    Elsewhere "chunked"."""
     if n_queries == 1:
         return "decode"
-    if device.type == "cuda" and dtype in DTYPE_NAMES and triton_builds("grape_ap", DTYPE_NAMES[dtype]):
+    if device.type == "cuda" and dtype in DTYPE_NAMES and triton_builds("grape_ap", DTYPE_NAMES[dtype], head_dim,
+                                                                        value_dim):
         return "triton"
     return "chunked"
 

@@ -286,8 +286,8 @@ def run_triton_cases(path):
     with torch.no_grad():
         results["decode_full_forward"] = grape_ap_triton(*inputs, slopes.float(), 0.3)
     results["boundary_index"] = boundary_index_under_interpreter(*BOUNDARY_INDEX_ARGS)
-    results["builds"] = [triton_builds("grape_ap", "fp32"), triton_builds("grape_ap", "fp16"),
-                         triton_builds("separable", "fp16")]
+    results["builds"] = [triton_builds("grape_ap", "fp32", 16), triton_builds("grape_ap", "fp16", 12, 20),
+                         triton_builds("separable", "fp16", 32)]
     # the model calls attention.grape_ap_attention; on CPU tensors "auto" would pick the chunked path
     attention.grape_ap_attention = lambda *a, **kw: grape_ap_attention(*a, **kw, backend="triton")
     for pos, kv_shift in MODEL_CASES:
@@ -584,8 +584,8 @@ def test_decode_matches_the_full_forward_and_the_reference():
     full = grape_ap_chunked(q, k, v, p, r, slopes, 0.3, block_size=8)
     last = decode_attention(q[:, :, -1:], k, v, p[:, :, -1:], r, slopes, 0.3)
     torch.testing.assert_close(last, full[:, :, -1:], atol=1e-6, rtol=1e-5)
-    assert auto_backend(torch.device("cuda"), torch.bfloat16, 1) == "decode"
-    assert auto_backend(torch.device("cpu"), torch.float32, 1) == "decode"
+    assert auto_backend(torch.device("cuda"), torch.bfloat16, 1, 64) == "decode"
+    assert auto_backend(torch.device("cpu"), torch.float32, 1, 64) == "decode"
 
 
 def test_decode_matches_the_triton_full_forward(triton_results):
@@ -599,19 +599,60 @@ def test_auto_falls_back_with_one_warning_when_triton_cannot_build(monkeypatch, 
     from kernels import triton_probe
     from kernels.grape_ap import auto_backend
 
-    def cannot_build(dtype, device):
+    def cannot_build(dtype, device, head_dim, value_dim):
         raise RuntimeError("PassManager::run failed\n(the rest of a long compiler message)")
     monkeypatch.setattr(triton_probe, "_BUILDS", {})
     monkeypatch.setitem(triton_probe.PROBES, "grape_ap", cannot_build)
-    assert auto_backend(torch.device("cuda"), torch.bfloat16, 64) == "chunked"
-    assert auto_backend(torch.device("cuda"), torch.bfloat16, 64) == "chunked"  # asked once per process
+    assert auto_backend(torch.device("cuda"), torch.bfloat16, 64, 64) == "chunked"
+    assert auto_backend(torch.device("cuda"), torch.bfloat16, 64, 64) == "chunked"  # asked once per process
     lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and "cannot build the grape_ap attention kernel for bf16" in lines[0], lines
+    assert len(lines) == 1 and "cannot run the grape_ap attention kernel for bf16 at head dim 64" in lines[0], lines
     assert "PassManager::run failed" in lines[0] and "portable" in lines[0]
-    monkeypatch.setitem(triton_probe.PROBES, "grape_ap", lambda dtype, device: None)
-    assert auto_backend(torch.device("cuda"), torch.float16, 64) == "triton"
-    assert auto_backend(torch.device("cpu"), torch.float16, 64) == "chunked"
+    monkeypatch.setitem(triton_probe.PROBES, "grape_ap", lambda dtype, device, head_dim, value_dim: None)
+    assert auto_backend(torch.device("cuda"), torch.float16, 64, 64) == "triton"
+    assert auto_backend(torch.device("cpu"), torch.float16, 64, 64) == "chunked"
 
+
+def test_auto_decides_per_head_dim_from_the_builds_shared_memory(monkeypatch, capsys):
+    # The probe built head dim 64 only, so "auto" chose kernels that cannot launch at head dim 256 (the separable
+    # forward needs 258 KiB of shared memory there, an H100/H200 block 227 KiB). Each (dtype, head dim) is probed
+    # at its own size; a build beyond the GPU's limit (Triton's OutOfResources: the build's report against the
+    # device's) sends that head dim to the portable path with one warning that says so.
+    pytest.importorskip("triton")
+    import attention
+    from positional import build_bias
+    from kernels import triton_probe
+    from kernels.grape_ap import auto_backend
+
+    class OutOfResources(Exception):  # what Triton raises at launch: required, limit, name
+        def __init__(self, required, limit, name):
+            super().__init__(f"out of resource: {name}, Required: {required}, Hardware limit: {limit}")
+            self.required, self.limit, self.name = required, limit, name
+
+    probed = []
+
+    def launch(dtype, device, head_dim, value_dim):
+        probed.append(head_dim)
+        if head_dim > 128:
+            raise OutOfResources(258 * 1024, 227 * 1024, "shared memory")
+    monkeypatch.setattr(triton_probe, "_BUILDS", {})
+    for family in ("grape_ap", "separable"):
+        monkeypatch.setitem(triton_probe.PROBES, family, launch)
+    monkeypatch.setattr(attention, "TRITON_AVAILABLE", True)
+    cuda = torch.device("cuda")
+    assert auto_backend(cuda, torch.bfloat16, 512, 64) == "triton"
+    assert auto_backend(cuda, torch.bfloat16, 512, 256) == "chunked"
+    assert auto_backend(cuda, torch.bfloat16, 512, 256) == "chunked"
+    bias = build_bias("fox", n_head=2, head_dim=8, n_embd=8, grape_a_omega_init=1.0, fox_gate_bias_init=0.0,
+                      p_head_dim=8)
+    assert attention.resolve_backend("auto", bias, cuda, torch.bfloat16, 128) == "tile"
+    assert attention.resolve_backend("auto", bias, cuda, torch.bfloat16, 256) == "lifted"
+    assert probed == [64, 256, 128, 256]  # once per family and head dim
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 2, lines
+    for family, line in zip(("grape_ap", "separable"), lines):
+        assert (f"cannot run the {family} attention kernel for bf16 at head dim 256 (its build needs 258 KiB of "
+                "shared memory per block, this GPU allows 227 KiB)") in line, line
 
 
 def test_probe_does_not_try_a_triton_older_than_proven(monkeypatch, capsys):
@@ -621,11 +662,11 @@ def test_probe_does_not_try_a_triton_older_than_proven(monkeypatch, capsys):
     from kernels import triton_probe
     probed = []
     monkeypatch.setattr(triton_probe, "_BUILDS", {})
-    monkeypatch.setitem(triton_probe.PROBES, "grape_ap", lambda dtype, device: probed.append(dtype))
+    monkeypatch.setitem(triton_probe.PROBES, "grape_ap", lambda dtype, *sizes: probed.append(dtype))
     monkeypatch.setattr(triton, "__version__", "3.1.0")
-    assert triton_probe.triton_builds("grape_ap", "bf16") is False and probed == []
+    assert triton_probe.triton_builds("grape_ap", "bf16", 64) is False and probed == []
     err = capsys.readouterr().err
-    assert "triton 3.1.0 cannot build the grape_ap attention kernel" in err and "need triton >= 3.2" in err, err
+    assert "triton 3.1.0 cannot run the grape_ap attention kernel" in err and "need triton >= 3.2" in err, err
 
 
 if __name__ == "__main__":

@@ -240,7 +240,7 @@ def test_backend_choice_by_device_and_dtype(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.setattr(attention, "TRITON_AVAILABLE", True)
     builds = {"separable": True}  # what the installed Triton could build (probed on a GPU on first use)
-    monkeypatch.setattr(attention, "triton_builds", lambda family, dtype_name: builds[family])
+    monkeypatch.setattr(attention, "triton_builds", lambda family, dtype_name, head_dim: builds[family])
     bias = build_bias("fox", n_head=2, head_dim=8, n_embd=8, grape_a_omega_init=1.0, fox_gate_bias_init=0.0,
                       p_head_dim=8)
     cpu, cuda = torch.device("cpu"), torch.device("cuda")  # (only the device type is read)
