@@ -33,7 +33,7 @@ bf16/fp16: docs/grape_ap_kernel.md), with the suffix again a running carry plus 
 key-major kernel; ``_bwd_key`` (key-major: dk, dv, dr, and each key tile's share of dp) reads them back and, with
 E_i known, forms the path gradient dz = α·sigmoid(-z)·dψ once, for both dr and dp; ``_sum_path_partials`` sums
 the dp shares over the key tiles. Scratch: 8·B·H·pass_rows·⌈Tk/BLOCK_N⌉ bytes of carries and
-4·W·B·H·pass_rows·⌈Tk/BLOCK_N⌉ of dp shares (W = 16 columns for d_p = 8), linear in T for a fixed
+4·S·B·H·pass_rows·⌈Tk/BLOCK_N⌉ of dp shares (S = 8 columns for d_p <= 8), linear in T for a fixed
 ``pass_rows``. The key-major kernel's key tiles are a whole number (RATIO) of the query-major kernel's, which
 stores the carries only at their edges; tile sizes in ``default_config``, checked by ``check_config``.
 
@@ -316,8 +316,8 @@ def _bwd_key_tiles(dk, dv_acc, dr, k, v, rz, rr, cols, Q, PP, PZ, DO, LSE, DELTA
                    CARRY_DS, DP_PART, bh, kb, Tq, offset, N_KTILES, PASS_ROWS, first_row, end_row, slope, qk_scale,
                    gt, ge, lo, hi, D: tl.constexpr, DV: tl.constexpr, KZ: tl.constexpr,
                    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DP: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, MASKED: tl.constexpr, SPLIT: tl.constexpr, FAST_LOG2: tl.constexpr,
-                   QK_PRECISION: tl.constexpr):
+                   BLOCK_N: tl.constexpr, SHARE: tl.constexpr, MASKED: tl.constexpr, SPLIT: tl.constexpr,
+                   FAST_LOG2: tl.constexpr, QK_PRECISION: tl.constexpr):
     for mb in range(lo, hi):
         rows = mb * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = rows < end_row
@@ -348,8 +348,10 @@ def _bwd_key_tiles(dk, dv_acc, dr, k, v, rz, rr, cols, Q, PP, PZ, DO, LSE, DELTA
         dr = _path_dot(dz, load_tile(PP, bh, Tq, rows, row_ok, BLOCK_DP, BLOCK_DP), dr, SPLIT)
         # this key tile's share of dp_i = Σ_ℓ dz(i, ℓ)·r_ℓ, summed over the key tiles by _sum_path_partials
         part = _path_dot_left(rr, dz, tl.zeros([BLOCK_DP, BLOCK_M], tl.float32), SPLIT)
-        store_tile(DP_PART, tl.trans(part), bh * N_KTILES + kb, PASS_ROWS, rows - first_row, row_ok, BLOCK_DP,
-                   BLOCK_DP)
+        if SPLIT:  # ·r_hi and ·r_lo rows added here: the shares take half the scratch
+            part = tl.sum(tl.reshape(part, (2, BLOCK_DP // 2, BLOCK_M)), axis=0)
+        store_tile(DP_PART, tl.trans(part), bh * N_KTILES + kb, PASS_ROWS, rows - first_row, row_ok, SHARE,
+                   SHARE)
     return dk, dv_acc, dr
 
 
@@ -366,7 +368,7 @@ def _bwd_key(Q, K, V, PP, RR, PZ, RZ, SLOPES, DO, LSE, DELTA, DK, DV_OUT, DR, DS
              CARRY_DS, DP_PART, qk_scale, Tq, Tk, H, N_KTILES, PASS_ROWS, first_row, end_row,
              D: tl.constexpr, DV: tl.constexpr, KZ: tl.constexpr, BLOCK_M: tl.constexpr,
              BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DP: tl.constexpr,
-             SPLIT: tl.constexpr, FAST_LOG2: tl.constexpr, QK_PRECISION: tl.constexpr,
+             SHARE: tl.constexpr, SPLIT: tl.constexpr, FAST_LOG2: tl.constexpr, QK_PRECISION: tl.constexpr,
              ACCUMULATE: tl.constexpr):
     kb = tl.program_id(0)
     bh = tl.program_id(1)
@@ -393,17 +395,17 @@ def _bwd_key(Q, K, V, PP, RR, PZ, RZ, SLOPES, DO, LSE, DELTA, DK, DV_OUT, DR, DS
     dk, dv_acc, dr = _bwd_key_tiles(dk, dv_acc, dr, k, v, rz, rr, cols, Q, PP, PZ, DO, LSE, DELTA,
                                     DS_TOTAL, CARRY_PSI, CARRY_DS, DP_PART, bh, kb, Tq, offset, N_KTILES, PASS_ROWS,
                                     first_row, end_row, slope, qk_scale, gt, ge, first, full, D, DV, KZ,
-                                    BLOCK_D, BLOCK_DV, BLOCK_DP, BLOCK_M, BLOCK_N, True, SPLIT, FAST_LOG2,
+                                    BLOCK_D, BLOCK_DV, BLOCK_DP, BLOCK_M, BLOCK_N, SHARE, True, SPLIT, FAST_LOG2,
                                     QK_PRECISION)
     dk, dv_acc, dr = _bwd_key_tiles(dk, dv_acc, dr, k, v, rz, rr, cols, Q, PP, PZ, DO, LSE, DELTA,
                                     DS_TOTAL, CARRY_PSI, CARRY_DS, DP_PART, bh, kb, Tq, offset, N_KTILES, PASS_ROWS,
                                     first_row, end_row, slope, qk_scale, gt, ge, full, complete, D, DV, KZ,
-                                    BLOCK_D, BLOCK_DV, BLOCK_DP, BLOCK_M, BLOCK_N, False, SPLIT, FAST_LOG2,
+                                    BLOCK_D, BLOCK_DV, BLOCK_DP, BLOCK_M, BLOCK_N, SHARE, False, SPLIT, FAST_LOG2,
                                     QK_PRECISION)
     dk, dv_acc, dr = _bwd_key_tiles(dk, dv_acc, dr, k, v, rz, rr, cols, Q, PP, PZ, DO, LSE, DELTA,
                                     DS_TOTAL, CARRY_PSI, CARRY_DS, DP_PART, bh, kb, Tq, offset, N_KTILES, PASS_ROWS,
                                     first_row, end_row, slope, qk_scale, gt, ge, complete, last, D, DV, KZ,
-                                    BLOCK_D, BLOCK_DV, BLOCK_DP, BLOCK_M, BLOCK_N, True, SPLIT, FAST_LOG2,
+                                    BLOCK_D, BLOCK_DV, BLOCK_DP, BLOCK_M, BLOCK_N, SHARE, True, SPLIT, FAST_LOG2,
                                     QK_PRECISION)
     # key 0's ψ is in no bias, so its r gets no gradient at all
     dr = tl.where(cols[:, None] >= 1, dr, 0.0)
@@ -413,7 +415,7 @@ def _bwd_key(Q, K, V, PP, RR, PZ, RZ, SLOPES, DO, LSE, DELTA, DK, DV_OUT, DR, DS
 
 
 @triton.jit
-def _sum_path_partials(DP_PART, DPATH, Tq, Tk, N_KTILES, PASS_ROWS, first_row, BLOCK_DP: tl.constexpr,
+def _sum_path_partials(DP_PART, DPATH, Tq, Tk, N_KTILES, PASS_ROWS, first_row, SHARE: tl.constexpr,
                        BLOCK_M: tl.constexpr, KEY_TILE: tl.constexpr):
     """dp of this pass's rows: the sum of the key-major kernel's per-key-tile shares over the key tiles each row
     sees (the only ones written)."""
@@ -422,11 +424,10 @@ def _sum_path_partials(DP_PART, DPATH, Tq, Tk, N_KTILES, PASS_ROWS, first_row, B
     rows = first_row + pass_rows
     row_ok = rows < Tq
     seen = (rows + (Tk - Tq)) // KEY_TILE  # the last key tile row i sees
-    acc = tl.zeros([BLOCK_M, BLOCK_DP], tl.float32)
+    acc = tl.zeros([BLOCK_M, SHARE], tl.float32)
     for kb in range(0, tl.max(tl.where(row_ok, seen, 0)) + 1):
-        acc += load_tile(DP_PART, bh * N_KTILES + kb, PASS_ROWS, pass_rows, row_ok & (seen >= kb), BLOCK_DP,
-                         BLOCK_DP)
-    store_tile(DPATH, acc, bh, Tq, rows, row_ok, BLOCK_DP, BLOCK_DP)
+        acc += load_tile(DP_PART, bh * N_KTILES + kb, PASS_ROWS, pass_rows, row_ok & (seen >= kb), SHARE, SHARE)
+    store_tile(DPATH, acc, bh, Tq, rows, row_ok, SHARE, SHARE)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -499,7 +500,8 @@ def kernel_builds(head_dim: int, value_dim: int, path_dim: int, dtype: torch.dty
         if name == "_bwd_query":
             sizes["RATIO"] = config[9] // block_n
         if name == "_bwd_key":
-            sizes.update(BLOCK_DP=pow2(path_dim * (2 if dtype != torch.float32 else 1)), ACCUMULATE=True)
+            width = _path_width(path_dim, dtype != torch.float32)
+            sizes.update(BLOCK_DP=width, SHARE=width // 2 if dtype != torch.float32 else width, ACCUMULATE=True)
         builds.append((name, kernel, sizes, warps, stages, block_m * block_n))
     return builds
 
@@ -527,19 +529,29 @@ def backward_pass_rows(Tq: int, block_m: int, pass_rows: int) -> int:
     return min(whole, max(block_m, pass_rows // block_m * block_m))
 
 
+def _path_width(path_dim: int, split: bool) -> int:
+    """Columns of the path gradients' operands: [hi | lo] halves of a power of two each (split), else one."""
+    return 2 * max(8, triton.next_power_of_2(path_dim)) if split else pow2(path_dim)
+
+
 def _path_parts(x: torch.Tensor, split: bool) -> torch.Tensor:
-    """p or r for the path gradients' products: bf16 [hi | lo] columns (split: 16 bits, fp32's range; the kernels'
-    results come back as [x·hi | x·lo] halves, see _halves), else fp32; zero-padded to a power-of-two width."""
+    """p or r for the path gradients' products: bf16 [hi | lo] halves (split: 16 bits, fp32's range; the kernels'
+    products come back as [·hi | ·lo] halves for the host to add), else fp32; zero-padded to _path_width."""
     x = x.float()
+    width = _path_width(x.shape[-1], split)
     if split:
         hi = x.bfloat16()
-        x = torch.cat((hi, (x - hi.float()).bfloat16()), -1)
-    return torch.nn.functional.pad(x, (0, pow2(x.shape[-1]) - x.shape[-1])).contiguous()
+        x = torch.cat([torch.nn.functional.pad(part, (0, width // 2 - x.shape[-1]))
+                       for part in (hi, (x - hi.float()).bfloat16())], -1)
+    return torch.nn.functional.pad(x, (0, width - x.shape[-1])).contiguous()
 
 
-def _halves(x: torch.Tensor, width: int, split: bool) -> torch.Tensor:
-    """A path gradient from its [·hi | ·lo] halves (split), else its first width columns."""
-    return x[..., :width] + x[..., width:2 * width] if split else x[..., :width]
+def _halves(x: torch.Tensor, path_dim: int, split: bool) -> torch.Tensor:
+    """A path gradient from the kernels' [·hi | ·lo] halves (split), else from its first path_dim columns."""
+    if not split:
+        return x[..., :path_dim]
+    half = x.shape[-1] // 2
+    return x[..., :path_dim] + x[..., half:half + path_dim]
 
 
 def triton_backward(grad_out, q, k, v, p, r, slopes, out, lse, scale: float, config):
@@ -550,8 +562,9 @@ def triton_backward(grad_out, q, k, v, p, r, slopes, out, lse, scale: float, con
     Tk = k.shape[2]
     dq = torch.empty(q.shape, device=q.device, dtype=torch.float32)
     split = q.dtype != torch.float32
-    path_width = pow2(p.shape[3] * (2 if split else 1))  # the path gradients' products: [·hi | ·lo] columns
-    dp = torch.empty(B, H, Tq, path_width, device=q.device, dtype=torch.float32)
+    path_width = _path_width(p.shape[3], split)  # the path gradients' products: [·hi | ·lo] columns
+    share = path_width // 2 if split else path_width  # dp's shares: the halves added in the kernel
+    dp = torch.empty(B, H, Tq, share, device=q.device, dtype=torch.float32)
     # keys that no query sees (Tq = 0) get zero gradients; several passes add into dk, dv, dr
     rows_per_pass = backward_pass_rows(Tq, max(query_tiles[0], key_tiles[0]), pass_rows)
     n_passes = triton.cdiv(Tq, rows_per_pass)
@@ -559,18 +572,18 @@ def triton_backward(grad_out, q, k, v, p, r, slopes, out, lse, scale: float, con
     dk, dv = (make(x.shape, device=q.device, dtype=torch.float32) for x in (k, v))
     dr = make(B, H, Tk, path_width, device=q.device, dtype=torch.float32)
     if n_passes == 0 or B * H == 0:
-        return dq, dk, dv, _halves(dp, p.shape[3], split), _halves(dr, p.shape[3], split)
+        return dq, dk, dv, dp[..., :p.shape[3]], _halves(dr, p.shape[3], split)
     delta = (grad_out.float() * out.float()).sum(-1)  # D_i = dO_i·O_i
     n_ktiles = triton.cdiv(Tk, key_tiles[1])
     carry_psi = torch.empty(B * H, n_ktiles, rows_per_pass, device=q.device, dtype=torch.float32)
     carry_ds = torch.empty_like(carry_psi)
-    dp_part = torch.empty(B * H, n_ktiles, rows_per_pass, path_width, device=q.device, dtype=torch.float32)
+    dp_part = torch.empty(B * H, n_ktiles, rows_per_pass, share, device=q.device, dtype=torch.float32)
     ds_total = torch.empty(B, H, Tq, device=q.device, dtype=torch.float32)
     pz, rz = _path_operands(p, r, split)
     query_sizes = _constexprs(q.shape[3], v.shape[3], p.shape[3], q.dtype, *query_tiles[:2])
     query_sizes.update(RATIO=key_tiles[1] // query_tiles[1], num_warps=query_tiles[2], num_stages=query_tiles[3])
     key_sizes = _constexprs(q.shape[3], v.shape[3], p.shape[3], q.dtype, *key_tiles[:2])
-    key_sizes.update(BLOCK_DP=path_width, num_warps=key_tiles[2], num_stages=key_tiles[3])
+    key_sizes.update(BLOCK_DP=path_width, SHARE=share, num_warps=key_tiles[2], num_stages=key_tiles[3])
     for first_row in range(0, Tq, rows_per_pass):
         end_row = min(Tq, first_row + rows_per_pass)
         _bwd_query[(triton.cdiv(end_row - first_row, query_tiles[0]), B * H)](
@@ -582,14 +595,14 @@ def triton_backward(grad_out, q, k, v, p, r, slopes, out, lse, scale: float, con
             ds_total, carry_psi, carry_ds, dp_part, scale * LOG2E, Tq, Tk, H, n_ktiles, rows_per_pass, first_row,
             end_row, ACCUMULATE=n_passes > 1, **key_sizes)
         _sum_path_partials[(triton.cdiv(end_row - first_row, 64), B * H)](
-            dp_part, dp, Tq, Tk, n_ktiles, rows_per_pass, first_row, BLOCK_DP=path_width, BLOCK_M=64,
-            KEY_TILE=key_tiles[1])
-    return dq, dk, dv, _halves(dp, p.shape[3], split), _halves(dr, p.shape[3], split)
+            dp_part, dp, Tq, Tk, n_ktiles, rows_per_pass, first_row, SHARE=share, BLOCK_M=64, KEY_TILE=key_tiles[1])
+    return dq, dk, dv, dp[..., :p.shape[3]], _halves(dr, p.shape[3], split)
 
 
-# Query rows per backward pass: the boundary carries take 8·B·H·PASS_ROWS·⌈Tk/BLOCK_N⌉ bytes (at B·H = 8,
-# Tk = 32768, BLOCK_N = 64: 64 MiB, one bf16 (B, H, T, 128) tensor is 64 MiB). Enough rows per pass
-# that the query-major kernel's grid (PASS_ROWS / BLOCK_M · B·H programs) fills an H100/H200.
+# Query rows per backward pass: the boundary carries take 8·B·H·PASS_ROWS·⌈Tk/BLOCK_N⌉ bytes and the dp shares
+# four times that for d_p = 8 (at B·H = 8, Tk = 32768, BLOCK_N = 64: 64 + 256 MiB; one bf16 (B, H, T, 128) tensor is
+# 64 MiB). Enough rows per pass that the query-major kernel's grid (PASS_ROWS / BLOCK_M · B·H programs) fills an
+# H100/H200.
 PASS_ROWS = 2048
 
 

@@ -286,6 +286,7 @@ def run_triton_cases(path):
     with torch.no_grad():
         results["decode_full_forward"] = grape_ap_triton(*inputs, slopes.float(), 0.3)
     results["boundary_index"] = boundary_index_under_interpreter(*BOUNDARY_INDEX_ARGS)
+    results["bf16_emulation"] = bf16_cast_and_dot_under_interpreter()
     results["builds"] = [triton_builds("grape_ap", "fp32", 16), triton_builds("grape_ap", "fp16", 12, 20),
                          triton_builds("separable", "fp16", 32)]
     # the model calls attention.grape_ap_attention; on CPU tensors "auto" would pick the chunked path
@@ -402,6 +403,36 @@ def boundary_index_under_interpreter(bh, n_key_tiles, key_tile, pass_rows, pass_
     out = torch.zeros(1, dtype=torch.int64)
     kernel[(1,)](out, torch.tensor([bh, n_key_tiles, key_tile, pass_rows, pass_row], dtype=torch.int32))
     return out.item()
+
+
+def bf16_operands():
+    """fp32 values with ties (exactly half a bf16 step between two bf16 numbers, both parities), values just off
+    a tie, and random ones; and a bf16 matrix to multiply them by."""
+    g = torch.Generator().manual_seed(11)
+    base = torch.randn(16, 16, generator=g).bfloat16().float()
+    step = base.abs() * 2.0 ** -8  # about one bf16 unit
+    x = torch.randn(16, 16, generator=g)
+    x[:4] = base[:4] + step[:4] / 2  # ties
+    x[4:8] = base[4:8] + step[4:8] * 0.51
+    return x, torch.randn(16, 16, generator=g).bfloat16()
+
+
+def bf16_cast_and_dot_under_interpreter():
+    """(x.to(bf16), tl.dot(x.to(bf16), y)) as the interpreter computes them."""
+    global _bf16_kernel
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _bf16_kernel(X, Y, CAST, DOT):
+        a = tl.arange(0, 16)
+        x = tl.load(X + a[:, None] * 16 + a[None, :]).to(tl.bfloat16)
+        tl.store(CAST + a[:, None] * 16 + a[None, :], x)
+        tl.store(DOT + a[:, None] * 16 + a[None, :], tl.dot(x, tl.load(Y + a[:, None] * 16 + a[None, :])))
+    x, y = bf16_operands()
+    cast, dot = torch.empty(16, 16, dtype=torch.bfloat16), torch.empty(16, 16)
+    _bf16_kernel[(1,)](x, y, cast, dot)
+    return cast, dot
 
 
 MODEL_CASES = [("grape_ap", False), ("rope+grape_ap", True)]
@@ -567,6 +598,16 @@ def test_triton_fp32_forward_accurate_on_large_path_logits(triton_results):
 def test_boundary_carry_index_is_64_bit(triton_results):
     bh, n_key_tiles, key_tile, pass_rows, pass_row = BOUNDARY_INDEX_ARGS
     assert triton_results["boundary_index"] == (bh * n_key_tiles + key_tile) * pass_rows + pass_row
+
+
+def test_interpreter_rounds_and_multiplies_bf16_as_the_gpu_does(triton_results):
+    # The interpreter truncated fp32 -> bf16 (the GPU rounds to nearest even) and multiplied bf16's raw bits in
+    # tl.dot; kernels/triton_common.py replaces both under TRITON_INTERPRET=1. torch's conversion rounds to
+    # nearest even, and a product of bf16 values is exact in fp32.
+    x, y = bf16_operands()
+    cast, dot = triton_results["bf16_emulation"]
+    assert torch.equal(cast.view(torch.int16), x.bfloat16().view(torch.int16))
+    torch.testing.assert_close(dot, x.bfloat16().double().matmul(y.double()).float(), atol=1e-5, rtol=1e-6)
 
 
 def test_probe_finds_that_the_interpreter_builds_both_kernel_families(triton_results):
