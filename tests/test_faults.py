@@ -953,7 +953,8 @@ def test_a_setting_out_of_range_names_a_remedy_that_works(config_file, tmp_path,
 
 
 def test_the_largest_seed_the_generators_take_trains(config_file, tmp_path):
-    """2**64 - 1, the top of the range the sentence gives, reaches torch.manual_seed and the batch order"""
+    """18446744073709551615 (2⁶⁴ − 1), the top of the range the sentence gives, reaches torch.manual_seed and the
+    batch order"""
     assert train.run([config_file, "--max_iters=1", "--warmup_iters=0", "--seed=18446744073709551615",
                       f"--out_dir={tmp_path / 'run'}"])["step"] == 1
 
