@@ -952,6 +952,19 @@ def test_a_setting_out_of_range_names_a_remedy_that_works(config_file, tmp_path,
     assert train.run(args + [remedy, f"--out_dir={tmp_path / 'run'}"])["step"] == 1
 
 
+def test_a_seed_past_the_generators_range_is_one_sentence_when_sampling_too(tmp_path, capsys):
+    """sample.py --seed=2**64 was a traceback from torch.Generator.manual_seed"""
+    import sample
+    from eval.tiny import save_run, tiny_model
+    save_run(tiny_model(block_size=32), tmp_path / "run")
+    with pytest.raises(SystemExit) as info:
+        sample.main(["--ckpt", str(tmp_path / "run"), "--max-new-tokens", "2", "--seed", str(2**64)])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "--seed must be between 0 and 18446744073709551615" in err
+    assert "Traceback" not in err and "error: --seed" in err.strip().splitlines()[-1]
+    sample.main(["--ckpt", str(tmp_path / "run"), "--max-new-tokens", "2", "--seed", str(2**64 - 1)])
+
+
 def test_the_largest_seed_the_generators_take_trains(config_file, tmp_path):
     """18446744073709551615 (2⁶⁴ − 1), the top of the range the sentence gives, reaches torch.manual_seed and the
     batch order"""
