@@ -153,7 +153,7 @@ class CausalSelfAttention(nn.Module):
         self.requested_backend = config.attn_backend
 
     def backend(self, device: torch.device, dtype: torch.dtype | None) -> str:
-        return resolve_backend(self.requested_backend, self.bias, device, dtype)
+        return resolve_backend(self.requested_backend, self.bias, device, dtype, self.head_dim)
 
     def forward(self, x, positions, cache: LayerCache | None = None, k_positions=None):
         B, T, _ = x.shape
