@@ -235,16 +235,46 @@ def load_study(path: str) -> Study:
 
 # ----------------------------------------------------------------------------- what is already done
 
-def read_records(run_dir: str) -> list[dict]:
+def read_metrics(run_dir: str) -> tuple[list[dict], list[int]]:
+    """(the records of RUN_DIR/metrics.jsonl, the numbers of its lines that are not a record: binary garbage, or a
+    line cut short inside the file). A last line cut short without its newline is a kill's unfinished write, which
+    train.py's resume removes: it is skipped, not counted as damage."""
     path = os.path.join(run_dir, "metrics.jsonl")
-    if not os.path.isfile(path):
-        return []
-    records = []
-    with open(path) as f:
-        for line in f:
-            with contextlib.suppress(json.JSONDecodeError):  # a line cut by a kill
-                records.append(json.loads(line))
-    return records
+    try:
+        with open(path, "rb") as f:
+            pieces = f.read().split(b"\n")
+    except OSError:  # none yet (or unreadable: then nothing is on record either)
+        return [], []
+    lines = [piece + b"\n" for piece in pieces[:-1]] + ([pieces[-1]] if pieces[-1] else [])
+    records, damaged = [], []
+    for number, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            record = None
+        if isinstance(record, dict):
+            records.append(record)
+        elif number < len(lines) or line.endswith(b"\n"):
+            damaged.append(number)
+    return records, damaged
+
+
+def read_records(run_dir: str) -> list[dict]:
+    return read_metrics(run_dir)[0]
+
+
+def damaged_records(run: Run) -> str | None:
+    """Why the run's metrics.jsonl has lost records (lines that are not records), or None. Neither resuming nor
+    reporting can bring them back, so the run is a failure until the file is restored or the lines deleted."""
+    damaged = read_metrics(run.run_dir)[1]
+    if not damaged:
+        return None
+    metrics, one = os.path.join(run.run_dir, "metrics.jsonl"), len(damaged) == 1
+    listed = ", ".join(map(str, damaged[:5])) + (f" and {len(damaged) - 5} more" if len(damaged) > 5 else "")
+    return (f"{metrics} {'line' if one else 'lines'} {listed} {'is not a record' if one else 'are not records'} "
+            f"(binary garbage or a line cut short), so {'its record is' if one else 'their records are'} lost; "
+            f"restore {metrics} from a backup, or delete {'that line' if one else 'those lines'} to go on without "
+            f"{'it' if one else 'them'}, then run the study again")
 
 
 def run_trained(run: Run) -> bool:
@@ -262,8 +292,9 @@ def final_val_loss(run: Run) -> float | None:
 
 
 def run_finished(run: Run) -> bool:
-    """Trained, with its final validation loss on record: only such runs enter the report's tables, all of them."""
-    return run_trained(run) and final_val_loss(run) is not None
+    """Trained, with its final validation loss on record and no record lost: only such runs enter the report's
+    tables, all of them."""
+    return run_trained(run) and final_val_loss(run) is not None and damaged_records(run) is None
 
 
 def lost_records(run: Run) -> str | None:
@@ -452,6 +483,11 @@ class Runner:
         try:
             if self.stop.is_set():
                 raise StudyInterrupted
+            damaged = damaged_records(run)  # before training: a resume would drop those lines
+            if damaged:
+                status.update(status="failed", errors=[f"records: {damaged}"])
+                print(f"[study] FAILED {label}: records: {damaged}", flush=True)
+                return
             if not run_trained(run):
                 argv = train_argv(run)
                 print(f"[study] {'resume' if '--resume' in argv else 'train'} {label} -> {run.run_dir}", flush=True)
