@@ -281,10 +281,12 @@ class GPT(nn.Module):
         del batch_size  # buffers take their batch size from the first tokens appended
         return KVCache(self.config.n_layer, max_len, start_pos)
 
-    def forward(self, idx, targets=None, start_pos: int = 0, cache: KVCache | None = None):
+    def forward(self, idx, targets=None, start_pos: int = 0, cache: KVCache | None = None,
+                last_logits: int | None = None):
         """idx (B, T) token ids; start_pos is the absolute position of idx[:, 0] (taken from the cache
         when one is given). Returns fp32 logits (B, T, vocab) and the mean cross-entropy over targets
-        that are not -1 (None without targets)."""
+        that are not -1 (None without targets). last_logits=n returns the logits of the last n positions only
+        (B, n, vocab; 0 for none): a prefill that needs only its end skips the output layer elsewhere."""
         T = idx.shape[1]
         k_positions = None
         if cache is not None:
@@ -296,6 +298,10 @@ class GPT(nn.Module):
             x = block(x, positions, cache.layers[i] if cache is not None else None, k_positions)
         if cache is not None:
             cache.pos += T
+        if last_logits is not None:
+            if targets is not None:
+                raise ValueError("last_logits and targets cannot be combined: the loss needs every position's logits")
+            x = x[:, T - last_logits:]
         logits = self.lm_head(self.norm(x)).float()
         loss = None
         if targets is not None:
