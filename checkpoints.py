@@ -47,27 +47,71 @@ def payload_checksum(state) -> str:
 
 def save(path: str, state: dict) -> None:
     """Write state + its checksum to a temp file, fsync, rename: a kill at any moment leaves the previous file
-    intact. A failed write (full disk, read-only directory) removes the temp file and raises CheckpointError."""
-    tmp = path + ".tmp"
+    intact. A failed write (full disk, read-only directory, a file-size limit) removes the temp file and raises
+    CheckpointError with the system's own reason."""
+    tmp, writer = path + ".tmp", None
     try:
         with open(tmp, "wb") as f:
-            torch.save({**state, CHECKSUM_KEY: payload_checksum(state)}, f)
+            writer = _RecordingWriter(f)
+            torch.save({**state, CHECKSUM_KEY: payload_checksum(state)}, writer)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except (OSError, RuntimeError) as error:  # torch.save reports a full disk as RuntimeError("[enforce fail ...")
-        with_space = _free_space_note(os.path.dirname(os.path.abspath(path)))
-        reason = error.strerror if isinstance(error, OSError) and error.strerror else "the write failed"
-        if isinstance(error, OSError) and error.errno == errno.ENOSPC or "enforce fail" in str(error):
-            reason = "no space left on the device"
+    except (OSError, RuntimeError) as error:
+        # torch.save reports a failed write as RuntimeError("[enforce fail ...] unexpected pos"): the system's
+        # error is the one the file object raised under it
+        cause = error if isinstance(error, OSError) else writer.error if writer else None
         try:
             os.remove(tmp)
         except OSError:
             pass
         previous = "the previous checkpoint there is intact" if os.path.exists(path) else "no earlier checkpoint exists"
-        raise CheckpointError(f"could not write checkpoint {path}: {reason}{with_space}; {previous}. Free space or "
-                              "make the directory writable (or choose another --out_dir), then run again "
+        reason, remedy = _write_failure(cause, os.path.dirname(os.path.abspath(path)))
+        raise CheckpointError(f"could not write checkpoint {path}: {reason}; {previous}. {remedy}, then run again "
                               "(with --resume if a checkpoint exists).") from None
+
+
+class _RecordingWriter:
+    """The file torch.save writes to, keeping the OSError of a failed write, which torch.save does not pass on."""
+
+    def __init__(self, file):
+        self.file, self.error = file, None
+
+    def write(self, data) -> int:
+        try:
+            return self.file.write(data)
+        except OSError as error:
+            self.error = error
+            raise
+
+    def flush(self) -> None:
+        self.file.flush()
+
+
+def _write_failure(error: OSError | None, directory: str) -> tuple[str, str]:
+    """(what went wrong, what to do) for a failed checkpoint write."""
+    if error is None:
+        return "the write failed" + _free_space_note(directory), ("Free space or make the directory writable (or "
+                                                                  "choose another --out_dir)")
+    if error.errno == errno.ENOSPC:
+        return "no space left on the device" + _free_space_note(directory), "Free space (or choose another --out_dir)"
+    if error.errno == errno.EFBIG:
+        return (f"{error.strerror}: the file would exceed {_file_size_limit()}",
+                "Raise the limit (ulimit -f unlimited in the shell that starts training) or ask your administrator")
+    if error.errno == errno.EDQUOT:
+        return f"{error.strerror} (your disk quota)", "Free space within your quota (or choose another --out_dir)"
+    return error.strerror or str(error), "Make the directory writable (or choose another --out_dir)"
+
+
+def _file_size_limit() -> str:
+    try:
+        import resource
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    except (ImportError, OSError, ValueError):
+        return "the file-size limit of this process"
+    if limit == resource.RLIM_INFINITY:
+        return "the largest file this file system takes"
+    return f"this process's file-size limit of {limit / 2**20:,.1f} MiB (ulimit -f)"
 
 
 def _free_space_note(directory: str) -> str:

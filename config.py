@@ -19,8 +19,10 @@ sets. "official" reproduces the authors' training; "clean" is this project's alt
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
+import glob
 import json
 import math
 import os
@@ -53,6 +55,9 @@ RECIPES = {
                   "seed": 1337},
     },
 }
+
+
+MAX_SEED = 2**64 - 1  # torch.manual_seed takes 0 .. 2**64 - 1; numpy's seeds take any integer
 
 
 class ConfigError(Exception):
@@ -116,44 +121,60 @@ class TrainConfig:
     wandb_run_name: str = ""         # "" = the run directory's name
 
     def validate(self) -> None:
+        # (whether the value is valid, what is wrong, the key whose usual value is suggested as the remedy, or None
+        # when the sentence already says what to do)
         checks = [
-            (self.batch_size >= 1, f"batch_size must be at least 1, not {self.batch_size}"),
+            (self.batch_size >= 1, f"batch_size must be at least 1, not {self.batch_size}", "batch_size"),
             (self.global_batch_size >= self.batch_size,
              f"global_batch_size ({self.global_batch_size}) must be at least batch_size ({self.batch_size}): it counts "
-             "the sequences of a step over all processes"),
-            (self.max_iters >= 1, f"max_iters must be at least 1, not {self.max_iters}"),
+             "the sequences of a step over all processes; raise --global_batch_size or lower --batch_size", None),
+            (self.max_iters >= 1, f"max_iters must be at least 1, not {self.max_iters}", "max_iters"),
             (0 <= self.warmup_iters < self.max_iters,
              f"warmup_iters ({self.warmup_iters}) must be between 0 and max_iters - 1 ({self.max_iters - 1}); lower "
-             f"--warmup_iters or raise --max_iters"),
-            (self.seed >= 0, f"seed must be 0 or positive, not {self.seed}"),
-            (math.isfinite(self.lr) and self.lr > 0, f"lr must be a positive number, not {self.lr}"),
-            (0 <= self.min_lr <= self.lr, f"min_lr must be between 0 and lr ({self.lr}), not {self.min_lr}"),
+             f"--warmup_iters or raise --max_iters", None),
+            (0 <= self.seed <= MAX_SEED,
+             f"seed must be between 0 and {MAX_SEED} (2**64 - 1, what the random generators take), not {self.seed}",
+             "seed"),
+            (math.isfinite(self.lr) and self.lr > 0, f"lr must be a positive number, not {self.lr}"
+             + (f" (the peak learning rate has no sign); write --lr={-self.lr:g}" if -math.inf < self.lr < 0 else ""),
+             None if -math.inf < self.lr < 0 else "lr"),
+            (0 <= self.min_lr <= self.lr, f"min_lr must be between 0 and lr ({self.lr}), not {self.min_lr}; set "
+             f"--min_lr to at most --lr, e.g. --min_lr={self.lr / 10:g}", None),
             (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1,
-             f"beta1 and beta2 must be in [0, 1), not {self.beta1} and {self.beta2}"),
-            (0 <= self.weight_decay < math.inf, f"weight_decay must be 0 or positive, not {self.weight_decay}"),
-            (0 <= self.grad_clip < math.inf, f"grad_clip must be 0 (no clipping) or positive, not {self.grad_clip}"),
+             f"beta1 and beta2 must be in [0, 1), not {self.beta1} and {self.beta2}; e.g. --beta1={TrainConfig.beta1} "
+             f"--beta2={TrainConfig.beta2} (the defaults)", None),
+            (0 <= self.weight_decay < math.inf, f"weight_decay must be 0 or positive, not {self.weight_decay}",
+             "weight_decay"),
+            (0 <= self.grad_clip < math.inf, f"grad_clip must be 0 (no clipping) or positive, not {self.grad_clip}",
+             "grad_clip"),
             (self.spike_factor == 0 or 1 < self.spike_factor < math.inf,
-             f"spike_factor must be 0 (off) or a number above 1, not {self.spike_factor}"),
-            (self.dist_timeout_s >= 1, f"dist_timeout_s must be at least 1 second, not {self.dist_timeout_s}"),
-            (self.log_interval >= 1, f"log_interval must be at least 1, not {self.log_interval}"),
+             f"spike_factor must be 0 (off) or a number above 1, not {self.spike_factor}", "spike_factor"),
+            (self.dist_timeout_s >= 1, f"dist_timeout_s must be at least 1 second, not {self.dist_timeout_s}",
+             "dist_timeout_s"),
+            (self.log_interval >= 1, f"log_interval must be at least 1, not {self.log_interval}", "log_interval"),
             (self.eval_interval >= 0 and self.ckpt_interval >= 0 and self.stop_iter >= 0,
              f"eval_interval, ckpt_interval and stop_iter must be 0 or positive, not {self.eval_interval}, "
-             f"{self.ckpt_interval} and {self.stop_iter}"),
-            (self.eval_windows >= 1, f"eval_windows must be at least 1, not {self.eval_windows}"),
-            (self.device in ("auto", "cpu", "cuda"), f"device must be auto, cpu or cuda, not {self.device!r}"),
-            (self.dtype in ("auto", "bf16", "fp32"), f"dtype must be auto, bf16 or fp32, not {self.dtype!r}"),
-            (self.wandb_mode in ("offline", "online"), f"wandb_mode must be offline or online, not {self.wandb_mode!r}"),
-            (self.recipe in RECIPES, f"recipe must be {' or '.join(RECIPES)}, not {self.recipe!r}"),
+             f"{self.ckpt_interval} and {self.stop_iter}; 0 turns each off", None),
+            (self.eval_windows >= 1, f"eval_windows must be at least 1, not {self.eval_windows}", "eval_windows"),
+            (self.device in ("auto", "cpu", "cuda"), f"device must be auto, cpu or cuda, not {self.device!r}", "device"),
+            (self.dtype in ("auto", "bf16", "fp32"), f"dtype must be auto, bf16 or fp32, not {self.dtype!r}", "dtype"),
+            (self.wandb_mode in ("offline", "online"), f"wandb_mode must be offline or online, not {self.wandb_mode!r}",
+             "wandb_mode"),
+            (self.recipe in RECIPES, f"recipe must be {' or '.join(RECIPES)}, not {self.recipe!r}", "recipe"),
             (self.decay_params in ("matrices", "all_but_norm_gains"),
-             f"decay_params must be matrices or all_but_norm_gains, not {self.decay_params!r}"),
-            (self.lr_schedule in ("clean", "official"), f"lr_schedule must be clean or official, not {self.lr_schedule!r}"),
+             f"decay_params must be matrices or all_but_norm_gains, not {self.decay_params!r}", "decay_params"),
+            (self.lr_schedule in ("clean", "official"), f"lr_schedule must be clean or official, not {self.lr_schedule!r}",
+             "lr_schedule"),
             (self.sampler in ("windows", "random_offsets"),
-             f"sampler must be windows or random_offsets, not {self.sampler!r}"),
-            (self.grad_scale in ("mean", "official"), f"grad_scale must be mean or official, not {self.grad_scale!r}"),
+             f"sampler must be windows or random_offsets, not {self.sampler!r}", "sampler"),
+            (self.grad_scale in ("mean", "official"), f"grad_scale must be mean or official, not {self.grad_scale!r}",
+             "grad_scale"),
         ]
-        for ok, message in checks:
+        for ok, message, key in checks:
             if not ok:
-                raise ConfigError(message + ".")
+                remedy = f"; set it in [train] or with --{key}=..., e.g. --{key}={getattr(TrainConfig, key)} (the " \
+                         "default)" if key else ""
+                raise ConfigError(message + remedy + ".")
         if self.grad_scale == "official" or self.sampler == "random_offsets" or self.reference_layout:
             self.reference_processes_and_micro_steps()  # a ConfigError that says what to set
 
@@ -295,7 +316,9 @@ def convert(section: str, key: str, value, kind):
                 raise ValueError
             if isinstance(value, int):
                 return value
-            number = float(value)  # accepts "25000", "2.5e4" and 2.5e4, but not 2.5
+            with contextlib.suppress(ValueError):
+                return int(str(value))  # exact, however large (a float would round 2**64 - 1 up)
+            number = float(value)  # accepts "2.5e4" and 2.5e4, but not 2.5
             if not number.is_integer():
                 raise ValueError
             return int(number)
@@ -410,9 +433,66 @@ def read_run_config(run_dir: str) -> dict[str, dict]:
     return sections
 
 
-def resolve(config_path: str, overrides: list[str], model_config_cls) -> tuple[object, TrainConfig]:
+def run_directories(root: str, max_depth: int = 3, limit: int = 2000) -> list[str]:
+    """The run directories (holding a ckpt.pt) at most max_depth levels below root, sorted; at most `limit`
+    directories are looked into, so a large tree costs no time."""
+    found, todo, seen = [], [(root, 0)], 0
+    while todo and seen < limit:
+        directory, depth = todo.pop()
+        seen += 1
+        try:
+            entries = sorted(os.scandir(directory), key=lambda entry: entry.name)
+        except OSError:
+            continue
+        if any(entry.name == "ckpt.pt" and entry.is_file() for entry in entries) and directory != root:
+            found.append(os.path.normpath(directory))
+            continue
+        if depth < max_depth:
+            todo += [(entry.path, depth + 1) for entry in reversed(entries)
+                     if entry.is_dir(follow_symlinks=False) and not entry.name.startswith(".")]
+    return sorted(found)
+
+
+def existing_runs(run_dir: str) -> str:
+    """For a run directory that does not exist: the closest run that does and the runs beside it, or that there are
+    none, as the end of a sentence."""
+    parent = os.path.dirname(os.path.normpath(run_dir)) or "."
+    while not os.path.isdir(parent):
+        parent = os.path.dirname(parent) or "."
+    if os.path.dirname(os.path.abspath(parent)) == os.path.abspath(parent):
+        return "check the path"  # nothing of it exists below the file system's root: not worth a search
+    runs = run_directories(parent)
+    if not runs:
+        return (f"there is no run of train.py with a checkpoint under {os.path.join(parent, '')}; start one with "
+                "python train.py CONFIG, e.g. configs/quickstart.toml")
+    below = {os.path.relpath(run, parent): run for run in runs}  # compared below parent: not by the common prefix
+    close = difflib.get_close_matches(os.path.relpath(run_dir, parent), below, n=1, cutoff=0.6)
+    shown = ", ".join(runs[:10]) + (f" and {len(runs) - 10} more" if len(runs) > 10 else "")
+    return (f"did you mean {below[close[0]]}? " if close else "") + \
+        f"the runs that exist under {os.path.join(parent, '')}: {shown}"
+
+
+def missing_config(path: str, resume: bool) -> ConfigError:
+    """The sentence for a CONFIG argument that does not exist: a config file named without .toml gets the file it
+    meant; with --resume a path that is not a .toml file is a run directory, answered with the runs that exist."""
+    if not path.endswith(".toml") and os.path.isfile(path + ".toml"):
+        return ConfigError(f"config file {path} does not exist; did you mean {path}.toml?")
+    if resume and not path.endswith(".toml"):
+        run_dir = path.removesuffix("config.json").rstrip(os.sep) or "."
+        return ConfigError(f"run directory {run_dir} does not exist; {existing_runs(run_dir)}.")
+    siblings = sorted(glob.glob(os.path.join(os.path.dirname(path) or ".", "*.toml")))
+    close = difflib.get_close_matches(path, siblings, n=1, cutoff=0.6)
+    return ConfigError(f"config file {path} does not exist; "
+                       + (f"did you mean {close[0]}?" if close else "pick one of the files under configs/."))
+
+
+def resolve(config_path: str, overrides: list[str], model_config_cls, resume: bool = False
+            ) -> tuple[object, TrainConfig]:
     """Config file (or a run directory, or its config.json: that run's own settings) + overrides ->
-    (model config object, TrainConfig), all keys checked and typed."""
+    (model config object, TrainConfig), all keys checked and typed. `resume`: the path is to be resumed, so one
+    that does not exist is answered as a missing run directory."""
+    if not os.path.exists(config_path):
+        raise missing_config(config_path, resume)
     from_run = os.path.isdir(config_path) or config_path.endswith(".json")
     if from_run:
         config_path = os.path.dirname(config_path) if config_path.endswith(".json") else config_path

@@ -30,7 +30,9 @@ class GPTConfig:
     head_dim: int = 64  # independent of n_embd / n_head (128 in the paper)
     vocab_size: int = 50304  # embedding rows: the tokenizer's ids padded up (GPT-2: 50257 -> 50304)
     block_size: int = 1024  # training context; the model itself runs at any length
-    pos: str = "rope"  # an encoding of positional.ENCODINGS, or "rotation+additive"
+    pos: str = "rope"  # a rotation: nope, rope, grape_m, grape_m_basis, grape_m_ctx; an additive bias: alibi,
+                       # grape_a_q, grape_a_k, grape_a_qk, fox, grape_ap; or one of each joined by +, e.g.
+                       # rope+grape_ap (positional.ROTATIONS, BIASES; the README's table says what each computes)
     kv_shift: bool = False  # KV-shift: each key and value mixed with the previous token's by a learned gate
     attn_backend: str = "auto"  # separable biases: "auto" (tile on CUDA in bf16/fp16, else lifted), "lifted", "tile"; or "dense"
     norm_eps: float = 1e-5  # epsilon of every RMSNorm
@@ -151,7 +153,7 @@ class CausalSelfAttention(nn.Module):
         self.requested_backend = config.attn_backend
 
     def backend(self, device: torch.device, dtype: torch.dtype | None) -> str:
-        return resolve_backend(self.requested_backend, self.bias, device, dtype)
+        return resolve_backend(self.requested_backend, self.bias, device, dtype, self.head_dim)
 
     def forward(self, x, positions, cache: LayerCache | None = None, k_positions=None):
         B, T, _ = x.shape
@@ -279,10 +281,12 @@ class GPT(nn.Module):
         del batch_size  # buffers take their batch size from the first tokens appended
         return KVCache(self.config.n_layer, max_len, start_pos)
 
-    def forward(self, idx, targets=None, start_pos: int = 0, cache: KVCache | None = None):
+    def forward(self, idx, targets=None, start_pos: int = 0, cache: KVCache | None = None,
+                last_logits: int | None = None):
         """idx (B, T) token ids; start_pos is the absolute position of idx[:, 0] (taken from the cache
         when one is given). Returns fp32 logits (B, T, vocab) and the mean cross-entropy over targets
-        that are not -1 (None without targets)."""
+        that are not -1 (None without targets). last_logits=n returns the logits of the last n positions only
+        (B, n, vocab; 0 for none): a prefill that needs only its end skips the output layer elsewhere."""
         T = idx.shape[1]
         k_positions = None
         if cache is not None:
@@ -294,6 +298,10 @@ class GPT(nn.Module):
             x = block(x, positions, cache.layers[i] if cache is not None else None, k_positions)
         if cache is not None:
             cache.pos += T
+        if last_logits is not None:
+            if targets is not None:
+                raise ValueError("last_logits and targets cannot be combined: the loss needs every position's logits")
+            x = x[:, T - last_logits:]
         logits = self.lm_head(self.norm(x)).float()
         loss = None
         if targets is not None:

@@ -12,6 +12,7 @@ import time
 
 import torch
 
+from config import MAX_SEED
 from eval.checkpoint import UserError, autocast_context, load_model, pick_device
 from eval.cli import make_parser
 from model import sample_next
@@ -84,6 +85,9 @@ def build_parser():
 def parse_args(argv=None):
     p = build_parser()
     args = p.parse_args(argv)
+    if not 0 <= args.seed <= MAX_SEED:
+        p.error(f"--seed must be between 0 and {MAX_SEED} (2**64 - 1, what the random generators take), not "
+                f"{args.seed}; e.g. --seed=1337 (the default)")
     if args.max_new_tokens < 1 or args.num_samples < 1 or args.temperature < 0 or args.top_k < 0:
         p.error(f"--max-new-tokens and --num-samples must be positive (got {args.max_new_tokens} and "
                 f"{args.num_samples}), --temperature and --top-k non-negative "

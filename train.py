@@ -25,8 +25,14 @@ import dataclasses
 import functools
 import json
 import os
+import signal
 import sys
 import time
+
+from training.errors import TrainError, exit_interrupted
+
+if __name__ == "__main__":  # a Ctrl-C while torch and the rest import (seconds) ends as a later one does
+    signal.signal(signal.SIGINT, exit_interrupted)
 
 import torch
 import torch.distributed as dist
@@ -38,9 +44,8 @@ from hf.init_from import initial_state
 from training.checkpointing import (FIXED_FOR_A_RUN, TRAJECTORY_KEYS, Checkpointer, check_resume_compatible,
                                     load_checkpoint, restore)
 from training.distributed import Distributed, is_collective_failure
-from training.errors import TrainError
 from training.metrics import (Metrics, Throughput, atomic_write_text, code_version, duration, gpu_peak_flops,
-                              peak_memory, start_wandb, trim_metrics)
+                              peak_memory, provenance, start_wandb, trim_metrics)
 from training.divergence import DivergenceMonitor, divergence_error
 from training.optimizer import lr_at, make_optimizer, set_lr
 from training.step import StepResult, confirmation, evaluate, train_step
@@ -67,6 +72,7 @@ class Arguments:
     resume: bool
     overrides: list[str]        # --key=value
     allowed_changes: list[str]  # the keys --allow_changes=k1,k2 names
+    argv: list[str]             # all of them, as given (recorded in config.json)
 
 
 def parse_args(argv: list[str]) -> Arguments:
@@ -97,7 +103,7 @@ def parse_args(argv: list[str]) -> Arguments:
                           "a run with its own settings")
     if allowed and not resume:
         raise ConfigError("--allow_changes only applies to --resume (a new run takes any settings).")
-    return Arguments(config_path, resume, overrides, allowed)
+    return Arguments(config_path, resume, overrides, allowed, list(argv))
 
 
 # ----------------------------------------------------------------------------- set-up, in the order run() calls it
@@ -191,18 +197,21 @@ def prepare_command_for(data_dir: str) -> str:
 def check_model_fits(model_cfg, cfg: TrainConfig, ddp: Distributed, use_bf16: bool) -> None:
     """Before any work: the attention backend runs on this device, and the weights, their gradients and Adam
     state (16 bytes a parameter) plus one micro-batch's fp32 logits fit in its free memory."""
-    from model import GPT
-    with torch.device("meta"):  # shapes only: nothing is allocated
-        model = GPT(model_cfg)
+    from model import GPT, Block
+    # Shapes only (nothing is allocated), and one block for all n_layer: the check takes no longer for 10^5 layers.
+    with torch.device("meta"):
+        one_layer = GPT(dataclasses.replace(model_cfg, n_layer=1))
+        per_layer = sum(p.numel() for p in Block(model_cfg).parameters())
+    params = one_layer.num_params() + (model_cfg.n_layer - 1) * per_layer
     try:
-        model.blocks[0].attn.backend(ddp.device, torch.bfloat16 if use_bf16 else torch.float32)
+        one_layer.blocks[0].attn.backend(ddp.device, torch.bfloat16 if use_bf16 else torch.float32)
     except ValueError as error:
         raise ConfigError(f"model.attn_backend = {model_cfg.attn_backend!r}: {error}.") from None
-    state_gb = 16 * model.num_params() / 2**30
+    state_gb = 16 * params / 2**30
     logits_gb = 4 * cfg.batch_size * model_cfg.block_size * model_cfg.vocab_size / 2**30
     free_gb = free_memory_gb(ddp.device)
     if free_gb is not None and state_gb + logits_gb > free_gb:
-        raise ConfigError(f"this model ({model.num_params() / 1e6:,.0f}M parameters) needs about {state_gb:,.1f} GB for "
+        raise ConfigError(f"this model ({params / 1e6:,.0f}M parameters) needs about {state_gb:,.1f} GB for "
                           f"its weights, gradients and Adam state, and a micro-batch of {cfg.batch_size} x "
                           f"{model_cfg.block_size} tokens at least {logits_gb:,.1f} GB for its logits, more than the "
                           f"{free_gb:,.1f} GB free on {ddp.device}; lower vocab_size, the model size, batch_size or "
@@ -248,13 +257,16 @@ def resume_from(ckpt: dict, model, optimizer, cfg: TrainConfig, ddp: Distributed
 
 def resolved_config(args: Arguments, model_cfg, cfg: TrainConfig, ckpt: dict | None, changes: list[dict],
                     ddp: Distributed, grad_accum: int, data_dir: str, tokenizer_name: str) -> dict:
-    """What RUN_DIR/config.json records: the resolved configs, data, layout, code version, and every deliberate
+    """What RUN_DIR/config.json records: where the run came from (its first start's config file, overrides and
+    command, and each resume's command), the resolved configs, data, layout, code version, and every deliberate
     change made on a resume (from the checkpoint's history and this resume's)."""
     history = [] if ckpt is None else ckpt.get("changes", []) + [{"iter": ckpt["step"], **c} for c in changes]
-    return {"config_file": os.path.abspath(args.config_path), "overrides": args.overrides,
-            "model": dataclasses.asdict(model_cfg), "train": dataclasses.asdict(cfg),
+    version = code_version()
+    origin = provenance(cfg.out_dir, args.config_path, args.overrides, args.argv,
+                        None if ckpt is None else ckpt["step"], version)
+    return {**origin, "model": dataclasses.asdict(model_cfg), "train": dataclasses.asdict(cfg),
             "data_dir_resolved": os.path.abspath(data_dir), "tokenizer": tokenizer_name,
-            "world_size": ddp.world_size, "grad_accum": grad_accum, "code_version": code_version(),
+            "world_size": ddp.world_size, "grad_accum": grad_accum, "code_version": version,
             "resume_changes": history}
 
 
@@ -273,7 +285,9 @@ def open_run_directory(cfg: TrainConfig, resolved: dict, step: int, resumed: boo
             os.remove(partial)
             ddp.say(f"note: removed {partial}, a checkpoint write cut short by an earlier kill (ckpt.pt is intact).")
         if resumed:
-            trim_metrics(metrics_path, step)
+            if trim_metrics(metrics_path, step):
+                ddp.say(f"note: dropped the lines of {metrics_path} that were not records (binary garbage or lines "
+                        "cut short); what they recorded is lost.")
         elif os.path.exists(metrics_path):
             # Left by an earlier run that never wrote a checkpoint (stopped or diverged early): this run's
             # lines must not be appended to it. Keep it aside rather than delete it.
@@ -350,7 +364,7 @@ def run(argv: list[str]) -> dict:
     """Train as the arguments say; returns a summary (per-step losses of this invocation, final step, ...)."""
     from model import GPTConfig
     args = parse_args(argv)
-    model_cfg, cfg = resolve(args.config_path, args.overrides, GPTConfig)
+    model_cfg, cfg = resolve(args.config_path, args.overrides, GPTConfig, resume=args.resume)
     ckpt, changes, init_state = open_checkpoint(args, cfg, dataclasses.asdict(model_cfg))
     ddp = Distributed(cfg.device, cfg.dist_timeout_s)
     grad_accum = accumulation_steps(cfg, ddp, resumed=ckpt is not None)
@@ -435,13 +449,12 @@ def main() -> None:
         print(__doc__.strip() + "\n\n" + HELP_OPTIONS + "\n\n" + describe_keys(TrainConfig, "train") + "\n\n"
               + describe_keys(GPTConfig, "model"))
         return
+    if signal.getsignal(signal.SIGINT) is exit_interrupted:  # imports done: from here Ctrl-C is a KeyboardInterrupt,
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # as when train.run is called from Python
     try:
         run(sys.argv[1:])
     except KeyboardInterrupt:
-        if rank == 0:
-            print("interrupted: the last checkpoint written (if any) is intact; continue with --resume.",
-                  file=sys.stderr, flush=True)
-        sys.exit(130)
+        exit_interrupted()
     except (ConfigError, TrainError, DataError) as e:
         if rank == 0 or isinstance(e, DamagedBatch):  # a damaged batch is seen only by the process that read it
             print(f"error: {e}", file=sys.stderr, flush=True)

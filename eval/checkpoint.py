@@ -20,17 +20,22 @@ def pick_device(device=None):
     return device
 
 
-def load_model(ckpt, device="cpu"):
-    """Returns (model in eval mode on `device`, tokenizer, checkpoint dict) for a run dir or a ckpt file."""
+def load_model(ckpt, device="cpu", argument="--ckpt"):
+    """Returns (model in eval mode on `device`, tokenizer, checkpoint dict) for a run dir or a ckpt file.
+    `argument`: how the command line names `ckpt`, for the messages."""
+    from config import existing_runs
     from data.shards import DataError
     from data.tokenizer import get_tokenizer
     from model import GPT
 
+    if not os.path.exists(ckpt):
+        raise UserError(f"no checkpoint at {ckpt}: it does not exist, and {argument} takes a run directory that "
+                        f"holds ckpt.pt (written by train.py) or a checkpoint file; {existing_runs(ckpt)}")
     path = os.path.join(ckpt, "ckpt.pt") if os.path.isdir(ckpt) else ckpt
     if not os.path.isfile(path):
-        raise UserError(f"no checkpoint at {path}: pass --ckpt a run directory that holds ckpt.pt "
+        raise UserError(f"no checkpoint at {path}: {argument} takes a run directory that holds ckpt.pt "
                         f"(written by train.py) or the path of a .pt file")
-    not_a_checkpoint(path)
+    not_a_checkpoint(path, argument)
     try:
         model, ckpt_dict = GPT.from_checkpoint(path, map_location="cpu")
     except (OSError, ValueError) as error:  # damaged or refused file (one sentence already), unknown config key
@@ -56,7 +61,7 @@ RUN_FILES = {"config.json": "train.py's record of the run's settings",
              "metrics.jsonl": "train.py's log of the run's losses"}
 
 
-def not_a_checkpoint(path):
+def not_a_checkpoint(path, argument="--ckpt"):
     """One sentence when `path` is some other file (a run's config.json, a text file): torch.load would call it
     corrupt or truncated. A damaged checkpoint keeps its first bytes and is left to the loader's own message."""
     with open(path, "rb") as f:
@@ -67,9 +72,12 @@ def not_a_checkpoint(path):
     json_like = head.lstrip()[:1] in (b"{", b"[")
     what = RUN_FILES.get(name) or ("a JSON file" if json_like else "a file that torch.save did not write")
     run_dir = os.path.dirname(os.path.abspath(path))
-    instead = (f"pass --ckpt {os.path.dirname(path) or '.'} (its run directory, which holds ckpt.pt)"
+    given = os.path.dirname(path) or "."
+    instead = ((f"pass {argument} {given}" if argument.startswith("-") else f"give {given} as {argument}")
+               + " (its run directory, which holds ckpt.pt)"
                if os.path.isfile(os.path.join(run_dir, "ckpt.pt"))
-               else "pass --ckpt a run directory that holds ckpt.pt (written by train.py), or the path of that file")
+               else f"{argument} takes a run directory that holds ckpt.pt (written by train.py), or the path of that "
+                    "file")
     raise UserError(f"{path} is {what}, not a checkpoint: {instead}")
 
 

@@ -28,9 +28,11 @@ class ExportError(Exception):
     """A problem with the inputs of an export; the message is one sentence that says what to do."""
 
 
-def export(run_dir: str, out_dir: str, fmt: str = "auto") -> dict:
-    """Write the model of RUN_DIR/ckpt.pt (or a .pt file) to the new directory out_dir. fmt: "auto" (native
-    Qwen3 when it can express the model, else remote code), "native" or "remote". Returns a summary."""
+def export(run_dir: str, out_dir: str, fmt: str = "auto", argument: str = "RUN_DIR") -> dict:
+    """Write the model of RUN_DIR/ckpt.pt (or a .pt file) to the new directory out_dir, making its missing parent
+    directories (and removing them again if the export fails). fmt: "auto" (native Qwen3 when it can express the
+    model, else remote code), "native" or "remote". `argument`: how the caller names run_dir in its messages.
+    Returns a summary."""
     from data.shards import DataError
     from eval.checkpoint import UserError, load_model
 
@@ -41,10 +43,10 @@ def export(run_dir: str, out_dir: str, fmt: str = "auto") -> dict:
     if os.path.lexists(out_dir):
         raise ExportError(f"{out_dir} already exists; the export only writes a new directory, so choose "
                           "another path or remove that one")
-    if not os.path.isdir(parent):
-        raise ExportError(f"the parent directory {parent} of the output does not exist; create it first")
+    if os.path.lexists(parent) and not os.path.isdir(parent):
+        raise ExportError(f"{parent} is a file, so {out_dir} cannot be made there; choose another output path")
     try:
-        model, tokenizer, ckpt = load_model(run_dir, "cpu")
+        model, tokenizer, ckpt = load_model(run_dir, "cpu", argument)
     except UserError as error:
         raise ExportError(str(error)) from None
     cfg = dataclasses.asdict(model.config)
@@ -59,7 +61,13 @@ def export(run_dir: str, out_dir: str, fmt: str = "auto") -> dict:
         raise ExportError(f"the checkpoint's tokenizer has {tokenizer.n_vocab} tokens but the model only "
                           f"{cfg['vocab_size']}; it does not belong to this model")
 
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.", suffix=".partial", dir=parent)
+    made = make_parents(parent)
+    try:
+        tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.", suffix=".partial", dir=parent)
+    except OSError as error:
+        remove_empty(made)
+        raise ExportError(f"cannot write the export beside {out_dir} ({error.strerror or error}); "
+                          "check the free space and permissions there") from None
     try:
         umask = os.umask(0)
         os.umask(umask)
@@ -82,12 +90,39 @@ def export(run_dir: str, out_dir: str, fmt: str = "auto") -> dict:
         os.rename(tmp, out_dir)
     except OSError as error:
         shutil.rmtree(tmp, ignore_errors=True)
+        remove_empty(made)
         raise ExportError(f"cannot write the export beside {out_dir} ({error.strerror or error}); "
                           "check the free space and permissions there") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        remove_empty(made)
         raise
     return summary
+
+
+def make_parents(directory: str) -> list[str]:
+    """Make `directory` and its missing parents (as mkdir -p); returns those it made, deepest first."""
+    missing = []
+    while not os.path.isdir(directory):
+        missing.append(directory)
+        directory = os.path.dirname(directory)
+    try:
+        for path in reversed(missing):
+            os.mkdir(path)
+    except OSError as error:
+        remove_empty(missing)
+        raise ExportError(f"cannot make the output's parent directory {path} ({error.strerror or error}); check "
+                          "the permissions there or choose another output path") from None
+    return missing
+
+
+def remove_empty(made: list[str]) -> None:
+    """Remove the directories an export made, deepest first, if nothing else was put in them meanwhile."""
+    for path in made:
+        try:
+            os.rmdir(path)
+        except OSError:
+            return
 
 
 def write_json(directory: str, name: str, value: dict) -> None:

@@ -11,9 +11,10 @@ semantically neutral:
 * top-level `import triton` lines go inside `try:`: transformers refuses a remote module that imports
   a package which is not installed, scanning every statement outside `try` blocks, while these
   modules are imported only after Triton was found (the portable path runs without it);
-* the custom operators' namespace `grape::` becomes one derived from the copied sources, so an
-  export loaded in the same process as this repository (or an export of another version) registers
-  its own operators instead of replacing ours.
+* the custom operators' namespace `grape::` becomes one derived from the copied sources and from the
+  package the copy is imported as, so every copy loaded in a process (this repository's modules, an
+  export, its save_pretrained copy, an export of another version) registers its own operators instead
+  of replacing another's.
 """
 from __future__ import annotations
 
@@ -110,7 +111,12 @@ def rewrite(source: str, modules: set[str], namespace: str) -> str:
     for first, last, replacement in sorted(edits, reverse=True):
         lines[first:last + 1] = replacement
     text = "".join(lines)
-    return re.sub(r'(custom_op\(\s*")\w+::', rf"\g<1>{namespace}::", text)
+    # Each imported copy gets its own operators: the namespace ends with the package transformers imports the copy
+    # as. Registering a name again replaces the operator of the copy that had it, whose models (an export loaded
+    # before its save_pretrained copy, a model cached by an earlier from_pretrained) would then call into a destroyed
+    # registration: that once failed with std::bad_alloc.
+    per_copy = f'"{namespace}_" + "".join(c if c.isalnum() else "_" for c in __package__ or "") + "::'
+    return re.sub(r'(custom_op\(\s*)"\w+::', lambda match: match.group(1) + per_copy, text)
 
 
 def generate(out_dir: str) -> list[str]:

@@ -27,7 +27,7 @@ def read_curves(run_dir: str) -> dict[str, list[tuple[int, float]]]:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path} does not exist; pass run directories written by train.py")
     curves: dict[str, list[tuple[int, float]]] = {"train": [], "val": []}
-    with open(path) as f:
+    with open(path, errors="replace") as f:  # binary garbage is a damaged line, skipped like a cut one
         for line in f:
             try:
                 record = json.loads(line)

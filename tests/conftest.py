@@ -37,9 +37,12 @@ def work_clock(monkeypatch):
 
 def pytest_configure(config):
     """Records of verified shards (data/verify.py) go to a folder of this test session, not the user's cache. Set
-    before any test module is imported: several build their subprocesses' environment at import."""
+    before any test module is imported: several build their subprocesses' environment at import. And the marker
+    of the fault-injection cases outside tests/test_faults.py."""
     import os
     import tempfile
+    config.addinivalue_line("markers", "fault: a fault-injection case listed in docs/faults.md "
+                                       "(scripts/fault_report.py runs them all: pytest -m fault)")
     config.shard_check_records = tempfile.mkdtemp(prefix="grape_cache_")
     os.environ["GRAPE_CACHE_DIR"] = config.shard_check_records
 

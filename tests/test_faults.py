@@ -8,6 +8,7 @@ import json
 import math
 import os
 import random
+import re
 import shlex
 import signal
 import subprocess
@@ -32,7 +33,7 @@ from model import GPT
 from tests.helpers import tiny_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.fault]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": REPO}
 
 
@@ -602,8 +603,13 @@ def test_nan_advice_works_when_followed(config_file, tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("override,message", [
-    ("--beta1=2", "beta1 and beta2 must be in \\[0, 1\\)"), ("--seed=-1", "seed must be 0 or positive"),
-    ("--lr=nan", "lr must be a positive number, not nan"), ("--lr=-1e-3", "lr must be a positive number"),
+    ("--beta1=2", "beta1 and beta2 must be in \\[0, 1\\)"),
+    ("--seed=-1", "seed must be between 0 and 18446744073709551615 \\(2\\*\\*64 - 1, .*\\), not -1"),
+    ("--seed=100000000000000000000000000000", "seed must be between 0 and 18446744073709551615 .*--seed=1337"),
+    ("--seed=18446744073709551616", "not 18446744073709551616"),
+    ("--lr=nan", "lr must be a positive number, not nan; .* e.g. --lr=0.001"),
+    ("--lr=-3e-3", "lr must be a positive number, not -0.003 \\(the peak learning rate has no sign\\); write "
+                   "--lr=0.003"),
     ("--weight_decay=-1", "weight_decay must be 0 or positive"), ("--grad_clip=-1", "grad_clip must be 0"),
     ("--learning_rate=1e-3", "did you mean 'lr'"), ("--pos=ropee", "given on the command line \\(--pos=ropee\\)"),
     ("--allow_changes=lr", "only applies to --resume"), ("--allow_changes=n_layer", "--allow_changes takes"),
@@ -929,3 +935,184 @@ def test_a_directory_without_a_manifest_is_adopted_before_training_and_its_damag
     with pytest.raises(DataError, match="which its tokenizer \\(300 ids\\) never produces: the shard is damaged") as info:
         verify_shards(str(bare), vocab_size=1000)
     assert "--vocab_size" not in str(info.value)
+
+
+# ----------------------------------------------------------------------------- a new user's mistakes and limits
+
+@pytest.mark.parametrize("override", ["--seed=100000000000000000000000000000", "--lr=-3e-3", "--batch_size=0"])
+def test_a_setting_out_of_range_names_a_remedy_that_works(config_file, tmp_path, override):
+    """A seed past what the generators take (it was a traceback from torch.manual_seed), a negative lr (it named no
+    remedy): the sentence names a flag, and that flag, given instead, trains"""
+    args = [config_file, "--max_iters=1", "--warmup_iters=0"]
+    with pytest.raises(ConfigError) as info:
+        train.run(args + [override, f"--out_dir={tmp_path / 'refused'}"])
+    assert not (tmp_path / "refused").exists()
+    remedy = re.search(r"(?:write|e\.g\.) (--\w+=[^\s;,()]+)", str(info.value)).group(1).rstrip(".")
+    assert remedy.split("=")[0] == override.split("=")[0]
+    assert train.run(args + [remedy, f"--out_dir={tmp_path / 'run'}"])["step"] == 1
+
+
+def test_a_seed_past_the_generators_range_is_one_sentence_when_sampling_too(tmp_path, capsys):
+    """sample.py --seed=2**64 was a traceback from torch.Generator.manual_seed"""
+    import sample
+    from eval.tiny import save_run, tiny_model
+    save_run(tiny_model(block_size=32), tmp_path / "run")
+    with pytest.raises(SystemExit) as info:
+        sample.main(["--ckpt", str(tmp_path / "run"), "--max-new-tokens", "2", "--seed", str(2**64)])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "--seed must be between 0 and 18446744073709551615" in err
+    assert "Traceback" not in err and "error: --seed" in err.strip().splitlines()[-1]
+    sample.main(["--ckpt", str(tmp_path / "run"), "--max-new-tokens", "2", "--seed", str(2**64 - 1)])
+
+
+def test_the_largest_seed_the_generators_take_trains(config_file, tmp_path):
+    """18446744073709551615 (2⁶⁴ − 1), the top of the range the sentence gives, reaches torch.manual_seed and the
+    batch order"""
+    assert train.run([config_file, "--max_iters=1", "--warmup_iters=0", "--seed=18446744073709551615",
+                      f"--out_dir={tmp_path / 'run'}"])["step"] == 1
+
+
+def test_a_model_too_large_for_memory_is_refused_from_its_configuration(config_file, tmp_path, monkeypatch):
+    """--n_layer=100000 --n_embd=1024: the memory check used to build all 100,000 blocks on the meta device first
+    (over 4 minutes without a word); it counts one block's parameters now. The sentence gives the exact count, and
+    the check builds no more than two blocks"""
+    import model
+    built = {"blocks": 0}
+    real_init = model.Block.__init__
+
+    def counted(self, config):
+        built["blocks"] += 1
+        assert built["blocks"] <= 10, "the memory check builds the model block by block"
+        real_init(self, config)
+    monkeypatch.setattr(model.Block, "__init__", counted)
+    with pytest.raises(ConfigError) as info:
+        train.run([config_file, "--n_layer=100000", "--n_embd=1024", f"--out_dir={tmp_path / 'run'}"])
+    # counted by hand: per block two RMSNorm gains, qkv, proj, the q and k norm gains, the SwiGLU MLP; the embedding
+    # (tied with lm_head) and the final norm once. The tiny config: 2 heads of 16, vocabulary 320, rope (no weights).
+    L, C, H, d, V = 100_000, 1024, 2, 16, 320
+    per_block = 2 * C + C * 3 * H * d + H * d * C + 2 * d + 3 * C * (8 * C // 3)
+    assert f"this model ({(V * C + C + L * per_block) / 1e6:,.0f}M parameters) needs about" in str(info.value)
+    assert built["blocks"] <= 2 and not (tmp_path / "run").exists()
+
+
+def test_a_file_size_limit_is_named_not_called_a_full_disk(config_file, tmp_path):
+    """Under `ulimit -f` the checkpoint write fails with EFBIG, which torch.save hides behind "unexpected pos": it was
+    reported as no space left on the device (with gigabytes free). The sentence names the limit; the previous
+    checkpoint is kept and, the limit lifted, the resume goes on"""
+    import resource
+    run_dir = tmp_path / "run"
+    train.run([config_file, "--stop_iter=2", f"--out_dir={run_dir}"])
+    before = (run_dir / "ckpt.pt").read_bytes()
+    limit = len(before) // 2  # room for config.json and metrics.jsonl, not for a checkpoint
+
+    def limited():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+    args = [config_file, "--stop_iter=4", f"--out_dir={run_dir}", "--resume"]
+    result = subprocess.run([sys.executable, "train.py", *args], cwd=REPO, env=ENV, capture_output=True, text=True,
+                            timeout=120, preexec_fn=limited)
+    err = result.stderr.strip()
+    assert result.returncode == 1 and len(err.splitlines()) == 1, result.stderr[-3000:]
+    assert err.startswith(f"error: could not write checkpoint {run_dir / 'ckpt.pt'}: File too large: the file would "
+                          f"exceed this process's file-size limit of {limit / 2**20:,.1f} MiB (ulimit -f); the "
+                          "previous checkpoint there is intact. Raise the limit"), err
+    assert "space" not in err
+    assert (run_dir / "ckpt.pt").read_bytes() == before and not (run_dir / "ckpt.pt.tmp").exists()
+    assert train.run(args)["step"] == 4
+
+
+CTRL_C_AT = """
+    import os, runpy, signal, sys
+    when = sys.argv[1]
+    ctrl_c = lambda: os.kill(os.getpid(), signal.SIGINT)
+
+    class CtrlCWhenTorchImports:
+        def find_spec(self, name, path=None, target=None):
+            if name == "torch":
+                sys.meta_path.remove(self)
+                ctrl_c()
+            return None
+
+    if when == "import":
+        sys.meta_path.insert(0, CtrlCWhenTorchImports())
+    else:  # during the set-up, before the training loop's own handlers
+        import train
+        real = train.check_model_fits
+        train.check_model_fits = lambda *args: (ctrl_c(), real(*args))
+    sys.argv = ["train.py"] + sys.argv[2:]
+    runpy.run_path("train.py", run_name="__main__") if when == "import" else train.main()
+"""
+
+
+@pytest.mark.parametrize("when", ["import", "set-up"])
+def test_ctrl_c_before_the_training_loop_is_the_same_one_line(config_file, tmp_path, when):
+    """Ctrl-C while train.py imports torch (before any handler is installed: it was a KeyboardInterrupt traceback),
+    and during the set-up: the one line and exit status 130 of a Ctrl-C during training"""
+    result = run_script(CTRL_C_AT, [when, config_file, f"--out_dir={tmp_path / 'run'}"])
+    assert (result.returncode, result.stderr) == \
+        (130, "interrupted: the last checkpoint written (if any) is intact; continue with --resume.\n")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_missing_run_directory_or_config_file_names_what_exists(config_file, tmp_path, monkeypatch):
+    """`--resume runs/typo` was answered as a missing config file ("pick one of the files under configs/"), and a
+    config path without .toml got no hint: now the runs that exist are listed, and the .toml file named"""
+    import shutil
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "configs").mkdir()
+    shutil.copy(config_file, "configs/tiny.toml")
+    train.run(["configs/tiny.toml", "--stop_iter=2", "--out_dir=runs/tiny"])
+    with pytest.raises(ConfigError) as info:
+        train.run(["--resume", "runs/tinny"])
+    assert str(info.value) == ("run directory runs/tinny does not exist; did you mean runs/tiny? the runs that exist "
+                               "under runs/: runs/tiny.")
+    with pytest.raises(ConfigError) as info:
+        train.run(["configs/tiny"])
+    assert str(info.value) == "config file configs/tiny does not exist; did you mean configs/tiny.toml?"
+    (tmp_path / "elsewhere").mkdir()
+    with pytest.raises(ConfigError, match="no run of train.py with a checkpoint under elsewhere/; start one"):
+        train.run(["--resume", "elsewhere/run"])
+    assert train.run(["--resume", "runs/tiny", "--stop_iter=3"])["step"] == 3  # the run it named
+
+
+def test_config_json_keeps_where_the_run_came_from_across_resumes(config_file, tmp_path):
+    """After `--resume RUN_DIR`, config.json said the run came from the run directory with no overrides: the first
+    start's config file, overrides and command stay, and each resume's command is recorded beside them"""
+    run_dir = tmp_path / "run"
+    first = [config_file, "--stop_iter=2", "--lr=5e-3", f"--out_dir={run_dir}"]
+    train.run(first)
+    origin = json.loads((run_dir / "config.json").read_text())
+    assert (origin["config_file"], origin["overrides"], origin["command"], origin["resumes"]) == \
+        (os.path.abspath(config_file), first[1:], shlex.join(["train.py", *first]), [])
+    second = ["--resume", str(run_dir), "--stop_iter=4"]
+    third = [config_file, "--resume", f"--out_dir={run_dir}", "--lr=5e-3"]
+    train.run(second)
+    train.run(third)
+    resolved = json.loads((run_dir / "config.json").read_text())
+    assert {key: resolved[key] for key in ("config_file", "overrides", "command", "started")} == \
+        {key: origin[key] for key in ("config_file", "overrides", "command", "started")}
+    assert [(r["iter"], r["command"], r["code_version"]) for r in resolved["resumes"]] == \
+        [(2, shlex.join(["train.py", *second]), resolved["code_version"]),
+         (4, shlex.join(["train.py", *third]), resolved["code_version"])]
+    assert checkpoints.load(str(run_dir / "ckpt.pt"))["step"] == 6
+
+
+def test_help_for_pos_lists_every_encoding(monkeypatch, capsys):
+    """`--help` said "an encoding of positional.ENCODINGS" for pos"""
+    from positional import BIASES, ROTATIONS
+    monkeypatch.setattr(sys, "argv", ["train.py", "--help"])
+    train.main()
+    meaning = capsys.readouterr().out.split("  --pos=rope (str)\n")[1].splitlines()[0]
+    assert [name for name in ROTATIONS + BIASES if not re.search(rf"\b{name}\b", meaning)] == []
+
+
+def test_a_resume_past_binary_garbage_in_metrics_jsonl_says_what_it_dropped(config_file, tmp_path, capsys):
+    """A run's metrics.jsonl with a line of binary garbage: the resume, which rewrites the file up to the checkpoint,
+    stopped with a UnicodeDecodeError traceback; it drops that line with a note, and every record stays"""
+    run_dir = tmp_path / "run"
+    train.run([config_file, "--stop_iter=3", f"--out_dir={run_dir}"])
+    lines = (run_dir / "metrics.jsonl").read_bytes().split(b"\n")
+    (run_dir / "metrics.jsonl").write_bytes(b"\n".join(lines[:1] + [b"\x80\xff\x00 garbage"] + lines[1:]))
+    capsys.readouterr()
+    train.run([config_file, f"--out_dir={run_dir}", "--resume"])
+    assert "note: dropped the lines of" in capsys.readouterr().out
+    assert train_losses(run_dir) == train.run([config_file, f"--out_dir={tmp_path / 'whole'}"])["losses"]

@@ -159,6 +159,31 @@ def test_remote_model_takes_what_transformers_passes(tmp_path):
     assert torch.equal(more, hf.generate(prompt, attention_mask=ones, max_new_tokens=10))
 
 
+@pytest.mark.fault
+def test_each_loaded_copy_of_the_remote_code_runs_its_own_operators(tmp_path, monkeypatch):
+    """An export and its save_pretrained copy in one process (transformers also keeps the copies earlier tests
+    loaded): every copy registered the same operator names, the last replacing the others, so the first model's
+    GRAPE-AP attention called through a destroyed registration into another copy's code. It passed by luck, and
+    failed once with std::bad_alloc under memory pressure (in the test above, whose copy an earlier test had
+    loaded). Each model must run its own copy's kernels, and compute our logits."""
+    model = perturbed_model("rope+grape_ap", kv_shift=True)
+    out, _ = exported(tmp_path, model)
+    first = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)
+    first.save_pretrained(str(tmp_path / "copy"))
+    second = AutoModelForCausalLM.from_pretrained(str(tmp_path / "copy"), trust_remote_code=True)
+    ran = []
+    for hf in (first, second):
+        kernels = sys.modules[type(hf).__module__.rpartition(".")[0] + ".kernels_grape_ap"]
+        monkeypatch.setattr(kernels, "chunked_forward",
+                            lambda *args, _real=kernels.chunked_forward, _hf=hf: ran.append(_hf) or _real(*args))
+    ids = torch.randint(0, BYTE_VOCAB, (2, 16), generator=torch.Generator().manual_seed(9))
+    with torch.no_grad():
+        for hf in (first, second):
+            ran.clear()
+            assert relative_error(model(ids)[0], hf(ids).logits) <= 1e-5
+            assert ran and all(owner is hf for owner in ran)  # one call per layer, each into this model's copy
+
+
 def test_remote_model_loads_in_bf16_with_fp32_positional_parameters(tmp_path):
     model = perturbed_model("grape_m_ctx+fox", kv_shift=True)
     out, _ = exported(tmp_path, model)
@@ -372,3 +397,38 @@ def test_command_line_prints_one_error_line(tmp_path, capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("error: no checkpoint at") and err.count("\n") == 1
+
+
+@pytest.mark.fault
+def test_a_missing_run_directory_is_named_as_the_command_takes_it_and_the_output_parents_are_made(
+        tmp_path, monkeypatch, capsys):
+    """`export_hf.py runs/typo OUT` answered "pass --ckpt a run directory" (an option it does not have), and an
+    output path whose parent did not exist was refused: now RUN_DIR and the runs that exist are named, and missing
+    parents are made (and removed again when the export fails)"""
+    import hf.export
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+    try:
+        import export_hf
+    finally:
+        sys.path.pop(0)
+    monkeypatch.chdir(tmp_path)
+    save_run(perturbed_model("fox"), "runs/fox")
+    with pytest.raises(SystemExit) as exit_info:
+        export_hf.main(["runs/fx", "exports/new/fox"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err == (
+        "error: no checkpoint at runs/fx: it does not exist, and RUN_DIR takes a run directory that holds ckpt.pt "
+        "(written by train.py) or a checkpoint file; did you mean runs/fox? the runs that exist under runs/: "
+        "runs/fox\n")
+    assert not (tmp_path / "exports").exists()
+    real_generate = hf.export.generate
+
+    def fail(out_dir):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(hf.export, "generate", fail)
+    with pytest.raises(SystemExit):
+        export_hf.main(["runs/fox", "exports/new/fox"])
+    assert "No space left on device" in capsys.readouterr().err and not (tmp_path / "exports").exists()
+    monkeypatch.setattr(hf.export, "generate", real_generate)
+    export_hf.main(["runs/fox", "exports/new/fox"])
+    assert json.loads((tmp_path / "exports/new/fox/config.json").read_text())["model_config"]["pos"] == "fox"

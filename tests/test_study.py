@@ -301,6 +301,47 @@ def test_a_run_whose_records_are_lost_is_a_failure_in_every_table(finished, tmp_
     assert "[study] FAILED rope seed 2: records:" in capsys.readouterr().out
 
 
+@pytest.mark.fault
+def test_damaged_lines_of_metrics_jsonl_are_one_failure_each_and_the_study_goes_on(finished, tmp_path, monkeypatch,
+                                                                                    capsys):
+    """Binary garbage in one run's metrics.jsonl, a line cut short inside another's: each run is one failure line
+    (the first used to stop the study with a UnicodeDecodeError traceback, the second to be reported as finished
+    without its lost record), out of every table, nothing retrained; deleting the named line, as told, ends it."""
+    source, _ = finished
+    shutil.copytree(source, tmp_path / "copy")
+    monkeypatch.chdir(tmp_path / "copy")
+    garbage_run, cut_run = Path("out") / "rope" / "seed2", Path("out") / "alibi" / "seed1"
+    lines = (garbage_run / "metrics.jsonl").read_bytes().split(b"\n")
+    (garbage_run / "metrics.jsonl").write_bytes(b"\n".join(lines[:2] + [b"\x80\xff\x00\x9c garbage"] + lines[2:]))
+    lines = (cut_run / "metrics.jsonl").read_bytes().split(b"\n")
+    (cut_run / "metrics.jsonl").write_bytes(b"\n".join(lines[:4] + [lines[4][:len(lines[4]) // 2]] + lines[5:]))
+    calls = calls_of(monkeypatch)
+    with pytest.raises(SystemExit) as exit_info:
+        study.main(["study.toml"])
+    assert exit_info.value.code == 1 and calls == []
+    report = json.loads(Path("out/report.json").read_text())
+    rows = {(r["encoding"], r["seed"]): r for r in report["runs"]}
+    for (encoding, seed), line in ((("rope", 2), 3), (("alibi", 1), 5)):
+        metrics = Path("out") / encoding / f"seed{seed}" / "metrics.jsonl"
+        expected = (f"records: {metrics} line {line} is not a record (binary garbage or a line cut short), so its "
+                    f"record is lost; restore {metrics} from a backup, or delete that line to go on without it, then "
+                    "run the study again")
+        assert rows[encoding, seed]["status"] == "failed" and rows[encoding, seed]["errors"] == [expected]
+        assert rows[encoding, seed]["final_val_loss"] is None
+        assert f"- {encoding} seed {seed}: {expected}" in Path("out/report.md").read_text()
+    assert rows["rope", 1]["status"] == rows["alibi", 2]["status"] == "done"
+    assert report["encodings"]["rope"]["final_val_loss"]["seeds"] == [1]
+    assert report["encodings"]["alibi"]["final_val_loss"]["seeds"] == [2]
+    out = capsys.readouterr().out
+    assert "[study] FAILED rope seed 2: records:" in out and "[study] FAILED alibi seed 1: records:" in out
+    for run_dir, line in ((garbage_run, 3), (cut_run, 5)):  # the remedy: delete the line named
+        lines = (run_dir / "metrics.jsonl").read_bytes().split(b"\n")
+        (run_dir / "metrics.jsonl").write_bytes(b"\n".join(lines[:line - 1] + lines[line:]))
+    report = study.main(["study.toml"])
+    assert calls == [] and all(r["status"] == "done" for r in report["runs"])
+    assert report["encodings"]["alibi"]["final_val_loss"]["n"] == 2
+
+
 def test_study_progress_counts_the_runs_with_work_left(workspace, tmp_path, work_clock, monkeypatch, capsys):
     """One finished run and three to train, each training job one second on the test's clock: the progress line
     after each counts only the three (elapsed = runs done, ETA = runs left), study_time.json holds each job's

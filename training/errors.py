@@ -1,5 +1,17 @@
-"""The one exception training raises for the user to act on."""
+"""The one exception training raises for the user to act on, and the line a Ctrl-C ends with."""
+import os
+import sys
+
+INTERRUPTED = "interrupted: the last checkpoint written (if any) is intact; continue with --resume."
 
 
 class TrainError(Exception):
     """A problem the user must act on (bad checkpoint, diverged run, ...); the message says what to do."""
+
+
+def exit_interrupted(signum=None, frame=None) -> None:
+    """Ctrl-C outside the training loop (which saves a checkpoint first): one line, on the main process only, and
+    exit status 130. Also a SIGINT handler, for the seconds in which train.py imports torch."""
+    if int(os.environ.get("RANK", 0)) == 0:
+        print(INTERRUPTED, file=sys.stderr, flush=True)
+    sys.exit(130)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shlex
 import subprocess
 import time
 
@@ -38,6 +39,29 @@ def code_version() -> str:
     return (commit + ("-dirty" if dirty else "")) if commit else "unknown"
 
 
+def provenance(run_dir: str, config_path: str, overrides: list[str], argv: list[str], resumed_at: int | None,
+               version: str) -> dict:
+    """Where a run came from, for its config.json: the config file, overrides and command of its first start, and
+    one record per resume (the iteration it continued from, its command, when, and the code). A resume keeps the
+    first start's entries from the config.json on disk and adds its own record."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    here = {"config_file": os.path.abspath(config_path), "overrides": overrides,
+            "command": shlex.join(["train.py", *argv]), "started": now}
+    if resumed_at is None:
+        return {**here, "resumes": []}
+    try:
+        with open(os.path.join(run_dir, "config.json")) as f:
+            before = json.load(f)
+    except (OSError, ValueError):
+        before = None
+    if not isinstance(before, dict):
+        before = {}  # none, or unreadable: this resume is the earliest start on record
+    first = {key: before.get(key, here[key]) for key in here}
+    resumes = before.get("resumes") if isinstance(before.get("resumes"), list) else []
+    return {**first, "resumes": resumes + [{"iter": resumed_at, "command": here["command"], "started": now,
+                                            "code_version": version}]}
+
+
 def atomic_write_text(path: str, text: str) -> None:
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
@@ -47,22 +71,28 @@ def atomic_write_text(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
-def trim_metrics(path: str, step: int) -> None:
-    """On resume, drop log lines written after the checkpoint (they will be written again)."""
+def trim_metrics(path: str, step: int) -> int:
+    """On resume, drop log lines written after the checkpoint (they will be written again). Returns how many lines
+    that were not records it dropped (binary garbage, lines cut short), a last line cut by a kill not counted."""
     if not os.path.isfile(path):
-        return
-    kept = []
-    with open(path) as f:
-        for line in f:
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut by a kill
-            if record.get("type") == "change" and record.get("iter", 0) >= step:
-                continue  # a resume at this step writes its own deliberate changes again
-            if record.get("iter", 0) <= step and record.get("type") != "summary":
-                kept.append(json.dumps(record) + "\n")
+        return 0
+    kept, damaged = [], 0
+    with open(path, errors="replace") as f:  # binary garbage: a damaged line, not a UnicodeDecodeError
+        lines = f.readlines()
+    for number, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            record = None
+        if not isinstance(record, dict):
+            damaged += number < len(lines) or line.endswith("\n")  # (else a line cut by a kill)
+            continue
+        if record.get("type") == "change" and record.get("iter", 0) >= step:
+            continue  # a resume at this step writes its own deliberate changes again
+        if record.get("iter", 0) <= step and record.get("type") != "summary":
+            kept.append(json.dumps(record) + "\n")
     atomic_write_text(path, "".join(kept))
+    return damaged
 
 
 class Metrics:
