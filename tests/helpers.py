@@ -82,6 +82,13 @@ def run_under_triton_interpreter(test_file, path):
     return torch.load(path)
 
 
+def examples(n):
+    """hypothesis settings for a test whose examples are costly: n examples under the CI profile, 20x as many under
+    `--hypothesis-profile=long` (conftest.py)."""
+    from hypothesis import settings
+    return settings(max_examples=n * 20 if settings().max_examples > 100 else n)
+
+
 def poisoned_allocations(value: float):
     """A context in which torch.empty and torch.empty_like fill every floating-point tensor with `value` (NaN, -inf):
     a kernel that reads scratch or output memory no program wrote then fails the comparison, where fresh memory
