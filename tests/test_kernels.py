@@ -317,7 +317,10 @@ def poison_cases():
     cases = []
     for config, dtype in chosen.items():
         rows = max(config[4], config[8])
-        cases.append((config[:12] + (rows,), dtype, (1, 2, rows + 10, rows + 20, 16)))
+        # a cached prefix wider than every key tile: the rows that read a stored carry are counted from the
+        # query's absolute position (row + Tk - Tq), not from its row alone
+        prefix = max(config[1], config[5], config[9]) + 8
+        cases.append((config[:12] + (rows,), dtype, (1, 2, rows + 10, rows + 10 + prefix, 16)))
     return cases
 
 
@@ -410,7 +413,9 @@ def bf16_operands():
     a tie, and random ones; and a bf16 matrix to multiply them by."""
     g = torch.Generator().manual_seed(11)
     base = torch.randn(16, 16, generator=g).bfloat16().float()
-    step = base.abs() * 2.0 ** -8  # about one bf16 unit
+    # one bf16 unit in the last place: 8 significant bits, so 2^(exponent - 7); base + half of it is an exact
+    # tie in fp32, which round to nearest even sends to whichever neighbour has an even last bit
+    step = torch.exp2(torch.floor(torch.log2(base.abs())) - 7)
     x = torch.randn(16, 16, generator=g)
     x[:4] = base[:4] + step[:4] / 2  # ties
     x[4:8] = base[4:8] + step[4:8] * 0.51
@@ -652,6 +657,25 @@ def test_auto_falls_back_with_one_warning_when_triton_cannot_build(monkeypatch, 
     monkeypatch.setitem(triton_probe.PROBES, "grape_ap", lambda dtype, device, head_dim, value_dim: None)
     assert auto_backend(torch.device("cuda"), torch.float16, 64, 64) == "triton"
     assert auto_backend(torch.device("cpu"), torch.float16, 64, 64) == "chunked"
+
+
+def test_the_probe_is_asked_per_value_dim_too(monkeypatch, capsys):
+    # a value head dim whose build does not fit must not reuse the answer given for another value dim
+    from kernels import triton_probe
+    probed = []
+
+    def launch(dtype, device, head_dim, value_dim):
+        probed.append((head_dim, value_dim))
+        if value_dim > 128:
+            raise RuntimeError("out of resource: shared memory")
+    monkeypatch.setattr(triton_probe, "_BUILDS", {})
+    monkeypatch.setitem(triton_probe.PROBES, "grape_ap", launch)
+    monkeypatch.setattr(triton_probe, "_version", lambda version: (99, 0))
+    assert triton_probe.triton_builds("grape_ap", "bf16", 64, 64) is True
+    assert triton_probe.triton_builds("grape_ap", "bf16", 64, 256) is False
+    assert triton_probe.triton_builds("grape_ap", "bf16", 64) is True  # value dim = head dim, answered from cache
+    assert probed == [(64, 64), (64, 256)]
+    assert "at head dim 64 (values 256)" in capsys.readouterr().err
 
 
 def test_auto_decides_per_head_dim_from_the_builds_shared_memory(monkeypatch, capsys):

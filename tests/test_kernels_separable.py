@@ -289,5 +289,21 @@ def test_backend_choice_by_device_and_dtype(monkeypatch):
         GPTConfig(attn_backend="flash")
 
 
+def test_a_layer_asks_about_its_own_head_dim(monkeypatch):
+    # a kernel that builds at head dim 64 says nothing about a model whose heads are 32 or 128 wide
+    import attention
+    from model import GPT
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(attention, "TRITON_AVAILABLE", True)
+    asked = []
+    monkeypatch.setattr(attention, "triton_builds",
+                        lambda family, dtype_name, head_dim: asked.append(head_dim) or head_dim == 64)
+    for head_dim, backend in ((32, "lifted"), (64, "tile"), (128, "lifted")):
+        model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=64, head_dim=head_dim, vocab_size=64, block_size=16,
+                              pos="alibi"))
+        assert model.blocks[0].attn.backend(torch.device("cuda"), torch.bfloat16) == backend
+    assert asked == [32, 64, 128]
+
+
 if __name__ == "__main__":
     run_cases(sys.argv[1])
