@@ -1,6 +1,7 @@
 """What several test files share: a tiny byte-level model's config file and a corpus prepared for it
 (the fixture `one_thread` is in conftest.py)."""
 import json
+import os
 import random
 
 # A 2-layer, 32-wide model on byte tokens (vocabulary 256 + specials < 320) and a few steps of training.
@@ -41,6 +42,28 @@ def prepare_byte_corpus(root, texts, *, val_tokens=4096, shard_tokens=50_000) ->
     prepare(files_source(str(root / "corpus.jsonl")), str(out), tokenizer="byte", val_tokens=val_tokens,
             shard_tokens=shard_tokens, workers=1, progress_bar=False)
     return str(out)
+
+
+def write_position_shards(folder, sizes, val_first: int, val_tokens: int) -> str:
+    """A byte-tokenizer shard folder with its manifest in which every train token is its own global position
+    (shards of the given sizes, in order), so a window read back shows where it came from; the validation shard
+    holds val_first, val_first + 1, ... (val_tokens of them)."""
+    import numpy as np
+
+    from data import verify
+    from data.shards import write_shard
+    write_shard(os.path.join(folder, "val_000000.bin"), np.arange(val_first, val_first + val_tokens))
+    shards, start = [{"file": "val_000000.bin", "split": "val", "tokens": val_tokens}], 0
+    for i, n in enumerate(sizes):
+        name = f"train_{i + 1:06d}.bin"
+        write_shard(os.path.join(folder, name), np.arange(start, start + n))
+        shards.append({"file": name, "split": "train", "tokens": n})
+        start += n
+    for shard in shards:
+        shard["sha256"] = verify.hash_and_max(os.path.join(folder, shard["file"]))[0]
+    with open(os.path.join(folder, "manifest.json"), "w") as f:
+        json.dump({"tokenizer": "byte", "shards": shards}, f)
+    return str(folder)
 
 
 def tiny_model_logits_and_grads(pos, kv_shift, backend, wrap=lambda model: model):

@@ -1,6 +1,5 @@
 """data/verify.py and data/prefetch.py: shard contents read once and recorded, the first read split over processes,
 every batch's token ids checked, and prefetched batches equal to the loader's own."""
-import json
 import os
 import threading
 
@@ -11,7 +10,8 @@ import torch
 from data import verify
 from data.loader import TrainBatches
 from data.prefetch import DamagedBatch, PrefetchedBatches
-from data.shards import HEADER_BYTES, DataError, write_shard
+from data.shards import HEADER_BYTES, DataError
+from helpers import write_position_shards
 
 T = 8
 SIZES = [101, 57, 8, 40, 66]  # train shards; token = its global position, so a window shows where it came from
@@ -21,17 +21,7 @@ SIZES = [101, 57, 8, 40, 66]  # train shards; token = its global position, so a 
 def data_dir(tmp_path):
     folder = tmp_path / "data"
     folder.mkdir()
-    write_shard(str(folder / "val_000000.bin"), np.arange(1000, 1083))
-    shards, start = [{"file": "val_000000.bin", "split": "val", "tokens": 83}], 0
-    for i, n in enumerate(SIZES):
-        name = f"train_{i + 1:06d}.bin"
-        write_shard(str(folder / name), np.arange(start, start + n))
-        shards.append({"file": name, "split": "train", "tokens": n})
-        start += n
-    for shard in shards:
-        shard["sha256"] = verify.hash_and_max(str(folder / shard["file"]))[0]
-    (folder / "manifest.json").write_text(json.dumps({"tokenizer": "byte", "shards": shards}))
-    return str(folder)
+    return write_position_shards(folder, SIZES, val_first=1000, val_tokens=83)
 
 
 @pytest.fixture

@@ -7,8 +7,6 @@ compared with the definition: sequence o of step s is sample s·G + o of the run
 perm_e(n mod W) of epoch e = n div W; the official sampler: row o mod R of the authors' micro-batch o div R,
 drawn as their script draws it, with SplitMix64 seeds written out below).
 """
-import json
-
 import numpy as np
 import pytest
 import torch
@@ -18,8 +16,8 @@ from hypothesis import strategies as st
 from config import TrainConfig
 from data.loader import RandomOffsetBatches, TrainBatches, permute
 from data.prefetch import PrefetchedBatches
-from data.shards import write_shard
 from training.step import confirmation, train_step
+from helpers import write_position_shards
 
 T = 6
 SIZES = [40, 13, 7, 29, 61]  # train shards of unequal sizes (one holds a single window)
@@ -27,19 +25,7 @@ SIZES = [40, 13, 7, 29, 61]  # train shards of unequal sizes (one holds a single
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-    from data import verify
-    folder = tmp_path_factory.mktemp("sampler")
-    write_shard(str(folder / "val_000000.bin"), np.arange(60000, 60050))
-    shards, start = [{"file": "val_000000.bin", "split": "val", "tokens": 50}], 0
-    for i, n in enumerate(SIZES):
-        name = f"train_{i + 1:06d}.bin"
-        write_shard(str(folder / name), np.arange(start, start + n))
-        shards.append({"file": name, "split": "train", "tokens": n})
-        start += n
-    for shard in shards:
-        shard["sha256"] = verify.hash_and_max(str(folder / shard["file"]))[0]
-    (folder / "manifest.json").write_text(json.dumps({"tokenizer": "byte", "shards": shards}))
-    return str(folder)
+    return write_position_shards(tmp_path_factory.mktemp("sampler"), SIZES, val_first=60000, val_tokens=50)
 
 
 class Recorder(torch.nn.Module):
