@@ -296,13 +296,12 @@ def _bwd_query(Q, K, V, PZ, RZ, SLOPES, DO, LSE, DELTA, DQ, DS_TOTAL, CARRY_PSI,
     carry_ds = tl.zeros([BLOCK_M], tl.float32)
     n_full, n_tiles = key_tile_range(first_row + tl.program_id(0) * BLOCK_M, Tq, Tk, BLOCK_M, BLOCK_N)
     # whole key-kernel tiles, so that every boundary the key kernel reads is stored (the extra tiles are
-    # past every row's diagonal, or before every row's window: masked, they add nothing)
+    # past every row's diagonal: masked, they add nothing)
     n_tiles = tl.cdiv(n_tiles, RATIO) * RATIO
     lo, lo_full = 0, 0
-    if WINDOWED:
+    if WINDOWED:  # (the carry at a key-major tile's right edge needs only the tiles right of it: no rounding here)
         lo, lo_full = window_tile_range(first_row + tl.program_id(0) * BLOCK_M, Tq, Tk, window, n_full, BLOCK_M,
                                         BLOCK_N)
-        lo = lo // RATIO * RATIO
     dq, carry, carry_ds = _bwd_query_tiles(
         dq, carry, carry_ds, q, do, pz, lse, delta, t, row_ok, pass_rows, K, V, RZ, CARRY_PSI, CARRY_DS, bh, bkv, Tk,
         window, N_KTILES, PASS_ROWS, slope, qk_scale, gt, n_full, n_tiles, D, DV, KZ, BLOCK_D, BLOCK_DV, BLOCK_N,
@@ -374,6 +373,10 @@ def _bwd_key_tiles(dk, dv_acc, dr, k, v, rz, rr, cols, Q, PP, PZ, DO, LSE, DELTA
         carry_ds = tl.load(CARRY_DS + boundary, mask=written, other=0.0)
         visible, path_visible = _visibility(cols, rows + offset, window, WINDOWED)
         visible = visible & row_ok[:, None]
+        if WINDOWED:
+            path_visible = path_visible & row_ok[:, None]
+        else:
+            path_visible = visible
         s, _, weight = _biased_logits(q, k, pz, rz, carry, slope, qk_scale, gt, visible, path_visible,
                                       MASKED, SPLIT, FAST_LOG2, QK_PRECISION, True)
         probs, ds = _probs_and_ds(s, lse, do, v, delta, QK_PRECISION)

@@ -213,7 +213,9 @@ GRAPE_AP_CASES = [(1, 4, 2, 29, 29, None, SQUARE, "float32", 2048),  # 2 query h
                   (1, 2, 2, 27, 27, 27, SQUARE, "float32", 2048),  # as wide as the keys
                   (2, 4, 2, 37, 50, 20, ((16, 32), (16, 16), (16, 32)), "float16", 16),  # both, Tq < Tk, 3 passes
                   (1, 4, 1, 40, 40, 17, ((32, 16), (16, 16), (32, 32)), "float32", 2048)]  # multi-query + window
-ONE_KEY_CASE = (1, 4, 2, 33, 33, 1, SQUARE, "float16", 2048)  # fp16: the path gradients' hi + lo parts
+# fp16 (the path gradients' hi + lo parts), key-major query tiles taller than the query-major ones: half of their
+# rows' windows miss the key tile, and those rows' query-major tiles never stored a carry for it
+ONE_KEY_CASE = (1, 4, 2, 33, 33, 1, ((16, 16), (16, 16), (32, 16)), "float16", 2048)
 # (B, H, H_kv, key-feature heads, Tq, Tk, window, (fwd BLOCK_M, BLOCK_N, bwd short, long), dtype)
 SEPARABLE_CASES = [(1, 4, 2, 2, 37, 37, None, (16, 16, 16, 32), "float32"),  # key features of the key head
                    (1, 4, 1, 4, 9, 40, None, (16, 16, 16, 32), "float32"),  # multi-query, features per query head
