@@ -169,16 +169,13 @@ def _biased_logits(q, k, pz, rz, carry, slope, qk_scale, gt, visible, path_visib
 
 
 @triton.jit
-def _visibility(cols, t, window, WINDOWED: tl.constexpr):
-    """Which keys of a tile each row (at key position t) sees, and whose ψ enters a bias it uses: keys up to the
-    diagonal; with a window, keys from t - window + 1 and ψ from t - window + 2 (the path sum of the window's
-    first key starts after it)."""
+def _visible(cols, t, window, WINDOWED: tl.constexpr):
+    """Which keys of a tile each row (at key position t) sees: up to the diagonal, with a window from
+    t - window + 1."""
     visible = cols[None, :] <= t[:, None]
-    path_visible = visible
     if WINDOWED:
-        path_visible = visible & (cols[None, :] > t[:, None] - window + 1)
         visible = visible & (cols[None, :] > t[:, None] - window)
-    return visible, path_visible
+    return visible
 
 
 @triton.jit
@@ -193,8 +190,10 @@ def _fwd_tiles(acc, m_i, l_i, carry, q, pz, t, K, V, RZ, bkv, Tk, window, slope,
         k = load_tile(K, bkv, Tk, cols, col_ok, D, BLOCK_D)
         v = load_tile(V, bkv, Tk, cols, col_ok, DV, BLOCK_DV)
         rz = load_tile(RZ, bkv, Tk, cols, col_ok, KZ, KZ)
-        visible, path_visible = _visibility(cols, t, window, WINDOWED)
-        s, psi, _ = _biased_logits(q, k, pz, rz, carry, slope, qk_scale, gt, visible, path_visible,
+        visible = _visible(cols, t, window, WINDOWED)
+        # (ψ at a row's window start, which this mask keeps, enters only hidden keys' biases and carries no row
+        # reads: only the key-major kernel's path weights need the stricter mask)
+        s, psi, _ = _biased_logits(q, k, pz, rz, carry, slope, qk_scale, gt, visible, visible,
                                    MASKED, SPLIT, FAST_LOG2, QK_PRECISION, False)
         acc, m_i, l_i = online_softmax(acc, m_i, l_i, s, v, QK_PRECISION, True)
         carry += tl.sum(psi, axis=1)
@@ -261,8 +260,8 @@ def _bwd_query_tiles(dq, carry, carry_ds, q, do, pz, lse, delta, t, row_ok, pass
         edge = row_ok & ((pass_rows * 0 + kb % RATIO) == RATIO - 1)  # row-shaped: the interpreter's masks
         tl.store(CARRY_PSI + boundary, carry, mask=edge)
         tl.store(CARRY_DS + boundary, carry_ds, mask=edge)
-        visible, path_visible = _visibility(cols, t, window, WINDOWED)
-        s, psi, _ = _biased_logits(q, k, pz, rz, carry, slope, qk_scale, gt, visible, path_visible,
+        visible = _visible(cols, t, window, WINDOWED)
+        s, psi, _ = _biased_logits(q, k, pz, rz, carry, slope, qk_scale, gt, visible, visible,
                                    MASKED, SPLIT, FAST_LOG2, QK_PRECISION, False)
         _, ds = _probs_and_ds(s, lse, do, v, delta, QK_PRECISION)
         dq += tl.dot(ds.to(k.dtype), k, input_precision=QK_PRECISION)
@@ -371,12 +370,10 @@ def _bwd_key_tiles(dk, dv_acc, dr, k, v, rz, rr, cols, Q, PP, PZ, DO, LSE, DELTA
             written = row_ok
         carry = tl.load(CARRY_PSI + boundary, mask=written, other=0.0)
         carry_ds = tl.load(CARRY_DS + boundary, mask=written, other=0.0)
-        visible, path_visible = _visibility(cols, rows + offset, window, WINDOWED)
-        visible = visible & row_ok[:, None]
-        if WINDOWED:
-            path_visible = path_visible & row_ok[:, None]
-        else:
-            path_visible = visible
+        visible = _visible(cols, rows + offset, window, WINDOWED) & row_ok[:, None]
+        path_visible = visible
+        if WINDOWED:  # ψ from t - window + 2: the path sum of the window's first key starts after it
+            path_visible = visible & (cols[None, :] > rows[:, None] + offset - window + 1)
         s, _, weight = _biased_logits(q, k, pz, rz, carry, slope, qk_scale, gt, visible, path_visible,
                                       MASKED, SPLIT, FAST_LOG2, QK_PRECISION, True)
         probs, ds = _probs_and_ds(s, lse, do, v, delta, QK_PRECISION)

@@ -296,8 +296,8 @@ def test_triton_grape_ap_window_as_wide_as_the_keys_equals_full(interpreted):
 
 
 def test_triton_grape_ap_one_key_window(interpreted):
-    # fp16, window = 1: out = the own key's v, and exactly zero path gradients (no ψ is in any bias; the kernels'
-    # weight mask, not the rounding of E_i minus the suffix of dS, gives the zero)
+    # fp16, window = 1: out = the own key's v, and exactly zero path gradients (no ψ is in any bias); with NaN
+    # scratch, half of the key-major kernel's rows have no carry stored for their key tile and must read none
     inputs, slopes, grad_out = triton_grape_ap_case(ONE_KEY_CASE)
     out, grads = interpreted["grape_ap"][len(GRAPE_AP_CASES)]
     torch.testing.assert_close(out, per_query_head(inputs[2], 4), atol=0, rtol=0)
