@@ -178,6 +178,21 @@ def test_decode_row_with_groups_and_a_window(window):
         torch.testing.assert_close(grape_ap_attention(q, k, v, p, r, slopes, 0.3, window=window), row)  # "auto"
 
 
+def test_custom_ops_pass_opcheck_with_groups_and_a_window():
+    # The fake (shape-only) implementations give the grouped shapes (dk, dv, dr with the key heads) and the window
+    # travels as an int argument: what torch.compile traces.
+    from kernels.grape_ap import _path_attention_backward_op, _path_attention_op
+    (q, k, v, p, r), slopes = grape_ap_inputs(1, 4, 2, 9, 13, 8, dtype=torch.float32)
+    leaves = [x.detach().clone().requires_grad_(True) for x in (q, k, v, p, r)]
+    results = torch.library.opcheck(_path_attention_op, (*leaves, slopes, 0.3, "chunked", [4], 5),
+                                    raise_exception=False)
+    assert results and all(outcome == "SUCCESS" for outcome in results.values()), results
+    out = grape_ap_chunked(q, k, v, p, r, slopes, 0.3, block_size=4, window=5)
+    args = (torch.randn(out.shape), q, k, v, p, r, slopes, out, torch.empty(0), 0.3, "chunked", [4], 5)
+    results = torch.library.opcheck(_path_attention_backward_op, args, raise_exception=False)
+    assert results and all(outcome == "SUCCESS" for outcome in results.values()), results
+
+
 def test_bad_groups_and_windows_get_one_clear_error():
     (q, k, v, p, r), slopes = grape_ap_inputs(1, 4, 3, 5, 5, 8)
     with pytest.raises(ValueError, match="3 heads, which must divide q's 4"):
