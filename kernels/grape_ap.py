@@ -15,6 +15,9 @@ and S_i = F(i, t_i) constant per row (docs/derivations.md §4, docs/grape_ap_ker
   their autograd wrapper (``grape_ap_triton``), the kernel module imports nothing from here.
 * ``decode``: one new query against the cache, one O(Tk) row (``decode_attention``).
 
+Every path takes k, v, r with fewer heads than q (grouped-query attention: r belongs to the shared key head,
+p and the slope to the query head) and an optional sliding ``window`` (docs/grape_ap_kernel.md).
+
 ``grape_ap_attention(backend="auto")`` picks by ``auto_backend``. The chunked and Triton paths run behind
 one PyTorch custom operator pair, ``grape::path_attention`` and its backward, each
 with a shape-only "fake" implementation, so ``torch.compile`` traces a model straight through the

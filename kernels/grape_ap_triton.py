@@ -37,6 +37,11 @@ the dp shares over the key tiles. Scratch: 8·B·H·pass_rows·⌈Tk/BLOCK_N⌉ 
 ``pass_rows``. The key-major kernel's key tiles are a whole number (RATIO) of the query-major kernel's, which
 stores the carries only at their edges; tile sizes in ``default_config``, checked by ``check_config``.
 
+Grouped-query attention (GROUP query heads per key/value head: k, v and r of head h // GROUP, read without a
+copy; the key-major kernel adds its group's query heads in turn) and a sliding window (WINDOWED, width
+``window``: key tiles outside every row's window are not visited): docs/grape_ap_kernel.md, "Grouped-query
+attention and a sliding window".
+
 The interpreter (TRITON_INTERPRET=1) runs these kernels on the CPU for the tests, in fp32, fp16 and bf16 (with
 the GPU's bf16 rounding: kernels/triton_common.py).
 """

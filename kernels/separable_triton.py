@@ -21,6 +21,11 @@ Backward, with dS = P∘(dO·vᵀ - D) the gradient of the logits:
 Two kernels without atomics (deterministic): ``_bwd_query`` (query-major: dq, da, dc_query) and
 ``_bwd_key`` (key-major: dk, dv, db, dc_key). Queries are the last Tq of the Tk keys (training: Tq = Tk).
 
+Grouped-query attention (GROUP query heads per key/value head): query head h reads k, v of head h // GROUP; the
+key features belong to that shared head (KF_GROUP = GROUP) or to each query head (KF_GROUP = 1). The key-major
+kernel runs per key/value head and adds its group's query heads in turn. A sliding window (WINDOWED, width
+``window``): key tiles outside every row's window are not visited; docs/separable_kernel.md.
+
 Tiles wholly below the diagonal skip the causal mask (the MASKED constexpr); only the diagonal tiles pay
 for it (and, in the key-major kernel, a ragged last query tile, whose rows past Tq must not count). Accumulation is fp32; inputs bf16, fp16 or fp32. Under
 TRITON_INTERPRET=1 the kernels run on the CPU in fp32/fp16 for the tests (the interpreter's bf16 dot is
