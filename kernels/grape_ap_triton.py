@@ -37,6 +37,11 @@ the dp shares over the key tiles. Scratch: 8·B·H·pass_rows·⌈Tk/BLOCK_N⌉ 
 ``pass_rows``. The key-major kernel's key tiles are a whole number (RATIO) of the query-major kernel's, which
 stores the carries only at their edges; tile sizes in ``default_config``, checked by ``check_config``.
 
+Grouped-query attention (GROUP query heads per key/value head: k, v and r of head h // GROUP, read without a
+copy; the key-major kernel adds its group's query heads in turn) and a sliding window (WINDOWED, width
+``window``: key tiles outside every row's window are not visited): docs/grape_ap_kernel.md, "Grouped-query
+attention and a sliding window".
+
 The interpreter (TRITON_INTERPRET=1) runs these kernels on the CPU for the tests, in fp32, fp16 and bf16 (with
 the GPU's bf16 rounding: kernels/triton_common.py).
 """
@@ -48,7 +53,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_common import INTERPRET, key_tile_range, load_tile, online_softmax, pow2, query_tile, store_tile
+from kernels.triton_common import (INTERPRET, key_tile_range, load_tile, online_softmax, pow2, query_tile, store_tile,
+                                   window_tile_range)
 
 LOG2E = 1.0 / math.log(2.0)
 
@@ -142,10 +148,12 @@ def _exp2_neg_unit(x, POLYNOMIAL: tl.constexpr):
 
 
 @triton.jit
-def _biased_logits(q, k, pz, rz, carry, slope, qk_scale, gt, visible, MASKED: tl.constexpr, SPLIT: tl.constexpr,
-                   FAST_LOG2: tl.constexpr, QK_PRECISION: tl.constexpr, WITH_WEIGHT: tl.constexpr):
-    """One tile's logits s = q·k·scale·log2(e) + bias (log2 units; -inf past the diagonal when MASKED),
-    its ψ·log2(e) (zero past the diagonal) and, WITH_WEIGHT, the path gradient's weight α·sigmoid(-z)."""
+def _biased_logits(q, k, pz, rz, carry, slope, qk_scale, gt, visible, path_visible, MASKED: tl.constexpr,
+                   SPLIT: tl.constexpr, FAST_LOG2: tl.constexpr, QK_PRECISION: tl.constexpr, WITH_WEIGHT: tl.constexpr):
+    """One tile's logits s = q·k·scale·log2(e) + bias (log2 units; -inf at keys not visible when MASKED),
+    its ψ·log2(e) and, WITH_WEIGHT, the path gradient's weight α·sigmoid(-z), both zero where not path_visible
+    (past the diagonal; with a window also at and before each row's window start, whose ψ is in no visible
+    key's bias: without a window path_visible is visible)."""
     z = tl.dot(pz, tl.trans(rz), input_precision="ieee")  # z·log2(e), see _path_operands
     e = tl.exp2(-tl.abs(z))
     soft = _log2(1.0 + e, FAST_LOG2)  # log2(1 + 2^-|z|): logsigmoid = min(z, 0) - soft, overflow-free
@@ -155,9 +163,9 @@ def _biased_logits(q, k, pz, rz, carry, slope, qk_scale, gt, visible, MASKED: tl
         # before the dots below, so that z, e and soft are dead during them
         weight = tl.where(z >= 0, slope * e, slope) * _exp2_neg_unit(soft, SPLIT)
         if MASKED:
-            weight = tl.where(visible, weight, 0.0)
+            weight = tl.where(path_visible, weight, 0.0)
     if MASKED:
-        psi = tl.where(visible, psi, 0.0)
+        psi = tl.where(path_visible, psi, 0.0)
     s = tl.dot(q, tl.trans(k), input_precision=QK_PRECISION) * qk_scale + carry[:, None]
     s = _split_dot(psi, gt, s, SPLIT)
     if MASKED:
@@ -166,19 +174,31 @@ def _biased_logits(q, k, pz, rz, carry, slope, qk_scale, gt, visible, MASKED: tl
 
 
 @triton.jit
-def _fwd_tiles(acc, m_i, l_i, carry, q, pz, t, K, V, RZ, bh, Tk, slope, qk_scale, gt, lo, hi,
+def _visible(cols, t, window, WINDOWED: tl.constexpr):
+    """Which keys of a tile each row (at key position t) sees: up to the diagonal, with a window from
+    t - window + 1."""
+    visible = cols[None, :] <= t[:, None]
+    if WINDOWED:
+        visible = visible & (cols[None, :] > t[:, None] - window)
+    return visible
+
+
+@triton.jit
+def _fwd_tiles(acc, m_i, l_i, carry, q, pz, t, K, V, RZ, bkv, Tk, window, slope, qk_scale, gt, lo, hi,
                D: tl.constexpr, DV: tl.constexpr, KZ: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-               BLOCK_N: tl.constexpr, MASKED: tl.constexpr, SPLIT: tl.constexpr, FAST_LOG2: tl.constexpr,
-               QK_PRECISION: tl.constexpr):
+               BLOCK_N: tl.constexpr, MASKED: tl.constexpr, WINDOWED: tl.constexpr, SPLIT: tl.constexpr,
+               FAST_LOG2: tl.constexpr, QK_PRECISION: tl.constexpr):
     for it in range(lo, hi):
         kb = lo + hi - 1 - it  # right to left: the suffix sums are then running sums
         cols = kb * BLOCK_N + tl.arange(0, BLOCK_N)
         col_ok = cols < Tk
-        k = load_tile(K, bh, Tk, cols, col_ok, D, BLOCK_D)
-        v = load_tile(V, bh, Tk, cols, col_ok, DV, BLOCK_DV)
-        rz = load_tile(RZ, bh, Tk, cols, col_ok, KZ, KZ)
-        visible = cols[None, :] <= t[:, None]
-        s, psi, _ = _biased_logits(q, k, pz, rz, carry, slope, qk_scale, gt, visible,
+        k = load_tile(K, bkv, Tk, cols, col_ok, D, BLOCK_D)
+        v = load_tile(V, bkv, Tk, cols, col_ok, DV, BLOCK_DV)
+        rz = load_tile(RZ, bkv, Tk, cols, col_ok, KZ, KZ)
+        visible = _visible(cols, t, window, WINDOWED)
+        # (ψ at a row's window start, which this mask keeps, enters only hidden keys' biases and carries no row
+        # reads: only the key-major kernel's path weights need the stricter mask)
+        s, psi, _ = _biased_logits(q, k, pz, rz, carry, slope, qk_scale, gt, visible, visible,
                                    MASKED, SPLIT, FAST_LOG2, QK_PRECISION, False)
         acc, m_i, l_i = online_softmax(acc, m_i, l_i, s, v, QK_PRECISION, True)
         carry += tl.sum(psi, axis=1)
@@ -186,11 +206,12 @@ def _fwd_tiles(acc, m_i, l_i, carry, q, pz, t, K, V, RZ, bh, Tk, slope, qk_scale
 
 
 @triton.jit
-def _fwd(Q, K, V, PZ, RZ, SLOPES, OUT, LSE, qk_scale, Tq, Tk, H,
+def _fwd(Q, K, V, PZ, RZ, SLOPES, OUT, LSE, qk_scale, Tq, Tk, H, window,
          D: tl.constexpr, DV: tl.constexpr, KZ: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
          BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, SPLIT: tl.constexpr, FAST_LOG2: tl.constexpr,
-         QK_PRECISION: tl.constexpr):
+         QK_PRECISION: tl.constexpr, GROUP: tl.constexpr, WINDOWED: tl.constexpr):
     bh, rows, row_ok, t = query_tile(Tq, Tk, BLOCK_M)
+    bkv = bh // GROUP  # the shared key/value head (q: (B, H), k: (B, H / GROUP) heads)
     slope = tl.load(SLOPES + bh % H)
     q = load_tile(Q, bh, Tq, rows, row_ok, D, BLOCK_D)
     pz = load_tile(PZ, bh, Tq, rows, row_ok, KZ, KZ)
@@ -201,12 +222,19 @@ def _fwd(Q, K, V, PZ, RZ, SLOPES, OUT, LSE, qk_scale, Tq, Tk, H,
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
     carry = tl.zeros([BLOCK_M], tl.float32)
     n_full, n_tiles = key_tile_range(tl.program_id(0) * BLOCK_M, Tq, Tk, BLOCK_M, BLOCK_N)
-    acc, m_i, l_i, carry = _fwd_tiles(acc, m_i, l_i, carry, q, pz, t, K, V, RZ, bh, Tk, slope, qk_scale, gt,
-                                      n_full, n_tiles, D, DV, KZ, BLOCK_D, BLOCK_DV, BLOCK_N, True, SPLIT,
+    lo, lo_full = 0, 0
+    if WINDOWED:  # key tiles left of every row's window are not visited at all
+        lo, lo_full = window_tile_range(tl.program_id(0) * BLOCK_M, Tq, Tk, window, n_full, BLOCK_M, BLOCK_N)
+    acc, m_i, l_i, carry = _fwd_tiles(acc, m_i, l_i, carry, q, pz, t, K, V, RZ, bkv, Tk, window, slope, qk_scale, gt,
+                                      n_full, n_tiles, D, DV, KZ, BLOCK_D, BLOCK_DV, BLOCK_N, True, WINDOWED, SPLIT,
                                       FAST_LOG2, QK_PRECISION)
-    acc, m_i, l_i, carry = _fwd_tiles(acc, m_i, l_i, carry, q, pz, t, K, V, RZ, bh, Tk, slope, qk_scale, gt,
-                                      0, n_full, D, DV, KZ, BLOCK_D, BLOCK_DV, BLOCK_N, False, SPLIT,
+    acc, m_i, l_i, carry = _fwd_tiles(acc, m_i, l_i, carry, q, pz, t, K, V, RZ, bkv, Tk, window, slope, qk_scale, gt,
+                                      lo_full, n_full, D, DV, KZ, BLOCK_D, BLOCK_DV, BLOCK_N, False, WINDOWED, SPLIT,
                                       FAST_LOG2, QK_PRECISION)
+    if WINDOWED:
+        acc, m_i, l_i, carry = _fwd_tiles(acc, m_i, l_i, carry, q, pz, t, K, V, RZ, bkv, Tk, window, slope, qk_scale,
+                                          gt, lo, lo_full, D, DV, KZ, BLOCK_D, BLOCK_DV, BLOCK_N, True, WINDOWED,
+                                          SPLIT, FAST_LOG2, QK_PRECISION)
     store_tile(OUT, (acc / l_i[:, None]).to(OUT.dtype.element_ty), bh, Tq, rows, row_ok, DV, BLOCK_DV)
     tl.store(LSE + bh * Tq + rows, m_i + tl.log2(l_i), mask=row_ok)  # log2 units, read by the backward
 
@@ -220,25 +248,25 @@ def _probs_and_ds(s, lse, do, v, delta, QK_PRECISION: tl.constexpr):
 
 @triton.jit
 def _bwd_query_tiles(dq, carry, carry_ds, q, do, pz, lse, delta, t, row_ok, pass_rows, K, V, RZ, CARRY_PSI,
-                     CARRY_DS, bh, Tk, N_KTILES, PASS_ROWS, slope, qk_scale, gt, lo, hi, D: tl.constexpr,
+                     CARRY_DS, bh, bkv, Tk, window, N_KTILES, PASS_ROWS, slope, qk_scale, gt, lo, hi, D: tl.constexpr,
                      DV: tl.constexpr, KZ: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-                     BLOCK_N: tl.constexpr, RATIO: tl.constexpr, MASKED: tl.constexpr, SPLIT: tl.constexpr,
-                     FAST_LOG2: tl.constexpr, QK_PRECISION: tl.constexpr):
+                     BLOCK_N: tl.constexpr, RATIO: tl.constexpr, MASKED: tl.constexpr, WINDOWED: tl.constexpr,
+                     SPLIT: tl.constexpr, FAST_LOG2: tl.constexpr, QK_PRECISION: tl.constexpr):
     for it in range(lo, hi):
         kb = lo + hi - 1 - it
         cols = kb * BLOCK_N + tl.arange(0, BLOCK_N)
         col_ok = cols < Tk
-        k = load_tile(K, bh, Tk, cols, col_ok, D, BLOCK_D)
-        v = load_tile(V, bh, Tk, cols, col_ok, DV, BLOCK_DV)
-        rz = load_tile(RZ, bh, Tk, cols, col_ok, KZ, KZ)
+        k = load_tile(K, bkv, Tk, cols, col_ok, D, BLOCK_D)
+        v = load_tile(V, bkv, Tk, cols, col_ok, DV, BLOCK_DV)
+        rz = load_tile(RZ, bkv, Tk, cols, col_ok, KZ, KZ)
         # the key-major kernel restarts from these values at the right edge of each of its key tiles (RATIO
         # of these)
         boundary = boundary_index(bh, N_KTILES, kb // RATIO, PASS_ROWS, pass_rows)
         edge = row_ok & ((pass_rows * 0 + kb % RATIO) == RATIO - 1)  # row-shaped: the interpreter's masks
         tl.store(CARRY_PSI + boundary, carry, mask=edge)
         tl.store(CARRY_DS + boundary, carry_ds, mask=edge)
-        visible = cols[None, :] <= t[:, None]
-        s, psi, _ = _biased_logits(q, k, pz, rz, carry, slope, qk_scale, gt, visible,
+        visible = _visible(cols, t, window, WINDOWED)
+        s, psi, _ = _biased_logits(q, k, pz, rz, carry, slope, qk_scale, gt, visible, visible,
                                    MASKED, SPLIT, FAST_LOG2, QK_PRECISION, False)
         _, ds = _probs_and_ds(s, lse, do, v, delta, QK_PRECISION)
         dq += tl.dot(ds.to(k.dtype), k, input_precision=QK_PRECISION)
@@ -249,11 +277,12 @@ def _bwd_query_tiles(dq, carry, carry_ds, q, do, pz, lse, delta, t, row_ok, pass
 
 @triton.jit
 def _bwd_query(Q, K, V, PZ, RZ, SLOPES, DO, LSE, DELTA, DQ, DS_TOTAL, CARRY_PSI, CARRY_DS,
-               qk_scale, Tq, Tk, H, N_KTILES, PASS_ROWS, first_row,
+               qk_scale, Tq, Tk, H, window, N_KTILES, PASS_ROWS, first_row,
                D: tl.constexpr, DV: tl.constexpr, KZ: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, RATIO: tl.constexpr, SPLIT: tl.constexpr,
-               FAST_LOG2: tl.constexpr, QK_PRECISION: tl.constexpr):
+               FAST_LOG2: tl.constexpr, QK_PRECISION: tl.constexpr, GROUP: tl.constexpr, WINDOWED: tl.constexpr):
     bh = tl.program_id(1)
+    bkv = bh // GROUP
     slope = tl.load(SLOPES + bh % H)
     pass_rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # row index within this pass
     rows = first_row + pass_rows
@@ -273,14 +302,23 @@ def _bwd_query(Q, K, V, PZ, RZ, SLOPES, DO, LSE, DELTA, DQ, DS_TOTAL, CARRY_PSI,
     # whole key-kernel tiles, so that every boundary the key kernel reads is stored (the extra tiles are
     # past every row's diagonal: masked, they add nothing)
     n_tiles = tl.cdiv(n_tiles, RATIO) * RATIO
+    lo, lo_full = 0, 0
+    if WINDOWED:  # (the carry at a key-major tile's right edge needs only the tiles right of it: no rounding here)
+        lo, lo_full = window_tile_range(first_row + tl.program_id(0) * BLOCK_M, Tq, Tk, window, n_full, BLOCK_M,
+                                        BLOCK_N)
     dq, carry, carry_ds = _bwd_query_tiles(
-        dq, carry, carry_ds, q, do, pz, lse, delta, t, row_ok, pass_rows, K, V, RZ, CARRY_PSI, CARRY_DS, bh, Tk,
-        N_KTILES, PASS_ROWS, slope, qk_scale, gt, n_full, n_tiles, D, DV, KZ, BLOCK_D, BLOCK_DV, BLOCK_N, RATIO,
-        True, SPLIT, FAST_LOG2, QK_PRECISION)
+        dq, carry, carry_ds, q, do, pz, lse, delta, t, row_ok, pass_rows, K, V, RZ, CARRY_PSI, CARRY_DS, bh, bkv, Tk,
+        window, N_KTILES, PASS_ROWS, slope, qk_scale, gt, n_full, n_tiles, D, DV, KZ, BLOCK_D, BLOCK_DV, BLOCK_N,
+        RATIO, True, WINDOWED, SPLIT, FAST_LOG2, QK_PRECISION)
     dq, carry, carry_ds = _bwd_query_tiles(
-        dq, carry, carry_ds, q, do, pz, lse, delta, t, row_ok, pass_rows, K, V, RZ, CARRY_PSI, CARRY_DS, bh, Tk,
-        N_KTILES, PASS_ROWS, slope, qk_scale, gt, 0, n_full, D, DV, KZ, BLOCK_D, BLOCK_DV, BLOCK_N, RATIO,
-        False, SPLIT, FAST_LOG2, QK_PRECISION)
+        dq, carry, carry_ds, q, do, pz, lse, delta, t, row_ok, pass_rows, K, V, RZ, CARRY_PSI, CARRY_DS, bh, bkv, Tk,
+        window, N_KTILES, PASS_ROWS, slope, qk_scale, gt, lo_full, n_full, D, DV, KZ, BLOCK_D, BLOCK_DV, BLOCK_N,
+        RATIO, False, WINDOWED, SPLIT, FAST_LOG2, QK_PRECISION)
+    if WINDOWED:
+        dq, carry, carry_ds = _bwd_query_tiles(
+            dq, carry, carry_ds, q, do, pz, lse, delta, t, row_ok, pass_rows, K, V, RZ, CARRY_PSI, CARRY_DS, bh, bkv,
+            Tk, window, N_KTILES, PASS_ROWS, slope, qk_scale, gt, lo, lo_full, D, DV, KZ, BLOCK_D, BLOCK_DV, BLOCK_N,
+            RATIO, True, WINDOWED, SPLIT, FAST_LOG2, QK_PRECISION)
     tl.store(DS_TOTAL + bh * Tq + rows, carry_ds, mask=row_ok)  # E_i = Σ_j dS(i, j)
     store_tile(DQ, dq * (qk_scale * 0.6931471805599453), bh, Tq, rows, row_ok, D, BLOCK_D)  # × scale
 
@@ -313,11 +351,11 @@ def _path_dot_left(y, x, acc, SPLIT: tl.constexpr):
 
 @triton.jit
 def _bwd_key_tiles(dk, dv_acc, dr, k, v, rz, rr, cols, Q, PP, PZ, DO, LSE, DELTA, DS_TOTAL, CARRY_PSI,
-                   CARRY_DS, DP_PART, bh, kb, Tq, offset, N_KTILES, PASS_ROWS, first_row, end_row, slope, qk_scale,
-                   gt, ge, lo, hi, D: tl.constexpr, DV: tl.constexpr, KZ: tl.constexpr,
+                   CARRY_DS, DP_PART, bh, kb, Tq, offset, window, N_KTILES, PASS_ROWS, first_row, end_row, slope,
+                   qk_scale, gt, ge, lo, hi, D: tl.constexpr, DV: tl.constexpr, KZ: tl.constexpr,
                    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DP: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, SHARE: tl.constexpr, MASKED: tl.constexpr, SPLIT: tl.constexpr,
-                   FAST_LOG2: tl.constexpr, QK_PRECISION: tl.constexpr):
+                   BLOCK_N: tl.constexpr, SHARE: tl.constexpr, MASKED: tl.constexpr, WINDOWED: tl.constexpr,
+                   SPLIT: tl.constexpr, FAST_LOG2: tl.constexpr, QK_PRECISION: tl.constexpr):
     for mb in range(lo, hi):
         rows = mb * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = rows < end_row
@@ -331,12 +369,17 @@ def _bwd_key_tiles(dk, dv_acc, dr, k, v, rz, rr, cols, Q, PP, PZ, DO, LSE, DELTA
         if MASKED:  # a row left of this key tile has no carry stored for it (its query-major tile never got
             # here): read none, whatever the scratch holds, so that its zero weights meet finite numbers
             written = row_ok & (rows + offset >= kb * BLOCK_N)
+            if WINDOWED:  # nor for a row whose window ends before this key tile
+                written = written & (rows + offset - window < kb * BLOCK_N + BLOCK_N - 1)
         else:
             written = row_ok
         carry = tl.load(CARRY_PSI + boundary, mask=written, other=0.0)
         carry_ds = tl.load(CARRY_DS + boundary, mask=written, other=0.0)
-        visible = (cols[None, :] <= rows[:, None] + offset) & row_ok[:, None]
-        s, _, weight = _biased_logits(q, k, pz, rz, carry, slope, qk_scale, gt, visible,
+        visible = _visible(cols, rows + offset, window, WINDOWED) & row_ok[:, None]
+        path_visible = visible
+        if WINDOWED:  # ψ from t - window + 2: the path sum of the window's first key starts after it
+            path_visible = visible & (cols[None, :] > rows[:, None] + offset - window + 1)
+        s, _, weight = _biased_logits(q, k, pz, rz, carry, slope, qk_scale, gt, visible, path_visible,
                                       MASKED, SPLIT, FAST_LOG2, QK_PRECISION, True)
         probs, ds = _probs_and_ds(s, lse, do, v, delta, QK_PRECISION)
         dv_acc += tl.dot(tl.trans(probs.to(do.dtype)), do, input_precision=QK_PRECISION)
@@ -365,58 +408,66 @@ def _accumulate_tile(ptr, value, bh, n_rows, rows, row_ok, WIDTH: tl.constexpr, 
 
 @triton.jit
 def _bwd_key(Q, K, V, PP, RR, PZ, RZ, SLOPES, DO, LSE, DELTA, DK, DV_OUT, DR, DS_TOTAL, CARRY_PSI,
-             CARRY_DS, DP_PART, qk_scale, Tq, Tk, H, N_KTILES, PASS_ROWS, first_row, end_row,
+             CARRY_DS, DP_PART, qk_scale, Tq, Tk, H, window, N_KTILES, PASS_ROWS, first_row, end_row,
              D: tl.constexpr, DV: tl.constexpr, KZ: tl.constexpr, BLOCK_M: tl.constexpr,
              BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DP: tl.constexpr,
              SHARE: tl.constexpr, SPLIT: tl.constexpr, FAST_LOG2: tl.constexpr, QK_PRECISION: tl.constexpr,
-             ACCUMULATE: tl.constexpr):
+             ACCUMULATE: tl.constexpr, GROUP: tl.constexpr, WINDOWED: tl.constexpr):
     kb = tl.program_id(0)
-    bh = tl.program_id(1)
-    slope = tl.load(SLOPES + bh % H)
+    bkv = tl.program_id(1)  # one key/value head: its GROUP query heads add their shares in turn (deterministic)
     offset = Tk - Tq
     cols = kb * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < Tk
-    k = load_tile(K, bh, Tk, cols, col_ok, D, BLOCK_D)
-    v = load_tile(V, bh, Tk, cols, col_ok, DV, BLOCK_DV)
-    rz = load_tile(RZ, bh, Tk, cols, col_ok, KZ, KZ)
+    k = load_tile(K, bkv, Tk, cols, col_ok, D, BLOCK_D)
+    v = load_tile(V, bkv, Tk, cols, col_ok, DV, BLOCK_DV)
+    rz = load_tile(RZ, bkv, Tk, cols, col_ok, KZ, KZ)
     # r_0 as zero: ψ(i, 0) is in no bias, so key 0 adds nothing to dp (its dψ is zero only up to rounding)
-    rr = tl.trans(load_tile(RR, bh, Tk, cols, col_ok & (cols >= 1), BLOCK_DP, BLOCK_DP))
+    rr = tl.trans(load_tile(RR, bkv, Tk, cols, col_ok & (cols >= 1), BLOCK_DP, BLOCK_DP))
     gt, ge = _triangles(BLOCK_N, SPLIT)
 
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv_acc = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
     dr = tl.zeros([BLOCK_N, BLOCK_DP], tl.float32)
     # query tiles of this pass: [first, full) straddle the diagonal, [full, complete) see the whole key
-    # tile, [complete, last) hold the pass's ragged end (rows past end_row must not count)
+    # tile, [complete, last) hold the pass's ragged end (rows past end_row must not count) and, with a window,
+    # the rows whose window starts inside this key tile; rows whose window ends before it are not visited
     first = tl.maximum(kb * BLOCK_N - offset, first_row) // BLOCK_M
     last = tl.cdiv(end_row, BLOCK_M)
+    if WINDOWED:
+        last = tl.maximum(tl.minimum(last, tl.cdiv(tl.maximum(kb * BLOCK_N + BLOCK_N - 1 + window - offset, 0),
+                                                   BLOCK_M)), first)
     full = tl.minimum(tl.maximum(tl.cdiv(tl.maximum(kb * BLOCK_N + BLOCK_N - 1 - offset, 0), BLOCK_M), first), last)
     complete = tl.maximum(end_row // BLOCK_M, full)
-    dk, dv_acc, dr = _bwd_key_tiles(dk, dv_acc, dr, k, v, rz, rr, cols, Q, PP, PZ, DO, LSE, DELTA,
-                                    DS_TOTAL, CARRY_PSI, CARRY_DS, DP_PART, bh, kb, Tq, offset, N_KTILES, PASS_ROWS,
-                                    first_row, end_row, slope, qk_scale, gt, ge, first, full, D, DV, KZ,
-                                    BLOCK_D, BLOCK_DV, BLOCK_DP, BLOCK_M, BLOCK_N, SHARE, True, SPLIT, FAST_LOG2,
-                                    QK_PRECISION)
-    dk, dv_acc, dr = _bwd_key_tiles(dk, dv_acc, dr, k, v, rz, rr, cols, Q, PP, PZ, DO, LSE, DELTA,
-                                    DS_TOTAL, CARRY_PSI, CARRY_DS, DP_PART, bh, kb, Tq, offset, N_KTILES, PASS_ROWS,
-                                    first_row, end_row, slope, qk_scale, gt, ge, full, complete, D, DV, KZ,
-                                    BLOCK_D, BLOCK_DV, BLOCK_DP, BLOCK_M, BLOCK_N, SHARE, False, SPLIT, FAST_LOG2,
-                                    QK_PRECISION)
-    dk, dv_acc, dr = _bwd_key_tiles(dk, dv_acc, dr, k, v, rz, rr, cols, Q, PP, PZ, DO, LSE, DELTA,
-                                    DS_TOTAL, CARRY_PSI, CARRY_DS, DP_PART, bh, kb, Tq, offset, N_KTILES, PASS_ROWS,
-                                    first_row, end_row, slope, qk_scale, gt, ge, complete, last, D, DV, KZ,
-                                    BLOCK_D, BLOCK_DV, BLOCK_DP, BLOCK_M, BLOCK_N, SHARE, True, SPLIT, FAST_LOG2,
-                                    QK_PRECISION)
+    if WINDOWED:  # unmasked only where every ψ of the tile is inside each row's path sum
+        complete = tl.maximum(tl.minimum(complete, tl.maximum(kb * BLOCK_N + window - 1 - offset, 0) // BLOCK_M), full)
+    for member in range(GROUP):
+        bh = bkv * GROUP + member
+        slope = tl.load(SLOPES + bh % H)
+        dk, dv_acc, dr = _bwd_key_tiles(dk, dv_acc, dr, k, v, rz, rr, cols, Q, PP, PZ, DO, LSE, DELTA,
+                                        DS_TOTAL, CARRY_PSI, CARRY_DS, DP_PART, bh, kb, Tq, offset, window, N_KTILES,
+                                        PASS_ROWS, first_row, end_row, slope, qk_scale, gt, ge, first, full, D, DV, KZ,
+                                        BLOCK_D, BLOCK_DV, BLOCK_DP, BLOCK_M, BLOCK_N, SHARE, True, WINDOWED, SPLIT,
+                                        FAST_LOG2, QK_PRECISION)
+        dk, dv_acc, dr = _bwd_key_tiles(dk, dv_acc, dr, k, v, rz, rr, cols, Q, PP, PZ, DO, LSE, DELTA,
+                                        DS_TOTAL, CARRY_PSI, CARRY_DS, DP_PART, bh, kb, Tq, offset, window, N_KTILES,
+                                        PASS_ROWS, first_row, end_row, slope, qk_scale, gt, ge, full, complete, D, DV,
+                                        KZ, BLOCK_D, BLOCK_DV, BLOCK_DP, BLOCK_M, BLOCK_N, SHARE, False, WINDOWED,
+                                        SPLIT, FAST_LOG2, QK_PRECISION)
+        dk, dv_acc, dr = _bwd_key_tiles(dk, dv_acc, dr, k, v, rz, rr, cols, Q, PP, PZ, DO, LSE, DELTA,
+                                        DS_TOTAL, CARRY_PSI, CARRY_DS, DP_PART, bh, kb, Tq, offset, window, N_KTILES,
+                                        PASS_ROWS, first_row, end_row, slope, qk_scale, gt, ge, complete, last, D, DV,
+                                        KZ, BLOCK_D, BLOCK_DV, BLOCK_DP, BLOCK_M, BLOCK_N, SHARE, True, WINDOWED,
+                                        SPLIT, FAST_LOG2, QK_PRECISION)
     # key 0's ψ is in no bias, so its r gets no gradient at all
     dr = tl.where(cols[:, None] >= 1, dr, 0.0)
-    _accumulate_tile(DK, dk * (qk_scale * 0.6931471805599453), bh, Tk, cols, col_ok, D, BLOCK_D, ACCUMULATE)
-    _accumulate_tile(DV_OUT, dv_acc, bh, Tk, cols, col_ok, DV, BLOCK_DV, ACCUMULATE)
-    _accumulate_tile(DR, dr, bh, Tk, cols, col_ok, BLOCK_DP, BLOCK_DP, ACCUMULATE)
+    _accumulate_tile(DK, dk * (qk_scale * 0.6931471805599453), bkv, Tk, cols, col_ok, D, BLOCK_D, ACCUMULATE)
+    _accumulate_tile(DV_OUT, dv_acc, bkv, Tk, cols, col_ok, DV, BLOCK_DV, ACCUMULATE)
+    _accumulate_tile(DR, dr, bkv, Tk, cols, col_ok, BLOCK_DP, BLOCK_DP, ACCUMULATE)
 
 
 @triton.jit
-def _sum_path_partials(DP_PART, DPATH, Tq, Tk, N_KTILES, PASS_ROWS, first_row, SHARE: tl.constexpr,
-                       BLOCK_M: tl.constexpr, KEY_TILE: tl.constexpr):
+def _sum_path_partials(DP_PART, DPATH, Tq, Tk, window, N_KTILES, PASS_ROWS, first_row, SHARE: tl.constexpr,
+                       BLOCK_M: tl.constexpr, KEY_TILE: tl.constexpr, WINDOWED: tl.constexpr):
     """dp of this pass's rows: the sum of the key-major kernel's per-key-tile shares over the key tiles each row
     sees (the only ones written)."""
     bh = tl.program_id(1)
@@ -425,8 +476,14 @@ def _sum_path_partials(DP_PART, DPATH, Tq, Tk, N_KTILES, PASS_ROWS, first_row, S
     row_ok = rows < Tq
     seen = (rows + (Tk - Tq)) // KEY_TILE  # the last key tile row i sees
     acc = tl.zeros([BLOCK_M, SHARE], tl.float32)
-    for kb in range(0, tl.max(tl.where(row_ok, seen, 0)) + 1):
-        acc += load_tile(DP_PART, bh * N_KTILES + kb, PASS_ROWS, pass_rows, row_ok & (seen >= kb), SHARE, SHARE)
+    if WINDOWED:  # and the first
+        first_seen = tl.maximum(rows + (Tk - Tq) - window + 1, 0) // KEY_TILE
+        for kb in range(tl.min(tl.where(row_ok, first_seen, N_KTILES)), tl.max(tl.where(row_ok, seen, 0)) + 1):
+            ok = row_ok & (seen >= kb) & (first_seen <= kb)
+            acc += load_tile(DP_PART, bh * N_KTILES + kb, PASS_ROWS, pass_rows, ok, SHARE, SHARE)
+    else:
+        for kb in range(0, tl.max(tl.where(row_ok, seen, 0)) + 1):
+            acc += load_tile(DP_PART, bh * N_KTILES + kb, PASS_ROWS, pass_rows, row_ok & (seen >= kb), SHARE, SHARE)
     store_tile(DPATH, acc, bh, Tq, rows, row_ok, SHARE, SHARE)
 
 
@@ -477,17 +534,20 @@ def _path_operands(p: torch.Tensor, r: torch.Tensor, split: bool) -> tuple[torch
 
 
 def _constexprs(head_dim: int, value_dim: int, path_dim: int, dtype: torch.dtype, block_m: int, block_n: int,
-                interpreter: bool = INTERPRET) -> dict:
-    """The compile-time arguments every kernel takes, for inputs of these sizes and dtype."""
+                interpreter: bool = INTERPRET, group: int = 1, windowed: bool = False) -> dict:
+    """The compile-time arguments every kernel takes, for inputs of these sizes and dtype: group = query heads
+    per key/value head, windowed = a sliding window (its width is a run-time argument)."""
     split = dtype != torch.float32  # bf16/fp16: tensor-core dots on fp16 hi + lo parts
-    return dict(D=head_dim, DV=value_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=pow2(head_dim),
+    return dict(D=head_dim, DV=value_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=pow2(head_dim), GROUP=group,
+                WINDOWED=windowed,
                 BLOCK_DV=pow2(value_dim), KZ=pow2(path_dim * (3 if split else 1)), SPLIT=split,
                 # fp32 inputs: exact log2 and true fp32 dots (Triton's fp32 default is TF32); half types ignore
                 # the dot setting. The interpreter knows only "ieee" and cannot run inline PTX.
                 FAST_LOG2=split and not interpreter, QK_PRECISION="ieee" if (interpreter or not split) else "tf32")
 
 
-def kernel_builds(head_dim: int, value_dim: int, path_dim: int, dtype: torch.dtype, config) -> list[tuple]:
+def kernel_builds(head_dim: int, value_dim: int, path_dim: int, dtype: torch.dtype, config, *, group: int = 1,
+                  windowed: bool = False) -> list[tuple]:
     """(name, kernel, compile-time arguments, warps, stages, score elements per step of the inner loop) of the
     forward and both backward kernels, as a GPU launch with these sizes compiles them: what
     scripts/kernel_resources.py builds ahead of time."""
@@ -496,7 +556,8 @@ def kernel_builds(head_dim: int, value_dim: int, path_dim: int, dtype: torch.dty
     for name, kernel, (block_m, block_n, warps, stages) in (("_fwd", _fwd, config[0:4]),
                                                              ("_bwd_query", _bwd_query, config[4:8]),
                                                              ("_bwd_key", _bwd_key, config[8:12])):
-        sizes = _constexprs(head_dim, value_dim, path_dim, dtype, block_m, block_n, interpreter=False)
+        sizes = _constexprs(head_dim, value_dim, path_dim, dtype, block_m, block_n, interpreter=False, group=group,
+                            windowed=windowed)
         if name == "_bwd_query":
             sizes["RATIO"] = config[9] // block_n
         if name == "_bwd_key":
@@ -506,18 +567,19 @@ def kernel_builds(head_dim: int, value_dim: int, path_dim: int, dtype: torch.dty
     return builds
 
 
-def triton_forward(q, k, v, p, r, slopes, scale: float, config) -> tuple[torch.Tensor, torch.Tensor]:
+def triton_forward(q, k, v, p, r, slopes, scale: float, config, window: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """(out in v's dtype, lse fp32 (B, H, Tq) in log2 units). q, k, v contiguous in one dtype; p, r fp32
-    contiguous."""
+    contiguous; k, v, r with H / G heads (G query heads per key/value head); window 0 = full causal."""
     B, H, Tq, _ = q.shape
     Tk = k.shape[2]
     block_m, block_n, warps, stages = config[:4]
     out = torch.empty(B, H, Tq, v.shape[3], device=q.device, dtype=v.dtype)
     lse = torch.empty(B, H, Tq, device=q.device, dtype=torch.float32)
     if out.numel():
-        sizes = _constexprs(q.shape[3], v.shape[3], p.shape[3], q.dtype, block_m, block_n)
+        sizes = _constexprs(q.shape[3], v.shape[3], p.shape[3], q.dtype, block_m, block_n,
+                            group=H // k.shape[1], windowed=window > 0)
         pz, rz = _path_operands(p, r, sizes["SPLIT"])
-        _fwd[(triton.cdiv(Tq, block_m), B * H)](q, k, v, pz, rz, slopes, out, lse, scale * LOG2E, Tq, Tk, H,
+        _fwd[(triton.cdiv(Tq, block_m), B * H)](q, k, v, pz, rz, slopes, out, lse, scale * LOG2E, Tq, Tk, H, window,
                                                 num_warps=warps, num_stages=stages, **sizes)
     return out, lse
 
@@ -554,12 +616,13 @@ def _halves(x: torch.Tensor, path_dim: int, split: bool) -> torch.Tensor:
     return x[..., :path_dim] + x[..., half:half + path_dim]
 
 
-def triton_backward(grad_out, q, k, v, p, r, slopes, out, lse, scale: float, config):
-    """(dq, dk, dv, dp, dr) in fp32."""
+def triton_backward(grad_out, q, k, v, p, r, slopes, out, lse, scale: float, config, window: int = 0):
+    """(dq, dk, dv, dp, dr) in fp32; dk, dv, dr of the shared key/value heads sum their group's query heads."""
     config = check_config(config)
     query_tiles, key_tiles, pass_rows = config[4:8], config[8:12], config[12]
     B, H, Tq, _ = q.shape
-    Tk = k.shape[2]
+    Hkv, Tk = k.shape[1], k.shape[2]
+    shape = dict(group=H // Hkv, windowed=window > 0)
     dq = torch.empty(q.shape, device=q.device, dtype=torch.float32)
     split = q.dtype != torch.float32
     path_width = _path_width(p.shape[3], split)  # the path gradients' products: [·hi | ·lo] columns
@@ -570,7 +633,7 @@ def triton_backward(grad_out, q, k, v, p, r, slopes, out, lse, scale: float, con
     n_passes = triton.cdiv(Tq, rows_per_pass)
     make = torch.empty if n_passes == 1 else torch.zeros
     dk, dv = (make(x.shape, device=q.device, dtype=torch.float32) for x in (k, v))
-    dr = make(B, H, Tk, path_width, device=q.device, dtype=torch.float32)
+    dr = make(B, Hkv, Tk, path_width, device=q.device, dtype=torch.float32)
     if n_passes == 0 or B * H == 0:
         return dq, dk, dv, dp[..., :p.shape[3]], _halves(dr, p.shape[3], split)
     delta = (grad_out.float() * out.float()).sum(-1)  # D_i = dO_i·O_i
@@ -580,22 +643,23 @@ def triton_backward(grad_out, q, k, v, p, r, slopes, out, lse, scale: float, con
     dp_part = torch.empty(B * H, n_ktiles, rows_per_pass, share, device=q.device, dtype=torch.float32)
     ds_total = torch.empty(B, H, Tq, device=q.device, dtype=torch.float32)
     pz, rz = _path_operands(p, r, split)
-    query_sizes = _constexprs(q.shape[3], v.shape[3], p.shape[3], q.dtype, *query_tiles[:2])
+    query_sizes = _constexprs(q.shape[3], v.shape[3], p.shape[3], q.dtype, *query_tiles[:2], **shape)
     query_sizes.update(RATIO=key_tiles[1] // query_tiles[1], num_warps=query_tiles[2], num_stages=query_tiles[3])
-    key_sizes = _constexprs(q.shape[3], v.shape[3], p.shape[3], q.dtype, *key_tiles[:2])
+    key_sizes = _constexprs(q.shape[3], v.shape[3], p.shape[3], q.dtype, *key_tiles[:2], **shape)
     key_sizes.update(BLOCK_DP=path_width, SHARE=share, num_warps=key_tiles[2], num_stages=key_tiles[3])
     for first_row in range(0, Tq, rows_per_pass):
         end_row = min(Tq, first_row + rows_per_pass)
         _bwd_query[(triton.cdiv(end_row - first_row, query_tiles[0]), B * H)](
             q, k, v, pz, rz, slopes, grad_out, lse, delta, dq, ds_total, carry_psi, carry_ds,
-            scale * LOG2E, Tq, Tk, H, n_ktiles, rows_per_pass, first_row, **query_sizes)
+            scale * LOG2E, Tq, Tk, H, window, n_ktiles, rows_per_pass, first_row, **query_sizes)
         seen = triton.cdiv(min(Tk, Tk - Tq + end_row), key_tiles[1])  # the key tiles this pass's rows see
-        _bwd_key[(seen, B * H)](
+        _bwd_key[(seen, B * Hkv)](
             q, k, v, _path_parts(p, split), _path_parts(r, split), pz, rz, slopes, grad_out, lse, delta, dk, dv, dr,
-            ds_total, carry_psi, carry_ds, dp_part, scale * LOG2E, Tq, Tk, H, n_ktiles, rows_per_pass, first_row,
-            end_row, ACCUMULATE=n_passes > 1, **key_sizes)
+            ds_total, carry_psi, carry_ds, dp_part, scale * LOG2E, Tq, Tk, H, window, n_ktiles, rows_per_pass,
+            first_row, end_row, ACCUMULATE=n_passes > 1, **key_sizes)
         _sum_path_partials[(triton.cdiv(end_row - first_row, 64), B * H)](
-            dp_part, dp, Tq, Tk, n_ktiles, rows_per_pass, first_row, SHARE=share, BLOCK_M=64, KEY_TILE=key_tiles[1])
+            dp_part, dp, Tq, Tk, window, n_ktiles, rows_per_pass, first_row, SHARE=share, BLOCK_M=64,
+            KEY_TILE=key_tiles[1], WINDOWED=window > 0)
     return dq, dk, dv, dp[..., :p.shape[3]], _halves(dr, p.shape[3], split)
 
 

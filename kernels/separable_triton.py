@@ -21,6 +21,11 @@ Backward, with dS = P∘(dO·vᵀ - D) the gradient of the logits:
 Two kernels without atomics (deterministic): ``_bwd_query`` (query-major: dq, da, dc_query) and
 ``_bwd_key`` (key-major: dk, dv, db, dc_key). Queries are the last Tq of the Tk keys (training: Tq = Tk).
 
+Grouped-query attention (GROUP query heads per key/value head): query head h reads k, v of head h // GROUP; the
+key features belong to that shared head (KF_GROUP = GROUP) or to each query head (KF_GROUP = 1). The key-major
+kernel runs per key/value head and adds its group's query heads in turn. A sliding window (WINDOWED, width
+``window``): key tiles outside every row's window are not visited; docs/separable_kernel.md.
+
 Tiles wholly below the diagonal skip the causal mask (the MASKED constexpr); only the diagonal tiles pay
 for it (and, in the key-major kernel, a ragged last query tile, whose rows past Tq must not count). Accumulation is fp32; inputs bf16, fp16 or fp32. Under
 TRITON_INTERPRET=1 the kernels run on the CPU in fp32/fp16 for the tests (the interpreter's bf16 dot is
@@ -32,7 +37,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_common import INTERPRET, key_tile_range, load_tile, online_softmax, pow2, query_tile, store_tile
+from kernels.triton_common import (INTERPRET, key_tile_range, load_tile, online_softmax, pow2, query_tile, store_tile,
+                                   window_tile_range)
 
 FEATURES = 3  # per token: position, rate, running sum
 
@@ -67,62 +73,84 @@ def _logits(q, k, scale, q_pos, q_rate, q_sum, k_pos, k_rate, k_sum,
 
 
 @triton.jit
-def _key_tile(q, q_pos, q_rate, q_sum, K, V, KF, bh, Tk, kb, scale, D: tl.constexpr, DV: tl.constexpr,
+def _key_tile(q, q_pos, q_rate, q_sum, K, V, KF, bkv, bkf, Tk, kb, scale, D: tl.constexpr, DV: tl.constexpr,
               BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr, HAS_RATE: tl.constexpr,
               HAS_SUM: tl.constexpr, PRECISION: tl.constexpr):
-    """Key tile kb for a query-major loop: its columns, k and v, the tile's logits and distances."""
+    """Key tile kb for a query-major loop: its columns, k and v (of key/value head bkv), the tile's logits and
+    distances (key features of head bkf)."""
     cols = kb * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < Tk
-    k = load_tile(K, bh, Tk, cols, col_ok, D, BLOCK_D)
-    v = load_tile(V, bh, Tk, cols, col_ok, DV, BLOCK_DV)
-    k_pos, k_rate, k_sum = _load_features(KF, bh, Tk, cols, col_ok)
+    k = load_tile(K, bkv, Tk, cols, col_ok, D, BLOCK_D)
+    v = load_tile(V, bkv, Tk, cols, col_ok, DV, BLOCK_DV)
+    k_pos, k_rate, k_sum = _load_features(KF, bkf, Tk, cols, col_ok)
     s, dist = _logits(q, k, scale, q_pos, q_rate, q_sum, k_pos, k_rate, k_sum, HAS_RATE, HAS_SUM, PRECISION)
     return cols, col_ok, k, v, s, dist
 
 
 @triton.jit
-def _fwd_tiles(acc, m_i, l_i, q, q_pos, q_rate, q_sum, t, K, V, KF, bh, Tk, scale, lo, hi, D: tl.constexpr,
-               DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
-               HAS_RATE: tl.constexpr, HAS_SUM: tl.constexpr, MASKED: tl.constexpr, PRECISION: tl.constexpr):
+def _visible(cols, col_ok, t, window, WINDOWED: tl.constexpr):
+    """Which keys of a tile each row (at key position t) sees: up to the diagonal, with a window from
+    t - window + 1."""
+    visible = (cols[None, :] <= t[:, None]) & col_ok[None, :]
+    if WINDOWED:
+        visible = visible & (cols[None, :] > t[:, None] - window)
+    return visible
+
+
+@triton.jit
+def _fwd_tiles(acc, m_i, l_i, q, q_pos, q_rate, q_sum, t, K, V, KF, bkv, bkf, Tk, window, scale, lo, hi,
+               D: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+               BLOCK_N: tl.constexpr, HAS_RATE: tl.constexpr, HAS_SUM: tl.constexpr, MASKED: tl.constexpr,
+               WINDOWED: tl.constexpr, PRECISION: tl.constexpr):
     for kb in range(lo, hi):
-        cols, col_ok, k, v, s, _ = _key_tile(q, q_pos, q_rate, q_sum, K, V, KF, bh, Tk, kb, scale, D, DV, BLOCK_D,
-                                             BLOCK_DV, BLOCK_N, HAS_RATE, HAS_SUM, PRECISION)
+        cols, col_ok, k, v, s, _ = _key_tile(q, q_pos, q_rate, q_sum, K, V, KF, bkv, bkf, Tk, kb, scale, D, DV,
+                                             BLOCK_D, BLOCK_DV, BLOCK_N, HAS_RATE, HAS_SUM, PRECISION)
         if MASKED:
-            s = tl.where((cols[None, :] <= t[:, None]) & col_ok[None, :], s, float("-inf"))
+            s = tl.where(_visible(cols, col_ok, t, window, WINDOWED), s, float("-inf"))
         acc, m_i, l_i = online_softmax(acc, m_i, l_i, s, v, PRECISION, False)
     return acc, m_i, l_i
 
 
 @triton.jit
-def _fwd(Q, K, V, QF, KF, OUT, LSE, scale, Tq, Tk, D: tl.constexpr, DV: tl.constexpr,
+def _fwd(Q, K, V, QF, KF, OUT, LSE, scale, Tq, Tk, window, D: tl.constexpr, DV: tl.constexpr,
          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-         HAS_RATE: tl.constexpr, HAS_SUM: tl.constexpr, PRECISION: tl.constexpr):
+         HAS_RATE: tl.constexpr, HAS_SUM: tl.constexpr, PRECISION: tl.constexpr, GROUP: tl.constexpr,
+         KF_GROUP: tl.constexpr, WINDOWED: tl.constexpr):
     bh, rows, row_ok, t = query_tile(Tq, Tk, BLOCK_M)
+    bkv, bkf = bh // GROUP, bh // KF_GROUP  # the shared key/value head; the key features' head
     q = load_tile(Q, bh, Tq, rows, row_ok, D, BLOCK_D)
     q_pos, q_rate, q_sum = _load_features(QF, bh, Tq, rows, row_ok)
     m_i = tl.full([BLOCK_M], -1e30, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
     n_full, n_tiles = key_tile_range(tl.program_id(0) * BLOCK_M, Tq, Tk, BLOCK_M, BLOCK_N)
-    acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, q_pos, q_rate, q_sum, t, K, V, KF, bh, Tk, scale, 0, n_full,
-                               D, DV, BLOCK_D, BLOCK_DV, BLOCK_N, HAS_RATE, HAS_SUM, False, PRECISION)
-    acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, q_pos, q_rate, q_sum, t, K, V, KF, bh, Tk, scale, n_full, n_tiles,
-                               D, DV, BLOCK_D, BLOCK_DV, BLOCK_N, HAS_RATE, HAS_SUM, True, PRECISION)
+    lo, lo_full = 0, 0
+    if WINDOWED:  # key tiles left of every row's window are not visited; [lo, lo_full) need the window's mask
+        lo, lo_full = window_tile_range(tl.program_id(0) * BLOCK_M, Tq, Tk, window, n_full, BLOCK_M, BLOCK_N)
+        acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, q_pos, q_rate, q_sum, t, K, V, KF, bkv, bkf, Tk, window, scale,
+                                   lo, lo_full, D, DV, BLOCK_D, BLOCK_DV, BLOCK_N, HAS_RATE, HAS_SUM, True, WINDOWED,
+                                   PRECISION)
+    acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, q_pos, q_rate, q_sum, t, K, V, KF, bkv, bkf, Tk, window, scale,
+                               lo_full, n_full, D, DV, BLOCK_D, BLOCK_DV, BLOCK_N, HAS_RATE, HAS_SUM, False, WINDOWED,
+                               PRECISION)
+    acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, q_pos, q_rate, q_sum, t, K, V, KF, bkv, bkf, Tk, window, scale,
+                               n_full, n_tiles, D, DV, BLOCK_D, BLOCK_DV, BLOCK_N, HAS_RATE, HAS_SUM, True, WINDOWED,
+                               PRECISION)
     store_tile(OUT, (acc / l_i[:, None]).to(OUT.dtype.element_ty), bh, Tq, rows, row_ok, DV, BLOCK_DV)
     tl.store(LSE + bh * Tq + rows, m_i + tl.log(l_i), mask=row_ok)
 
 
 @triton.jit
-def _bwd_query_tiles(dq, d_rate, d_sum, q, do, lse, delta, q_pos, q_rate, q_sum, t, K, V, KF, bh, Tk, scale,
-                     lo, hi, D: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+def _bwd_query_tiles(dq, d_rate, d_sum, q, do, lse, delta, q_pos, q_rate, q_sum, t, K, V, KF, bkv, bkf, Tk, window,
+                     scale, lo, hi, D: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                      BLOCK_N: tl.constexpr, HAS_RATE: tl.constexpr, HAS_SUM: tl.constexpr, MASKED: tl.constexpr,
-                     PRECISION: tl.constexpr):
+                     WINDOWED: tl.constexpr, PRECISION: tl.constexpr):
     for kb in range(lo, hi):
-        cols, col_ok, k, v, s, dist = _key_tile(q, q_pos, q_rate, q_sum, K, V, KF, bh, Tk, kb, scale, D, DV, BLOCK_D,
-                                                BLOCK_DV, BLOCK_N, HAS_RATE, HAS_SUM, PRECISION)
+        cols, col_ok, k, v, s, dist = _key_tile(q, q_pos, q_rate, q_sum, K, V, KF, bkv, bkf, Tk, kb, scale, D, DV,
+                                                BLOCK_D, BLOCK_DV, BLOCK_N, HAS_RATE, HAS_SUM, PRECISION)
         probs = tl.exp(s - lse[:, None])
         if MASKED:
-            probs = tl.where((cols[None, :] <= t[:, None]) & col_ok[None, :], probs, 0.0)
+            probs = tl.where(_visible(cols, col_ok, t, window, WINDOWED), probs, 0.0)
         ds = probs * (tl.dot(do, tl.trans(v), input_precision=PRECISION) - delta[:, None])
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
         if HAS_RATE:
@@ -133,10 +161,12 @@ def _bwd_query_tiles(dq, d_rate, d_sum, q, do, lse, delta, q_pos, q_rate, q_sum,
 
 
 @triton.jit
-def _bwd_query(Q, K, V, QF, KF, DO, LSE, DELTA, DQ, DQF, scale, Tq, Tk, D: tl.constexpr, DV: tl.constexpr,
+def _bwd_query(Q, K, V, QF, KF, DO, LSE, DELTA, DQ, DQF, scale, Tq, Tk, window, D: tl.constexpr, DV: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-               HAS_RATE: tl.constexpr, HAS_SUM: tl.constexpr, PRECISION: tl.constexpr):
+               HAS_RATE: tl.constexpr, HAS_SUM: tl.constexpr, PRECISION: tl.constexpr, GROUP: tl.constexpr,
+               KF_GROUP: tl.constexpr, WINDOWED: tl.constexpr):
     bh, rows, row_ok, t = query_tile(Tq, Tk, BLOCK_M)
+    bkv, bkf = bh // GROUP, bh // KF_GROUP
     q = load_tile(Q, bh, Tq, rows, row_ok, D, BLOCK_D)
     do = load_tile(DO, bh, Tq, rows, row_ok, DV, BLOCK_DV)
     lse = tl.load(LSE + bh * Tq + rows, mask=row_ok, other=0.0)
@@ -146,21 +176,27 @@ def _bwd_query(Q, K, V, QF, KF, DO, LSE, DELTA, DQ, DQF, scale, Tq, Tk, D: tl.co
     d_rate = tl.zeros([BLOCK_M], tl.float32)
     d_sum = tl.zeros([BLOCK_M], tl.float32)
     n_full, n_tiles = key_tile_range(tl.program_id(0) * BLOCK_M, Tq, Tk, BLOCK_M, BLOCK_N)
+    lo, lo_full = 0, 0
+    if WINDOWED:
+        lo, lo_full = window_tile_range(tl.program_id(0) * BLOCK_M, Tq, Tk, window, n_full, BLOCK_M, BLOCK_N)
+        dq, d_rate, d_sum = _bwd_query_tiles(dq, d_rate, d_sum, q, do, lse, delta, q_pos, q_rate, q_sum, t, K, V, KF,
+                                             bkv, bkf, Tk, window, scale, lo, lo_full, D, DV, BLOCK_D, BLOCK_DV, BLOCK_N,
+                                             HAS_RATE, HAS_SUM, True, WINDOWED, PRECISION)
     dq, d_rate, d_sum = _bwd_query_tiles(dq, d_rate, d_sum, q, do, lse, delta, q_pos, q_rate, q_sum, t, K, V, KF,
-                                         bh, Tk, scale, 0, n_full, D, DV, BLOCK_D, BLOCK_DV, BLOCK_N, HAS_RATE, HAS_SUM,
-                                         False, PRECISION)
+                                         bkv, bkf, Tk, window, scale, lo_full, n_full, D, DV, BLOCK_D, BLOCK_DV, BLOCK_N,
+                                         HAS_RATE, HAS_SUM, False, WINDOWED, PRECISION)
     dq, d_rate, d_sum = _bwd_query_tiles(dq, d_rate, d_sum, q, do, lse, delta, q_pos, q_rate, q_sum, t, K, V, KF,
-                                         bh, Tk, scale, n_full, n_tiles, D, DV, BLOCK_D, BLOCK_DV, BLOCK_N, HAS_RATE,
-                                         HAS_SUM, True, PRECISION)
+                                         bkv, bkf, Tk, window, scale, n_full, n_tiles, D, DV, BLOCK_D, BLOCK_DV, BLOCK_N,
+                                         HAS_RATE, HAS_SUM, True, WINDOWED, PRECISION)
     store_tile(DQ, dq * scale, bh, Tq, rows, row_ok, D, BLOCK_D)
     _store_feature_grads(DQF, d_rate, d_sum, bh, Tq, rows, row_ok)
 
 
 @triton.jit
 def _bwd_key_tiles(dk, dv_acc, d_rate, d_sum, k, v, k_pos, k_rate, k_sum, cols, col_ok, Q, DO, QF, LSE, DELTA,
-                   bh, Tq, offset, scale, lo, hi, D: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr,
+                   bh, Tq, offset, window, scale, lo, hi, D: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr,
                    BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, HAS_RATE: tl.constexpr,
-                   HAS_SUM: tl.constexpr, MASKED: tl.constexpr, PRECISION: tl.constexpr):
+                   HAS_SUM: tl.constexpr, MASKED: tl.constexpr, WINDOWED: tl.constexpr, PRECISION: tl.constexpr):
     for mb in range(lo, hi):
         rows = mb * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = rows < Tq
@@ -172,7 +208,7 @@ def _bwd_key_tiles(dk, dv_acc, d_rate, d_sum, k, v, k_pos, k_rate, k_sum, cols, 
         s, dist = _logits(q, k, scale, q_pos, q_rate, q_sum, k_pos, k_rate, k_sum, HAS_RATE, HAS_SUM, PRECISION)
         probs = tl.exp(s - lse[:, None])
         if MASKED:
-            visible = (cols[None, :] <= rows[:, None] + offset) & col_ok[None, :] & row_ok[:, None]
+            visible = _visible(cols, col_ok, rows + offset, window, WINDOWED) & row_ok[:, None]
             probs = tl.where(visible, probs, 0.0)
         ds = probs * (tl.dot(do, tl.trans(v), input_precision=PRECISION) - delta[:, None])
         dv_acc += tl.dot(tl.trans(probs.to(do.dtype)), do, input_precision=PRECISION)
@@ -185,39 +221,60 @@ def _bwd_key_tiles(dk, dv_acc, d_rate, d_sum, k, v, k_pos, k_rate, k_sum, cols, 
 
 
 @triton.jit
-def _bwd_key(Q, K, V, QF, KF, DO, LSE, DELTA, DK, DV_OUT, DKF, scale, Tq, Tk, D: tl.constexpr, DV: tl.constexpr,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-             HAS_RATE: tl.constexpr, HAS_SUM: tl.constexpr, PRECISION: tl.constexpr):
+def _bwd_key(Q, K, V, QF, KF, DO, LSE, DELTA, DK, DV_OUT, DKF, scale, Tq, Tk, window, D: tl.constexpr,
+             DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+             BLOCK_DV: tl.constexpr, HAS_RATE: tl.constexpr, HAS_SUM: tl.constexpr, PRECISION: tl.constexpr,
+             GROUP: tl.constexpr, KF_GROUP: tl.constexpr, WINDOWED: tl.constexpr):
     kb = tl.program_id(0)
-    bh = tl.program_id(1)
+    bkv = tl.program_id(1)  # one key/value head: its GROUP query heads add their shares in turn (deterministic)
     offset = Tk - Tq
     cols = kb * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < Tk
-    k = load_tile(K, bh, Tk, cols, col_ok, D, BLOCK_D)
-    v = load_tile(V, bh, Tk, cols, col_ok, DV, BLOCK_DV)
-    k_pos, k_rate, k_sum = _load_features(KF, bh, Tk, cols, col_ok)
+    k = load_tile(K, bkv, Tk, cols, col_ok, D, BLOCK_D)
+    v = load_tile(V, bkv, Tk, cols, col_ok, DV, BLOCK_DV)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv_acc = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
-    d_rate = tl.zeros([BLOCK_N], tl.float32)
-    d_sum = tl.zeros([BLOCK_N], tl.float32)
     # query tiles: [first, full) straddle the diagonal, [full, complete) see the whole key tile, and
-    # [complete, last) is the ragged end of the queries (rows past Tq must be masked out)
+    # [complete, last) is the ragged end of the queries (rows past Tq must be masked out) and, with a window,
+    # the rows whose window starts inside this key tile; rows whose window ends before it are not visited
     first = tl.maximum(kb * BLOCK_N - offset, 0) // BLOCK_M
     last = tl.cdiv(Tq, BLOCK_M)
+    if WINDOWED:
+        last = tl.maximum(tl.minimum(last, tl.cdiv(tl.maximum(kb * BLOCK_N + BLOCK_N - 1 + window - offset, 0),
+                                                   BLOCK_M)), first)
     full = tl.minimum(tl.maximum(tl.cdiv(tl.maximum(kb * BLOCK_N + BLOCK_N - 1 - offset, 0), BLOCK_M), first), last)
     complete = tl.maximum(Tq // BLOCK_M, full)
-    dk, dv_acc, d_rate, d_sum = _bwd_key_tiles(dk, dv_acc, d_rate, d_sum, k, v, k_pos, k_rate, k_sum, cols, col_ok,
-                                               Q, DO, QF, LSE, DELTA, bh, Tq, offset, scale, first, full, D, DV,
-                                               BLOCK_D, BLOCK_DV, BLOCK_M, HAS_RATE, HAS_SUM, True, PRECISION)
-    dk, dv_acc, d_rate, d_sum = _bwd_key_tiles(dk, dv_acc, d_rate, d_sum, k, v, k_pos, k_rate, k_sum, cols, col_ok,
-                                               Q, DO, QF, LSE, DELTA, bh, Tq, offset, scale, full, complete, D, DV,
-                                               BLOCK_D, BLOCK_DV, BLOCK_M, HAS_RATE, HAS_SUM, False, PRECISION)
-    dk, dv_acc, d_rate, d_sum = _bwd_key_tiles(dk, dv_acc, d_rate, d_sum, k, v, k_pos, k_rate, k_sum, cols, col_ok,
-                                               Q, DO, QF, LSE, DELTA, bh, Tq, offset, scale, complete, last, D, DV,
-                                               BLOCK_D, BLOCK_DV, BLOCK_M, HAS_RATE, HAS_SUM, True, PRECISION)
-    store_tile(DK, dk * scale, bh, Tk, cols, col_ok, D, BLOCK_D)
-    store_tile(DV_OUT, dv_acc, bh, Tk, cols, col_ok, DV, BLOCK_DV)
-    _store_feature_grads(DKF, d_rate, d_sum, bh, Tk, cols, col_ok)
+    if WINDOWED:
+        complete = tl.maximum(tl.minimum(complete, tl.maximum(kb * BLOCK_N + window - offset, 0) // BLOCK_M), full)
+    # key features of the shared head (KF_GROUP = GROUP: their gradients sum the group) or of each query head
+    if KF_GROUP == GROUP:
+        k_pos, k_rate, k_sum = _load_features(KF, bkv, Tk, cols, col_ok)
+        d_rate = tl.zeros([BLOCK_N], tl.float32)
+        d_sum = tl.zeros([BLOCK_N], tl.float32)
+    for member in range(GROUP):
+        bh = bkv * GROUP + member
+        if KF_GROUP != GROUP:
+            k_pos, k_rate, k_sum = _load_features(KF, bh, Tk, cols, col_ok)
+            d_rate = tl.zeros([BLOCK_N], tl.float32)
+            d_sum = tl.zeros([BLOCK_N], tl.float32)
+        dk, dv_acc, d_rate, d_sum = _bwd_key_tiles(dk, dv_acc, d_rate, d_sum, k, v, k_pos, k_rate, k_sum, cols, col_ok,
+                                                   Q, DO, QF, LSE, DELTA, bh, Tq, offset, window, scale, first, full, D,
+                                                   DV, BLOCK_D, BLOCK_DV, BLOCK_M, HAS_RATE, HAS_SUM, True, WINDOWED,
+                                                   PRECISION)
+        dk, dv_acc, d_rate, d_sum = _bwd_key_tiles(dk, dv_acc, d_rate, d_sum, k, v, k_pos, k_rate, k_sum, cols, col_ok,
+                                                   Q, DO, QF, LSE, DELTA, bh, Tq, offset, window, scale, full, complete,
+                                                   D, DV, BLOCK_D, BLOCK_DV, BLOCK_M, HAS_RATE, HAS_SUM, False, WINDOWED,
+                                                   PRECISION)
+        dk, dv_acc, d_rate, d_sum = _bwd_key_tiles(dk, dv_acc, d_rate, d_sum, k, v, k_pos, k_rate, k_sum, cols, col_ok,
+                                                   Q, DO, QF, LSE, DELTA, bh, Tq, offset, window, scale, complete, last,
+                                                   D, DV, BLOCK_D, BLOCK_DV, BLOCK_M, HAS_RATE, HAS_SUM, True, WINDOWED,
+                                                   PRECISION)
+        if KF_GROUP != GROUP:
+            _store_feature_grads(DKF, d_rate, d_sum, bh, Tk, cols, col_ok)
+    store_tile(DK, dk * scale, bkv, Tk, cols, col_ok, D, BLOCK_D)
+    store_tile(DV_OUT, dv_acc, bkv, Tk, cols, col_ok, DV, BLOCK_DV)
+    if KF_GROUP == GROUP:
+        _store_feature_grads(DKF, d_rate, d_sum, bkv, Tk, cols, col_ok)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -232,39 +289,43 @@ def _precision(dtype: torch.dtype) -> str:
     return "ieee" if (INTERPRET or dtype == torch.float32) else "tf32"
 
 
-def _common(q, v, flags) -> dict:
+def _common(q, k, v, kf, flags, window: int) -> dict:
+    """Compile-time arguments: sizes, bias terms, GROUP = query heads per key/value head, KF_GROUP = query heads per
+    key-feature head (GROUP where the key features belong to the shared head, 1 where to each query head)."""
     has_rate, has_sum = flags
     return dict(D=q.shape[3], DV=v.shape[3], BLOCK_D=pow2(q.shape[3]), BLOCK_DV=pow2(v.shape[3]), HAS_RATE=bool(has_rate),
-                HAS_SUM=bool(has_sum), PRECISION=_precision(q.dtype))
+                HAS_SUM=bool(has_sum), PRECISION=_precision(q.dtype), GROUP=q.shape[1] // k.shape[1],
+                KF_GROUP=q.shape[1] // kf.shape[1], WINDOWED=window > 0)
 
 
-def triton_forward(q, k, v, qf, kf, scale: float, flags, config):
-    """(out in v's dtype, lse fp32 (B, H, Tq)). q, k, v in one dtype; qf (B, H, Tq, 3) and kf (B, H, Tk, 3)
-    fp32; all contiguous (the custom op makes sure: a compiler may hand it other strides)."""
+def triton_forward(q, k, v, qf, kf, scale: float, flags, config, window: int = 0):
+    """(out in v's dtype, lse fp32 (B, H, Tq)). q, k, v in one dtype; qf (B, H, Tq, 3) and kf (B, H or H_kv, Tk, 3)
+    fp32; all contiguous (the custom op makes sure: a compiler may hand it other strides). k, v (B, H_kv, Tk, ·);
+    window 0 = full causal."""
     B, H, Tq, D = q.shape
     Tk, DV = k.shape[2], v.shape[3]
     block_m, block_n, warps, stages = config[:4]
     out = torch.empty(B, H, Tq, DV, device=q.device, dtype=v.dtype)
     lse = torch.empty(B, H, Tq, device=q.device, dtype=torch.float32)
-    _fwd[(triton.cdiv(Tq, block_m), B * H)](q, k, v, qf, kf, out, lse, scale, Tq, Tk, BLOCK_M=block_m,
+    _fwd[(triton.cdiv(Tq, block_m), B * H)](q, k, v, qf, kf, out, lse, scale, Tq, Tk, window, BLOCK_M=block_m,
                                             BLOCK_N=block_n, num_warps=warps, num_stages=stages,
-                                            **_common(q, v, flags))
+                                            **_common(q, k, v, kf, flags, window))
     return out, lse
 
 
-def triton_backward(grad_out, q, k, v, qf, kf, out, lse, scale: float, flags, config):
+def triton_backward(grad_out, q, k, v, qf, kf, out, lse, scale: float, flags, config, window: int = 0):
     """(dq, dk, dv, dqf, dkf), each in its input's dtype (the kernels accumulate in fp32 and round once
-    when they store)."""
+    when they store); dk, dv (and dkf of shared key features) sum their group's query heads."""
     B, H, Tq, D = q.shape
     Tk, DV = k.shape[2], v.shape[3]
     short, long, warps, stages = config[4:8]
     delta = (grad_out.float() * out.float()).sum(-1)  # D_i = dO_i·O_i
     dq, dk, dv, dqf, dkf = (torch.empty_like(x) for x in (q, k, v, qf, kf))
-    common = dict(num_warps=warps, num_stages=stages, **_common(q, v, flags))
-    _bwd_query[(triton.cdiv(Tq, long), B * H)](q, k, v, qf, kf, grad_out, lse, delta, dq, dqf, scale, Tq, Tk,
+    common = dict(num_warps=warps, num_stages=stages, **_common(q, k, v, kf, flags, window))
+    _bwd_query[(triton.cdiv(Tq, long), B * H)](q, k, v, qf, kf, grad_out, lse, delta, dq, dqf, scale, Tq, Tk, window,
                                                BLOCK_M=long, BLOCK_N=short, **common)
-    _bwd_key[(triton.cdiv(Tk, long), B * H)](q, k, v, qf, kf, grad_out, lse, delta, dk, dv, dkf, scale, Tq, Tk,
-                                             BLOCK_M=short, BLOCK_N=long, **common)
+    _bwd_key[(triton.cdiv(Tk, long), B * k.shape[1])](q, k, v, qf, kf, grad_out, lse, delta, dk, dv, dkf, scale, Tq,
+                                                      Tk, window, BLOCK_M=short, BLOCK_N=long, **common)
     return dq, dk, dv, dqf, dkf
 
 

@@ -108,6 +108,19 @@ def key_tile_range(first_row, Tq, Tk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constex
 
 
 @triton.jit
+def window_tile_range(first_row, Tq, Tk, window, n_full, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """With a sliding window (a query at t sees keys t - window + 1 ... t), for the query tile starting at row
+    first_row: the first key tile lo any of its rows sees and the first key tile lo_full that all of them see
+    whole on the window's side, clamped to [lo, n_full] (n_full from key_tile_range). Tiles left of lo are
+    skipped; [lo, lo_full) need the window mask."""
+    first_t = Tk - Tq + first_row
+    last_t = tl.minimum(first_t + BLOCK_M - 1, Tk - 1)
+    lo = tl.maximum(first_t - window + 1, 0) // BLOCK_N
+    lo_full = tl.cdiv(tl.maximum(last_t - window + 1, 0), BLOCK_N)
+    return lo, tl.minimum(tl.maximum(lo_full, lo), n_full)
+
+
+@triton.jit
 def online_softmax(acc, m_i, l_i, s, v, PRECISION: tl.constexpr, BASE2: tl.constexpr):
     """FlashAttention's running softmax over one key tile of logits s (natural units, or log2 units when
     BASE2): the new row maxima, row sums and output accumulator."""

@@ -15,6 +15,10 @@
 3. The bf16 lifted columns through FlashAttention (forced with sdpa_kernel) against fp32 at T = 4096.
 4. Whole models in bf16 autocast: attn_backend="auto" (and "lifted" for the separable encodings)
    against "dense" (logits), and KV-cache decoding against the full forward.
+5. Both Triton kernel families in bf16 with grouped-query keys (4 query heads per key head, multi-query) and a
+   sliding window, Tq < Tk, against fp64 with the keys repeated per group and the window's mask: out/dq/dk/dv
+   against bf16 SDPA's own error on the repeated keys (its dk, dv summed over each group), the path and feature
+   gradients relative to their size within 4x of the kernel's worst of dq/dk/dv.
 Prints one line per check and writes a markdown table; exits 1 if any check fails.
 """
 from __future__ import annotations
@@ -201,6 +205,79 @@ def check_tile_kernel(device, deadline):
             record(f"{name} {str(low_dtype)[6:]} {part}", errors[i], limit, f"(max |ref| {sizes[i]:.2e})")
 
 
+def check_grouped_window(device, deadline):
+    from kernels.separable import separable_attention
+    g = torch.Generator().manual_seed(2)
+    # (B, H, H_kv, Tq, Tk, D, window)
+    shapes = [(1, 8, 2, 4096, 4096, 128, 1000), (2, 4, 1, 777, 2100, 64, 700)]
+    low_dtype = torch.bfloat16
+    if SMOKE:
+        shapes, low_dtype = [(1, 4, 2, 21, 37, 16, 9)], torch.float16
+    for B, H, Hkv, Tq, Tk, D, window in shapes:
+        name = f"B{B} H{H} kv{Hkv} Tq{Tq} Tk{Tk} D{D} window{window}"
+        if time.monotonic() > deadline:
+            record(f"grouped + window {name}", float("nan"), 0.0, "not run: time budget spent")
+            continue
+        q = torch.randn(B, H, Tq, D, generator=g)
+        k, v = (torch.randn(B, Hkv, Tk, D, generator=g) for _ in range(2))
+        q, k = F.normalize(q, dim=-1) * math.sqrt(D), F.normalize(k, dim=-1) * math.sqrt(D)
+        low = [x.to(device=device, dtype=low_dtype) for x in (q, k, v)]
+        t = torch.arange(Tk - Tq, Tk, device=device)[:, None]
+        j = torch.arange(Tk, device=device)[None, :]
+        mask = (j <= t) & (j > t - window)
+        scale = 1 / math.sqrt(D)
+        grad_out = torch.randn(B, H, Tq, D, generator=g).to(device)
+
+        def repeat(x):
+            return x.repeat_interleave(H // x.shape[1], dim=1)
+
+        def attend(q, k, v, bias):
+            logits = (scale * q @ repeat(k).transpose(-1, -2) + bias).masked_fill(~mask, float("-inf"))
+            return torch.softmax(logits, -1) @ repeat(v)
+        # bf16 SDPA on the repeated keys, its dk, dv summed over each group: the floor of grouped bf16 attention
+        sdpa = grads_of(lambda a, b, c: F.scaled_dot_product_attention(a, repeat(b), repeat(c), attn_mask=mask,
+                                                                       scale=scale), low, grad_out)
+        exact = grads_of(lambda a, b, c: attend(a, b, c, 0.0), [x.double() for x in low], grad_out.double())
+        floors = [(s_.double() - e).abs().max().item() for s_, e in zip(sdpa, exact)]
+        p = (3 * torch.randn(B, H, Tq, 8, generator=g) / 8).to(device)
+        r = torch.randn(B, Hkv, Tk, 8, generator=g)
+        r = (r * torch.rsqrt(r.pow(2).mean(-1, keepdim=True))).to(device)
+        slopes = torch.tensor([2.0 ** (-8.0 * (h + 1) / H) for h in range(H)], device=device)
+        pos = torch.arange(Tk, dtype=torch.float32)
+        sums = F.logsigmoid(torch.randn(B, H, Tk, generator=g) + 2.0).cumsum(-1)  # FoX: a gate per query head
+        kf = torch.stack((pos.expand(B, H, Tk), 0.05 * torch.rand(B, H, Tk, generator=g), sums), -1).to(device)
+        qf = torch.stack((pos[Tk - Tq:].expand(B, H, Tq), 0.05 * torch.rand(B, H, Tq, generator=g),
+                          sums[..., Tk - Tq:]), -1).to(device)
+
+        def grape_ap_reference(q, k, v, p, r):
+            psi = slopes.double()[:, None, None] * F.logsigmoid(p @ repeat(r).transpose(-1, -2))
+            psi = psi.masked_fill(j > t, 0.0)
+            bias = psi.flip(-1).cumsum(-1).flip(-1) - psi  # Σ_{ℓ>j} ψ
+            return attend(q, k, v, bias)
+
+        def separable_reference(q, k, v, qf, kf):
+            bias = -(qf[..., 0, None] - kf[..., None, :, 0]) * (qf[..., 1, None] + kf[..., None, :, 1])
+            return attend(q, k, v, bias + qf[..., 2, None] - kf[..., None, :, 2])
+        for family, fn, reference, extra, names in (
+                ("grape_ap", lambda *a: grape_ap_triton(*a, slopes, scale, window=window), grape_ap_reference,
+                 [p, r], ["dp", "dr"]),
+                ("tile", lambda *a: separable_attention(*a, scale, has_rate=True, has_sum=True, window=window),
+                 separable_reference, [qf, kf], ["d query features", "d key features"])):
+            ref = grads_of(reference, [x.double() for x in low + extra], grad_out.double())
+            got = grads_of(fn, low + extra, grad_out)
+            if family == "tile":  # positions take no gradient
+                got[4], got[5], ref[4], ref[5] = got[4][..., 1:], got[5][..., 1:], ref[4][..., 1:], ref[5][..., 1:]
+            errors = [(got[i].double() - ref[i]).abs().max().item() for i in range(6)]
+            sizes = [ref[i].abs().max().item() for i in range(6)]
+            attention_rel = max(errors[i] / max(sizes[i], 1e-30) for i in (1, 2, 3))
+            for i, part in enumerate(["out", "dq", "dk", "dv"] + names):
+                # (the tile kernel's query-side running-sum gradient is a row sum of dS: zero up to rounding)
+                size = max(sizes[i], sizes[5]) if family == "tile" else sizes[i]
+                limit = 3 * floors[i] + 1e-3 * sizes[i] if i < 4 else 4 * attention_rel * size + 1e-6
+                record(f"triton {family} {str(low_dtype)[6:]} {name} {part}", errors[i], limit,
+                       f"(max |ref| {sizes[i]:.2e})")
+
+
 def check_lift_flash(device, deadline):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     T, H, D, C = (256, 2, 16, 32) if SMOKE else (4096, 4, 128, 256)
@@ -269,7 +346,8 @@ def main():
     device = torch.device("cpu" if SMOKE else "cuda")
     start = time.monotonic()
     deadline = start + args.seconds
-    for check in (check_triton_kernel, check_decode, check_tile_kernel, check_lift_flash, check_models):
+    for check in (check_triton_kernel, check_decode, check_tile_kernel, check_lift_flash, check_models,
+                  check_grouped_window):
         begun = time.monotonic()
         try:
             check(device, deadline)

@@ -2,7 +2,8 @@
 # Everything that needs a GPU, in one call with a hard time limit (default 300 s on an H200):
 #   1. correctness (<= 60 s): the bf16 Triton kernels (GRAPE-AP and the in-tile separable bias) against
 #      fp64 (values and all gradients, Tq < Tk, decode, T = 4096), the bf16 lifted columns through
-#      FlashAttention, whole models in bf16 (auto / lifted vs dense, KV-cache decoding)  -> docs/gpu_check.md
+#      FlashAttention, whole models in bf16 (auto / lifted vs dense, KV-cache decoding), both kernel families
+#      with grouped-query keys and a sliding window                                 -> docs/gpu_check.md
 #   2. GRAPE-AP beside causal SDPA, plain attention built the same way (the separable Triton kernel without a
 #      bias) and the stick-breaking kernel (when installed: see scripts/bench_path_kernels.py), B1 and B4 at
 #      T = 4096 and 8192: the measured GRAPE-AP / SDPA beside the static prediction of docs/kernel_resources.json

@@ -64,7 +64,7 @@ SEPARABLE_POINTERS = {"Q", "K", "V", "OUT", "DO", "DQ", "DK", "DV_OUT"}
 INPUT_DTYPE_POINTERS = {"separable": SEPARABLE_POINTERS, "plain": SEPARABLE_POINTERS,
                         "grape_ap": {"Q", "K", "V", "OUT", "DO"}}
 FLOAT_SCALARS = {"scale", "qk_scale"}
-INT_SCALARS = {"Tq", "Tk", "H", "N_KTILES", "PASS_ROWS", "first_row", "end_row"}
+INT_SCALARS = {"Tq", "Tk", "H", "window", "N_KTILES", "PASS_ROWS", "first_row", "end_row"}
 VERSION = tuple(int(part) for part in re.findall(r"\d+", triton.__version__)[:2])
 
 
@@ -228,22 +228,23 @@ def loop_cost(body: list[str], warps: int, elements: int) -> dict:
 # --------------------------------------------------------------------------------------------------
 
 
-def kernels_of(family: str, config, head_dim: int, dtype: str) -> list[tuple]:
-    """(name, kernel, constexprs, warps, stages, elements per loop iteration) of one family's kernels."""
+def kernels_of(family: str, config, head_dim: int, dtype: str, windowed: bool = False) -> list[tuple]:
+    """(name, kernel, constexprs, warps, stages, elements per loop iteration) of one family's kernels, multi-head
+    (one query head per key/value head), with a sliding window where windowed."""
     if family in ("separable", "plain"):  # plain: the same kernel without a bias, FlashAttention built alike
         fm, fn, fw, fs, short, long, bw, bs = config
         biased = family == "separable"
         common = dict(D=head_dim, DV=head_dim, BLOCK_D=head_dim, BLOCK_DV=head_dim, HAS_RATE=biased, HAS_SUM=biased,
-                      PRECISION="tf32" if dtype != "fp32" else "ieee")
+                      PRECISION="tf32" if dtype != "fp32" else "ieee", GROUP=1, KF_GROUP=1, WINDOWED=windowed)
         return [("_fwd", separable_triton._fwd, dict(common, BLOCK_M=fm, BLOCK_N=fn), fw, fs, fm * fn),
                 ("_bwd_query", separable_triton._bwd_query, dict(common, BLOCK_M=long, BLOCK_N=short), bw, bs,
                  long * short),
                 ("_bwd_key", separable_triton._bwd_key, dict(common, BLOCK_M=short, BLOCK_N=long), bw, bs, long * short)]
-    return grape_ap_triton.kernel_builds(head_dim, head_dim, 8, TORCH_DTYPES[dtype], config)
+    return grape_ap_triton.kernel_builds(head_dim, head_dim, 8, TORCH_DTYPES[dtype], config, windowed=windowed)
 
 
-def measure_one(family, config, head_dim, dtype, arch, index) -> dict:
-    _, kernel, constexprs, warps, stages, elements = kernels_of(family, config, head_dim, dtype)[index]
+def measure_one(family, config, head_dim, dtype, arch, index, windowed=False) -> dict:
+    _, kernel, constexprs, warps, stages, elements = kernels_of(family, config, head_dim, dtype, windowed)[index]
     row = {}
     try:
         compiled = compile_kernel(kernel, family, dtype, constexprs, warps, stages, arch)
@@ -262,18 +263,19 @@ def measure_one(family, config, head_dim, dtype, arch, index) -> dict:
     return row
 
 
-def measure(family, config, head_dim, dtype, arch) -> list[dict]:
+def measure(family, config, head_dim, dtype, arch, windowed=False) -> list[dict]:
     """Each kernel compiled in a child process of its own: some Triton versions abort the whole process on
     a kernel they cannot build (a failed C++ assertion), which must not end the table."""
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
     from multiprocessing import get_context
     rows = []
-    for index, (name, _, _, warps, _, _) in enumerate(kernels_of(family, config, head_dim, dtype)):
-        row = dict(family=family, kernel=name, config=tuple(config), head_dim=head_dim, dtype=dtype, warps=warps)
+    for index, (name, _, sizes, warps, _, _) in enumerate(kernels_of(family, config, head_dim, dtype, windowed)):
+        row = dict(family=family, kernel=name, config=tuple(config), head_dim=head_dim, dtype=dtype, warps=warps,
+                   windowed=windowed, tile=(sizes["BLOCK_M"], sizes["BLOCK_N"]), ratio=sizes.get("RATIO", 1))
         with ProcessPoolExecutor(1, mp_context=get_context("fork")) as pool:
             try:
-                row.update(pool.submit(measure_one, family, config, head_dim, dtype, arch, index).result())
+                row.update(pool.submit(measure_one, family, config, head_dim, dtype, arch, index, windowed).result())
             except BrokenProcessPool:
                 row["error"] = "the compiler aborted the process (a failed assertion in Triton's C++ passes)"
         rows.append(row)
@@ -315,7 +317,79 @@ def predictions(rows) -> dict:
     return out
 
 
+def tile_counts(T: int, window: int | None, block_m: int, block_n: int, ratio: int = 1, path: bool = False
+                ) -> tuple[int, int]:
+    """(unmasked, masked) tiles of BLOCK_M queries x BLOCK_N keys that attention over T tokens visits: a tile is
+    visited when any query in it sees any key in it (keys t - window + 1 ... t, or 0 ... t without a window) and
+    unmasked when every query sees every key, as the kernels' loop bounds choose them (the query-major loops by
+    key_tile_range and window_tile_range, the key-major ones by their query-tile range). ratio: the GRAPE-AP
+    query-major kernel ends at the right edge of a key-major tile (ratio of its own). path: the GRAPE-AP
+    key-major kernel's unmasked tiles also need every ψ of the tile in each row's path sum (keys from
+    t - window + 2)."""
+    unmasked = masked = 0
+    for first_t in range(0, T, block_m):
+        last_t = min(first_t + block_m - 1, T - 1)
+        n_full, end = (first_t + 1) // block_n, last_t // block_n + 1
+        lo = lo_full = 0
+        if window:
+            lo = max(first_t - window + 1, 0) // block_n
+            lo_full = min(max(-(-max(last_t - window + 1 + path, 0) // block_n), lo), n_full)
+        end = -(-end // ratio) * ratio
+        unmasked += n_full - lo_full
+        masked += end - n_full + lo_full - lo
+    return unmasked, masked
+
+
+def window_costs(rows, window: int, T: int = PREDICT_T) -> dict:
+    """{(head_dim, dtype): {family: (forward tiles window / full, predicted cycles forward + backward window /
+    full)}}: each kernel's tiles at its interior loop's cycles per element (unmasked) or its masked loop's, the
+    full-attention builds for full attention and the windowed builds for the window."""
+    built = {(r["family"], r["kernel"], r["head_dim"], r["dtype"], r["windowed"]): r for r in rows if "interior" in r}
+    out = {}
+    for (family, kernel, head_dim, dtype, windowed), row in built.items():
+        if windowed or (family, kernel, head_dim, dtype, True) not in built:
+            continue
+        totals = out.setdefault((head_dim, dtype), {}).setdefault(family, dict(tiles=[0, 0], cycles=[0.0, 0.0]))
+        block_m, block_n = row["tile"]
+        path = family == "grape_ap" and kernel == "_bwd_key"
+        for slot, (w, build) in enumerate(((None, row), (window, built[family, kernel, head_dim, dtype, True]))):
+            unmasked, masked = tile_counts(T, w, block_m, block_n, row["ratio"], path)
+            if kernel == "_fwd":
+                totals["tiles"][slot] = unmasked + masked
+            totals["cycles"][slot] += block_m * block_n * (unmasked * build["interior"]["cycles"]
+                                                           + masked * build["diagonal"]["cycles"])
+    return {key: {family: (t["tiles"][1] / t["tiles"][0], t["cycles"][1] / t["cycles"][0])
+                  for family, t in families.items() if len(rows) and t["tiles"][0]}
+            for key, families in out.items()}
+
+
+def window_section(rows, window: int, T: int = PREDICT_T) -> list[str]:
+    visible = (T * window - window * (window - 1) / 2) / (T * (T + 1) / 2)
+    lines = ["", f"## A sliding window of {window:,} keys at T = {T:,}, over full causal attention", "",
+             f"Each kernel built with the window (`WINDOWED`) and without; tiles wholly outside every row's window "
+             f"are skipped by the loop bounds, the tiles across the window's edge take the mask. Predicted cycles: "
+             f"each kernel's unmasked tiles at its interior loop's cycles per element, masked tiles at its masked "
+             f"loop's (the costliest loop), summed over forward and backward kernels (B = 1, one head, T = {T:,}; "
+             f"GRAPE-AP's query-major backward ends at a key-major tile's edge). The keys a query sees: "
+             f"{visible:.3f} of full attention's score elements.", "",
+             "| head dim | dtype | family | forward score tiles, window / full | predicted cycles fwd + bwd, window "
+             "/ full | windowed builds (registers, stack per kernel) |", "|---|---|---|---|---|---|"]
+    costs = window_costs(rows, window, T)
+    resources = {}
+    for r in rows:
+        if r.get("windowed"):
+            resources.setdefault((r["head_dim"], r["dtype"], r["family"]), []).append(
+                f"`{r['kernel']}` " + (f"{r['registers']}, {r['stack']} B" if "error" not in r else "fails"))
+    for (head_dim, dtype), families in costs.items():
+        for family, (tiles, cycles) in families.items():
+            lines.append(f"| {head_dim} | {dtype} | {family} | {tiles:.3f} | **{cycles:.3f}** | "
+                         f"{'; '.join(resources.get((head_dim, dtype, family), []))} |")
+    return lines
+
+
 def tables(rows, args, command) -> list[str]:
+    windowed_rows = rows
+    rows = [r for r in rows if not r.get("windowed")]
     lines = [f"# Triton kernel resources and static cost (sm_{args.arch}, compiled without a GPU)", "",
              f"`{command}`, triton {triton.__version__}. Everything here is a prediction from the machine code; "
              "`bash scripts/gpu_check.sh` measures the ratios on a GPU. Registers and stack per thread from "
@@ -375,12 +449,15 @@ def tables(rows, args, command) -> list[str]:
         floor = 7 * head_dim * elements / (TENSOR_MACS_PER_CLOCK * SMS * CLOCK_HZ) * 1e3
         lines.append(f"| {head_dim} | {dtype} | {ms['grape_ap']:.2f} | {ms['separable']:.2f} | {ms['plain']:.2f} | "
                      f"{floor:.2f} | {ms['grape_ap'] / ms['plain']:.2f}x |")
+    if args.window:
+        lines += window_section(windowed_rows, args.window)
     return lines
 
 
 def prediction_record(rows) -> dict:
     """What scripts/bench_path_kernels.py reads: per head dim and dtype, each family's predicted cycles per score
     element forward + backward."""
+    rows = [r for r in rows if not r.get("windowed")]
     return {f"{head_dim},{dtype}": {family: sums[family]["cycles"] for family in FAMILIES}
             for (head_dim, dtype), passes in predictions(rows).items()
             for label, sums in passes.items() if label == "forward + backward"}
@@ -398,6 +475,9 @@ def main(argv=None):
     ap.add_argument("--families", default=",".join(FAMILIES),
                     help="comma-separated: grape_ap, separable, plain (the separable kernel with no bias)")
     ap.add_argument("--brief", action="store_true", help="one line per kernel: builds or not, registers, stack")
+    ap.add_argument("--window", type=int, default=1024,
+                    help=f"also build every kernel with a sliding window and predict its cost at T = {PREDICT_T} over "
+                         "full attention (0: skip)")
     ap.add_argument("--out", default=None, help="also write the tables to this markdown file")
     args = ap.parse_args(argv)
     rows = []
@@ -411,11 +491,12 @@ def main(argv=None):
                 if family not in args.families.split(","):
                     continue
                 for config in configs:
-                    for row in measure(family, config, head_dim, dtype, args.arch):
-                        rows.append(row)
-                        cost = f" | {row['interior']['total']:.2f} instructions/element" if "interior" in row else ""
-                        print(f"triton {triton.__version__} | {family} {row['kernel']} D{head_dim} {dtype} | "
-                              f"{resource_text(row)}{'' if args.brief else cost}", flush=True)
+                    for windowed in (False, True) if args.window else (False,):
+                        for row in measure(family, config, head_dim, dtype, args.arch, windowed):
+                            rows.append(row)
+                            cost = f" | {row['interior']['total']:.2f} instructions/element" if "interior" in row else ""
+                            print(f"triton {triton.__version__} | {family} {row['kernel']}{' windowed' * windowed} "
+                                  f"D{head_dim} {dtype} | {resource_text(row)}{'' if args.brief else cost}", flush=True)
     failed = sum("error" in r for r in rows)
     spilled = sum(r.get("stack", 0) > 0 for r in rows)
     print(f"triton {triton.__version__}: {len(rows) - failed} of {len(rows)} kernels build, {spilled} spill")

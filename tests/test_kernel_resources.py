@@ -66,3 +66,37 @@ def test_sass_loops_are_backward_branches():
         /*0040*/                   EXIT ;
     """
     assert kernel_resources.sass_loops(sass) == [["MUFU.EX2 R2, R3", "FADD R2, R2, R2", "@P0 BRA 0x10"]]
+
+
+def test_window_tile_counts_by_hand_at_8192():
+    # 128 query tiles of 64 rows over 128 key tiles of 64: full causal attention visits the 128·129/2 = 8,256 tiles
+    # on and below the diagonal, 128 of them masked (the diagonal). A window of 1,024 keys: query tile m sees key
+    # tiles m - 16 ... m (its first row's window starts at 64m - 1023, inside tile m - 16), m + 1 of them for
+    # m < 16: 136 + 112·17 = 2,040 tiles, masked the 128 diagonal ones and the 112 cut by the window's start.
+    assert kernel_resources.tile_counts(8192, None, 64, 64) == (8256 - 128, 128)
+    assert kernel_resources.tile_counts(8192, 1024, 64, 64) == (2040 - 240, 240)
+    # GRAPE-AP's key-major kernel also masks the tiles that hold a row's window start (its ψ is in no bias): the last
+    # row of query tile m, t = 64m + 63, starts its window at 64(m - 15), the first key of tile m - 15, for the 113
+    # query tiles m = 15 ... 127
+    assert kernel_resources.tile_counts(8192, 1024, 64, 64, path=True) == (2040 - 240 - 113, 240 + 113)
+
+
+def test_window_tile_counts_match_the_tile_geometry():
+    # Visited: some query of the tile sees some key of it; unmasked: every query sees every key (and, with path,
+    # every ψ of the tile is in the row's path sum: keys from t - window + 2). Brute force over small shapes.
+    def brute(T, window, block_m, block_n, path):
+        unmasked = masked = 0
+        for q0 in range(0, T, block_m):
+            for k0 in range(0, T, block_n):
+                pairs = [(t, j) for t in range(q0, min(q0 + block_m, T)) for j in range(k0, min(k0 + block_n, T))]
+                sees = [j <= t and (window is None or j > t - window) for t, j in pairs]
+                whole = [j <= t and (window is None or j > t - window + path) for t, j in pairs]
+                if any(sees):
+                    unmasked, masked = (unmasked + 1, masked) if all(whole) else (unmasked, masked + 1)
+        return unmasked, masked
+    for T in (37, 64):
+        for window in (None, 1, 2, 15, 16, 17, 40, 100):
+            for block_m, block_n in ((16, 16), (32, 16), (16, 32)):
+                for path in (False, True):
+                    assert kernel_resources.tile_counts(T, window, block_m, block_n, path=path) == \
+                        brute(T, window, block_m, block_n, path), (T, window, block_m, block_n, path)
