@@ -101,7 +101,7 @@ def parse_lengths(text):
             lengths.append((float(item[:-1]), None))
         else:
             lengths.append((None, int(item)))
-    if not lengths or any((f or n) <= 0 for f, n in lengths):
+    if not lengths or any((n if f is None else f) <= 0 for f, n in lengths):  # (0x is a factor of 0)
         raise ValueError("no lengths, or one that is not positive")
     return lengths
 

@@ -288,8 +288,9 @@ def patch_mutmut(state: dict) -> None:
                   + ", ".join(failed), flush=True)
             for function, reaching in mutmut_state().tests_by_mangled_function_name.items():
                 reaching.difference_update(failed)
+            left_out = sorted(set(left_out_tests()) | set(failed))  # read before "w" empties the file
             with open(LEFT_OUT, "w") as f:
-                json.dump(sorted(set(left_out_tests()) | set(failed)), f)
+                json.dump(left_out, f)
         added = 0
         for path in glob.glob(os.path.join(HITS, "*.json")):
             with open(path) as f:

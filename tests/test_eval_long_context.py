@@ -484,3 +484,16 @@ limit = 4
         in markdown
     assert "| rope | RULER | " in markdown and "(1 of 13)" in markdown
     assert (tmp_path / "out" / "long_context.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_lengths_are_factors_of_the_training_context_rounded_to_the_nearest_token_or_token_counts():
+    from eval.long_context import parse_lengths, resolve_lengths
+    assert parse_lengths(" 0.7x, 1x,2x ,8192,") == [(0.7, None), (1.0, None), (2.0, None), (None, 8192)]
+    # 0.7 x 1024 = 716.8: 717 tokens, not 716; a factor and a count naming the same length are one length
+    assert resolve_lengths(parse_lengths("0.7x,1x,2x,8192,1024"), 1024) == [717, 1024, 2048, 8192]
+    assert resolve_lengths(parse_lengths("1.5x,0.3x"), 1000) == [300, 1500]
+    assert resolve_lengths(parse_lengths("0.26x"), 100) == [26]  # 26.000000000000004
+    assert resolve_lengths(parse_lengths("0.999x"), 1000) == [999]
+    for bad in ("", " , ", "0x", "-1x", "0", "-4096"):
+        with pytest.raises(ValueError, match="not positive"):
+            parse_lengths(bad)
