@@ -497,3 +497,23 @@ def test_lengths_are_factors_of_the_training_context_rounded_to_the_nearest_toke
     for bad in ("", " , ", "0x", "-1x", "0", "-4096"):
         with pytest.raises(ValueError, match="not positive"):
             parse_lengths(bad)
+
+
+def test_length_probes_leave_every_random_generator_as_they_found_it():
+    # too_short builds a sample to measure it; lm-eval's documents drawn after it must be those drawn without it
+    import random
+
+    import numpy as np
+    from lm_eval.tasks.ruler import cwe_utils
+
+    from eval.long_context_tasks import too_short
+
+    def words(text, add_special_tokens=False):
+        return SimpleNamespace(input_ids=text.split())
+    random.seed(3), np.random.seed(3), cwe_utils.RNG.seed(3)
+    states = random.getstate(), np.random.get_state()[1].copy(), cwe_utils.RNG.getstate()
+    for task in ("ruler_vt", "ruler_cwe", "ruler_fwe", "niah_single_1"):
+        too_short(task, 4096, words)
+        assert random.getstate() == states[0], task
+        assert np.array_equal(np.random.get_state()[1], states[1]), task
+        assert cwe_utils.RNG.getstate() == states[2], task
