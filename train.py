@@ -25,6 +25,7 @@ import dataclasses
 import functools
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -37,10 +38,12 @@ if __name__ == "__main__":  # a Ctrl-C while torch and the rest import (seconds)
 import torch
 import torch.distributed as dist
 
+from checkpoints import unreferenced_shard_directories
 from config import ConfigError, TrainConfig, describe_keys, resolve
 from data.prefetch import DamagedBatch
 from data.shards import DataError
 from hf.init_from import initial_state
+from lm_loss import describe_loss, resolve_loss
 from training.checkpointing import (FIXED_FOR_A_RUN, TRAJECTORY_KEYS, Checkpointer, check_resume_compatible,
                                     load_checkpoint, restore)
 from training.distributed import Distributed, is_collective_failure
@@ -136,14 +139,21 @@ def accumulation_steps(cfg: TrainConfig, ddp: Distributed, resumed: bool) -> int
 
 
 def precision(cfg: TrainConfig, device: torch.device):
-    """(whether the forward pass runs under bf16 autocast, a factory of its context manager)."""
+    """(whether the run computes in bf16, a factory of the forward pass's context manager: bf16 autocast, or
+    nothing for fp32 and for FSDP's bf16 parameters, which compute in bf16 without it)."""
     use_bf16 = cfg.dtype == "bf16" or (cfg.dtype == "auto" and device.type == "cuda")
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     else:
         torch.set_flush_denormal(True)  # decaying attention makes denormals, which are slow on CPUs
-    return use_bf16, (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if use_bf16 else contextlib.nullcontext
+    autocast = use_bf16 and not bf16_parameters(cfg, use_bf16)
+    return use_bf16, (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if autocast else contextlib.nullcontext
+
+
+def bf16_parameters(cfg: TrainConfig, use_bf16: bool) -> bool:
+    """Whether FSDP gathers and computes the weight matrices in bf16 (its mixed-precision policy)."""
+    return use_bf16 and cfg.parallel == "fsdp" and cfg.fsdp_bf16 == "params"
 
 
 def training_data(cfg: TrainConfig, vocab_size: int, block_size: int, ddp: Distributed):
@@ -229,15 +239,25 @@ def free_memory_gb(device: torch.device) -> float | None:
 
 
 def build_model(model_cfg, cfg: TrainConfig, ddp: Distributed, ckpt: dict | None, init_state: dict | None,
-                grad_accum: int):
+                grad_accum: int, use_bf16: bool = False):
     """(model, optimizer, the step to start from, the divergence monitor), restored from ckpt on a resume, or
-    starting from init_state's weights. The seed is the same on every process, so every replica starts equal."""
+    starting from init_state's weights. The seed is the same on every process, so every replica starts equal
+    (under FSDP each process then keeps its shard)."""
     from model import GPT
     torch.manual_seed(cfg.seed)
     raw_model = GPT(model_cfg).to(ddp.device)
     if init_state is not None:
         raw_model.load_state_dict(init_state)
         ddp.say(f"initialised the weights from {cfg.init_from}")
+    try:
+        raw_model.loss_impl = resolve_loss(cfg.loss, ddp.device)
+    except ValueError as error:
+        raise ConfigError(f"train.{error}.") from None
+    raw_model.loss_chunk_tokens = cfg.loss_chunk_tokens
+    raw_model.set_activation_checkpointing(cfg.activation_checkpointing, cfg.activation_checkpointing_every)
+    if ddp.sharded:
+        ddp.shard(raw_model, bf16_params=bf16_parameters(cfg, use_bf16),
+                  reshard_after_forward=cfg.fsdp_reshard_after_forward, compile_blocks=cfg.compile)
     optimizer = make_optimizer(raw_model, cfg, ddp.device)
     step = resume_from(ckpt, raw_model, optimizer, cfg, ddp, grad_accum) if ckpt else 0
     monitor = DivergenceMonitor(model_cfg.vocab_size, cfg.spike_factor, ckpt.get("divergence") if ckpt else None)
@@ -245,8 +265,9 @@ def build_model(model_cfg, cfg: TrainConfig, ddp: Distributed, ckpt: dict | None
 
 
 def resume_from(ckpt: dict, model, optimizer, cfg: TrainConfig, ddp: Distributed, grad_accum: int) -> int:
-    step = restore(ckpt, model, optimizer, cfg, ddp.device)
-    ddp.say(f"resuming {os.path.join(cfg.out_dir, 'ckpt.pt')} at iteration {step} (saved by code "
+    path = os.path.join(cfg.out_dir, "ckpt.pt")
+    step = restore(ckpt, model, optimizer, cfg, ddp.device, ddp, path)
+    ddp.say(f"resuming {path} at iteration {step} ({'sharded, ' if 'shards' in ckpt else ''}saved by code "
             f"{ckpt.get('code_version', 'unknown')})")
     saved_world = ckpt.get("world_size", ddp.world_size)
     if saved_world != ddp.world_size:
@@ -284,6 +305,13 @@ def open_run_directory(cfg: TrainConfig, resolved: dict, step: int, resumed: boo
         if os.path.exists(partial):  # a checkpoint write that a kill cut short; ckpt.pt itself is whole
             os.remove(partial)
             ddp.say(f"note: removed {partial}, a checkpoint write cut short by an earlier kill (ckpt.pt is intact).")
+        stale = unreferenced_shard_directories(cfg.out_dir)
+        for directory in stale:  # sharded writes that a kill cut short before ckpt.pt named them
+            shutil.rmtree(directory, ignore_errors=True)
+        if stale:
+            ddp.say(f"note: removed {len(stale)} sharded checkpoint director{'y' if len(stale) == 1 else 'ies'} that "
+                    f"ckpt.pt does not name ({', '.join(os.path.basename(d) for d in stale)}): writes cut short by an "
+                    "earlier kill; the checkpoint is intact.")
         if resumed:
             if trim_metrics(metrics_path, step):
                 ddp.say(f"note: dropped the lines of {metrics_path} that were not records (binary garbage or lines "
@@ -309,8 +337,15 @@ def open_run_directory(cfg: TrainConfig, resolved: dict, step: int, resumed: boo
 def describe(raw_model, cfg: TrainConfig, ddp: Distributed, use_bf16: bool, grad_accum: int, data_dir: str,
              tokenizer_name: str) -> None:
     model_cfg, scale = raw_model.config, cfg.loss_scale
+    precision_name = ("bf16 weight matrices (fp32 reduction)" if bf16_parameters(cfg, use_bf16) else
+                      "bf16 autocast" if use_bf16 else "fp32")
+    checkpointed = len(raw_model.checkpointed_blocks)
     ddp.say(f"model: {raw_model.num_params() / 1e6:.2f}M parameters, pos={model_cfg.pos}, kv_shift={model_cfg.kv_shift} | "
-            f"{ddp.world_size} process(es) on {ddp.device.type}, {'bf16 autocast' if use_bf16 else 'fp32'}, "
+            f"{ddp.world_size} process(es) on {ddp.device.type}, "
+            f"{'FSDP (sharded)' if ddp.sharded else 'DDP' if ddp.world_size > 1 else 'one replica'}, {precision_name}, "
+            f"loss {describe_loss(raw_model.loss_impl, raw_model.loss_chunk_tokens)}, "
+            + (f"activation checkpointing on {checkpointed} of {model_cfg.n_layer} blocks, " if checkpointed else "")
+            + 
             f"batch {cfg.global_batch_size} x {model_cfg.block_size} tokens = {cfg.batch_size} x {grad_accum} accum x "
             f"{ddp.world_size} | {cfg.sampler} sampler, seed {cfg.seed}"
             + (f", gradient {scale} x the mean (grad_scale official)" if scale != 1 else "")
@@ -366,18 +401,27 @@ def run(argv: list[str]) -> dict:
     args = parse_args(argv)
     model_cfg, cfg = resolve(args.config_path, args.overrides, GPTConfig, resume=args.resume)
     ckpt, changes, init_state = open_checkpoint(args, cfg, dataclasses.asdict(model_cfg))
-    ddp = Distributed(cfg.device, cfg.dist_timeout_s)
+    ddp = Distributed(cfg.device, cfg.dist_timeout_s, cfg.parallel)
+    try:
+        return train(args, model_cfg, cfg, ckpt, changes, init_state, ddp)
+    finally:
+        ddp.release()
+
+
+def train(args: Arguments, model_cfg, cfg: TrainConfig, ckpt: dict | None, changes: list[dict],
+          init_state: dict | None, ddp: Distributed) -> dict:
+    """run() from the processes' set-up on."""
     grad_accum = accumulation_steps(cfg, ddp, resumed=ckpt is not None)
     use_bf16, autocast = precision(cfg, ddp.device)
     check_model_fits(model_cfg, cfg, ddp, use_bf16)
     T = model_cfg.block_size
     data_dir, tokenizer_name, batches = training_data(cfg, model_cfg.vocab_size, T, ddp)
-    raw_model, optimizer, step, monitor = build_model(model_cfg, cfg, ddp, ckpt, init_state, grad_accum)
+    raw_model, optimizer, step, monitor = build_model(model_cfg, cfg, ddp, ckpt, init_state, grad_accum, use_bf16)
     resolved = resolved_config(args, model_cfg, cfg, ckpt, changes, ddp, grad_accum, data_dir, tokenizer_name)
     wandb_id = ckpt.get("wandb_id") if ckpt else None
     metrics = open_run_directory(cfg, resolved, step, ckpt is not None, changes, ddp, wandb_id)
     del ckpt
-    model = ddp.wrap(torch.compile(raw_model) if cfg.compile else raw_model)
+    model = ddp.wrap(torch.compile(raw_model) if cfg.compile and not ddp.sharded else raw_model)
     tokens_per_step = cfg.global_batch_size * T
     throughput = Throughput(step, tokens_per_step, raw_model.flops_per_token(T), gpu_peak_flops(ddp.device),
                             ddp.world_size)
