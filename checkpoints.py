@@ -15,6 +15,7 @@ import hashlib
 import os
 import pickle
 import shutil
+import warnings
 import zipfile
 
 import torch
@@ -226,7 +227,9 @@ def load_sharded_model(path: str, ckpt: dict) -> dict:
     model = {key[len(prefix):]: torch.empty(meta.size, dtype=meta.properties.dtype)
              for key, meta in reader.read_metadata().state_dict_metadata.items()
              if key.startswith(prefix) and isinstance(meta, TensorStorageMetadata)}
-    dcp.load({"model": model}, storage_reader=reader, no_dist=True)
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load({"model": model}, storage_reader=reader, no_dist=True)
     return model
 
 

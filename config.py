@@ -121,6 +121,9 @@ class TrainConfig:
     fsdp_bf16: str = "params"        # fsdp with bf16: params (the weight matrices gathered in bf16 and computed in
                                      # bf16, gradients reduced in fp32; norms and positional parameters stay fp32) |
                                      # autocast (fp32 weights, bf16 autocast, as ddp)
+    fsdp_reduce_each_micro_batch: bool = False  # fsdp with accumulation: reduce-scatter every micro-batch's
+                                     # gradients (they accumulate sharded) instead of only the last one's (they
+                                     # accumulate unsharded: 4 bytes a parameter on every GPU until the step's end)
     activation_checkpointing: str = "none"  # none | blocks (recompute every block's activations in the backward) |
                                      # every_k (every activation_checkpointing_every-th block)
     activation_checkpointing_every: int = 2  # every_k: recompute blocks k-1, 2k-1, ...

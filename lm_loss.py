@@ -122,19 +122,26 @@ def _chunked_forward(hidden, weight, targets, chunk_tokens, dtype, want_grads):
             t = targets[start:start + chunk_tokens]
             keep = valid[start:start + chunk_tokens]
             safe_t = t.clamp(min=0)[:, None]  # ignored rows read column 0 and are masked out
+            # Every step below works in the chunk's one logits buffer (torch.logsumexp would allocate another).
             logits = (h @ w.T).float()
-            lse = torch.logsumexp(logits, dim=-1)
-            total += ((lse - logits.gather(1, safe_t)[:, 0]) * keep).sum()
+            target_logits = logits.gather(1, safe_t)[:, 0]
+            maxima = logits.amax(dim=-1, keepdim=True)
+            exps = logits.sub_(maxima).exp_()
+            sums = exps.sum(dim=-1)
+            total += ((maxima[:, 0] + sums.log() - target_logits) * keep).sum()
             if grad_hidden is None and grad_weight is None:
                 continue
-            # d(mean loss)/d logits = (softmax - one_hot) · keep / count, built in the logits' own buffer
-            probs = logits.sub_(lse[:, None]).exp_()
+            # d(mean loss)/d logits = (softmax - one_hot) · keep / count
+            probs = exps.div_(sums[:, None])
             probs.scatter_add_(1, safe_t, -torch.ones_like(safe_t, dtype=probs.dtype))
             g = probs.mul_((keep / count)[:, None]).to(dtype)
             if grad_hidden is not None:
                 grad_hidden[start:start + chunk_tokens] = g @ w
-            if grad_weight is not None:
-                grad_weight += (g.T @ h).float()
+            if grad_weight is not None:  # (accumulated in fp32 without a weight-sized temporary in fp32)
+                if g.dtype == grad_weight.dtype:
+                    grad_weight.addmm_(g.T, h)
+                else:
+                    grad_weight.add_(g.T @ h)
         return total / count, grad_hidden, grad_weight
 
 
@@ -143,12 +150,21 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     def forward(ctx, hidden, weight, targets, chunk_tokens, dtype):
         loss, grad_hidden, grad_weight = _chunked_forward(hidden, weight, targets, chunk_tokens, dtype,
                                                           want_grads=ctx.needs_input_grad[:2])
-        ctx.weight_dtype = weight.dtype
+        ctx.weight_dtype, ctx.backpropagated = weight.dtype, False
         ctx.save_for_backward(grad_hidden, grad_weight)
         return loss
 
     @staticmethod
     def backward(ctx, grad_loss):
+        # The gradients are scaled in their own buffers (a copy would be one more weight-sized tensor at the
+        # activation peak), so they can be backpropagated once only.
+        if ctx.backpropagated:
+            raise RuntimeError("the chunked loss was backpropagated twice (retain_graph=True); its gradients were "
+                               "computed in the forward pass and are used up: use loss_impl='plain' for that")
+        ctx.backpropagated = True
         grad_hidden, grad_weight = ctx.saved_tensors
-        return (None if grad_hidden is None else grad_hidden * grad_loss.to(grad_hidden.dtype),
-                None if grad_weight is None else (grad_weight * grad_loss).to(ctx.weight_dtype), None, None, None)
+        if grad_hidden is not None:
+            grad_hidden.mul_(grad_loss.to(grad_hidden.dtype))
+        if grad_weight is not None:
+            grad_weight = grad_weight.mul_(grad_loss).to(ctx.weight_dtype)
+        return grad_hidden, grad_weight, None, None, None

@@ -43,12 +43,13 @@ from config import ConfigError, TrainConfig, describe_keys, resolve
 from data.prefetch import DamagedBatch
 from data.shards import DataError
 from hf.init_from import initial_state
-from lm_loss import describe_loss, resolve_loss
+from lm_loss import describe_loss
 from training.checkpointing import (FIXED_FOR_A_RUN, TRAJECTORY_KEYS, Checkpointer, check_resume_compatible,
                                     load_checkpoint, restore)
 from training.distributed import Distributed, is_collective_failure
 from training.metrics import (Metrics, Throughput, atomic_write_text, code_version, duration, gpu_peak_flops,
                               peak_memory, provenance, start_wandb, trim_metrics)
+from training.layout import bf16_parameters, lay_out
 from training.divergence import DivergenceMonitor, divergence_error
 from training.optimizer import lr_at, make_optimizer, set_lr
 from training.step import StepResult, confirmation, evaluate, train_step
@@ -151,11 +152,6 @@ def precision(cfg: TrainConfig, device: torch.device):
     return use_bf16, (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if autocast else contextlib.nullcontext
 
 
-def bf16_parameters(cfg: TrainConfig, use_bf16: bool) -> bool:
-    """Whether FSDP gathers and computes the weight matrices in bf16 (its mixed-precision policy)."""
-    return use_bf16 and cfg.parallel == "fsdp" and cfg.fsdp_bf16 == "params"
-
-
 def training_data(cfg: TrainConfig, vocab_size: int, block_size: int, ddp: Distributed):
     """(data directory, its tokenizer's name, the batch source), every shard checked."""
     from data.loader import RandomOffsetBatches, TrainBatches, data_description, verify_shards
@@ -204,28 +200,52 @@ def prepare_command_for(data_dir: str) -> str:
             f"`python -m data.prepare --dataset fineweb-edu --version 10B --out {data_dir}")
 
 
-def check_model_fits(model_cfg, cfg: TrainConfig, ddp: Distributed, use_bf16: bool) -> None:
-    """Before any work: the attention backend runs on this device, and the weights, their gradients and Adam
-    state (16 bytes a parameter) plus one micro-batch's fp32 logits fit in its free memory."""
-    from model import GPT, Block
+def check_model_fits(model_cfg, cfg: TrainConfig, ddp: Distributed, use_bf16: bool, grad_accum: int) -> None:
+    """Before any work: the attention backend runs on this device, and a training step fits in its free memory
+    (shared by the processes on this machine where they share its memory, the CPU). First a lower bound from the
+    parameter count alone (so an absurd size is refused at once), then the memory planner's peak (training/memory.py,
+    on fake tensors: no memory is taken and the time does not grow with the model)."""
+    from model import Block
+    from training.memory import GiB, largest_micro_batch, parameter_counts, plan
     # Shapes only (nothing is allocated), and one block for all n_layer: the check takes no longer for 10^5 layers.
+    params, _, _ = parameter_counts(model_cfg)
     with torch.device("meta"):
-        one_layer = GPT(dataclasses.replace(model_cfg, n_layer=1))
-        per_layer = sum(p.numel() for p in Block(model_cfg).parameters())
-    params = one_layer.num_params() + (model_cfg.n_layer - 1) * per_layer
+        block = Block(model_cfg)
     try:
-        one_layer.blocks[0].attn.backend(ddp.device, torch.bfloat16 if use_bf16 else torch.float32)
+        block.attn.backend(ddp.device, torch.bfloat16 if use_bf16 else torch.float32)
     except ValueError as error:
         raise ConfigError(f"model.attn_backend = {model_cfg.attn_backend!r}: {error}.") from None
-    state_gb = 16 * params / 2**30
-    logits_gb = 4 * cfg.batch_size * model_cfg.block_size * model_cfg.vocab_size / 2**30
     free_gb = free_memory_gb(ddp.device)
-    if free_gb is not None and state_gb + logits_gb > free_gb:
-        raise ConfigError(f"this model ({params / 1e6:,.0f}M parameters) needs about {state_gb:,.1f} GB for "
-                          f"its weights, gradients and Adam state, and a micro-batch of {cfg.batch_size} x "
-                          f"{model_cfg.block_size} tokens at least {logits_gb:,.1f} GB for its logits, more than the "
-                          f"{free_gb:,.1f} GB free on {ddp.device}; lower vocab_size, the model size, batch_size or "
-                          "block_size.")
+    if free_gb is None:
+        return
+    sharing = int(os.environ.get("LOCAL_WORLD_SIZE", 1)) if ddp.device.type == "cpu" else 1
+    free_gb /= sharing
+    shards = ddp.world_size if ddp.sharded else 1
+    state_gb = 16 * params / shards / GiB
+    tokens, V, C = cfg.batch_size * model_cfg.block_size, model_cfg.vocab_size, model_cfg.n_embd
+    logits = tokens if cfg.loss == "plain" else min(tokens, cfg.loss_chunk_tokens)
+    least_gb = 4 * (model_cfg.n_layer * tokens * C + logits * V) / GiB  # each block's input, one loss chunk
+    where = f"free on {ddp.device}" + (f" for each of its {sharing} processes" if sharing > 1 else "")
+    if state_gb + least_gb > free_gb:
+        raise ConfigError(f"this model ({params / 1e6:,.0f}M parameters) needs about {state_gb:,.1f} GB for its "
+                          f"weights, gradients and Adam state{' (sharded)' if shards > 1 else ''}, and a micro-batch "
+                          f"of {cfg.batch_size} x {model_cfg.block_size} tokens at least {least_gb:,.1f} GB for its "
+                          f"activations and logits, more than the {free_gb:,.1f} GB {where}; lower vocab_size, the "
+                          "model size, batch_size or block_size.")
+    need = plan(model_cfg, cfg, ddp.world_size, use_bf16=use_bf16, grad_accum=grad_accum)
+    if need.total > free_gb * GiB:
+        fits = largest_micro_batch(model_cfg, cfg, ddp.world_size, free_gb * GiB, cfg.parallel, use_bf16)
+        remedies = ([f"--batch_size={fits} (the largest micro-batch that fits)"] if fits else []) \
+            + (["--activation_checkpointing=blocks"] if cfg.activation_checkpointing != "blocks" else []) \
+            + (["--parallel=fsdp"] if not ddp.sharded and ddp.world_size > 1 else []) \
+            + (["--loss=chunked"] if cfg.loss == "plain" else [])
+        raise ConfigError(f"a training step needs about {need.total / GiB:,.1f} GB per process at its peak (weights, "
+                          f"gradients and Adam state {(need.weights + need.gradients + need.optimizer) / GiB:,.1f}, "
+                          f"activations {need.activations / GiB:,.1f}, loss {need.loss / GiB:,.1f}, the rest "
+                          f"{(need.total - need.weights - need.gradients - need.optimizer - need.activations - need.loss) / GiB:,.1f}), "
+                          f"more than the {free_gb:,.1f} GB {where}; "
+                          + (f"try {' or '.join(remedies)}" if remedies else "use a smaller model or block_size")
+                          + "; python -m training.memory CONFIG --gpus N --gpu-memory GB shows the whole plan.")
 
 
 def free_memory_gb(device: torch.device) -> float | None:
@@ -249,15 +269,7 @@ def build_model(model_cfg, cfg: TrainConfig, ddp: Distributed, ckpt: dict | None
     if init_state is not None:
         raw_model.load_state_dict(init_state)
         ddp.say(f"initialised the weights from {cfg.init_from}")
-    try:
-        raw_model.loss_impl = resolve_loss(cfg.loss, ddp.device)
-    except ValueError as error:
-        raise ConfigError(f"train.{error}.") from None
-    raw_model.loss_chunk_tokens = cfg.loss_chunk_tokens
-    raw_model.set_activation_checkpointing(cfg.activation_checkpointing, cfg.activation_checkpointing_every)
-    if ddp.sharded:
-        ddp.shard(raw_model, bf16_params=bf16_parameters(cfg, use_bf16),
-                  reshard_after_forward=cfg.fsdp_reshard_after_forward, compile_blocks=cfg.compile)
+    lay_out(raw_model, cfg, ddp, use_bf16)
     optimizer = make_optimizer(raw_model, cfg, ddp.device)
     step = resume_from(ckpt, raw_model, optimizer, cfg, ddp, grad_accum) if ckpt else 0
     monitor = DivergenceMonitor(model_cfg.vocab_size, cfg.spike_factor, ckpt.get("divergence") if ckpt else None)
@@ -413,7 +425,7 @@ def train(args: Arguments, model_cfg, cfg: TrainConfig, ckpt: dict | None, chang
     """run() from the processes' set-up on."""
     grad_accum = accumulation_steps(cfg, ddp, resumed=ckpt is not None)
     use_bf16, autocast = precision(cfg, ddp.device)
-    check_model_fits(model_cfg, cfg, ddp, use_bf16)
+    check_model_fits(model_cfg, cfg, ddp, use_bf16, grad_accum)
     T = model_cfg.block_size
     data_dir, tokenizer_name, batches = training_data(cfg, model_cfg.vocab_size, T, ddp)
     raw_model, optimizer, step, monitor = build_model(model_cfg, cfg, ddp, ckpt, init_state, grad_accum, use_bf16)

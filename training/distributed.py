@@ -103,7 +103,9 @@ class Distributed:
         """The model that trains: DDP around it when there are several processes (FSDP shards in place)."""
         if not self.enabled or self.sharded:
             return model
-        return DistributedDataParallel(model, device_ids=[self.local_rank] if self.device.type == "cuda" else None)
+        # gradient_as_bucket_view: the gradients are views of DDP's reduction buckets, not a second copy of them
+        return DistributedDataParallel(model, device_ids=[self.local_rank] if self.device.type == "cuda" else None,
+                                       gradient_as_bucket_view=True)
 
     def gradient_sync(self, model: torch.nn.Module, sync: bool):
         """A context for one micro-batch's backward pass: gradients are reduced over the processes only when `sync`

@@ -39,10 +39,11 @@ def train_step(model, raw_model, batches, step: int, grad_accum: int, cfg: Train
     for micro in range(grad_accum):
         x, y = batches.batch((step * grad_accum + micro) * ddp.world_size + ddp.rank)
         x, y = x.to(ddp.device, non_blocking=True), y.to(ddp.device, non_blocking=True)
-        # Gradients are reduced over the processes only on the last micro-batch.
-        with ddp.gradient_sync(model, micro == grad_accum - 1):
+        # Gradients are reduced over the processes only on the last micro-batch (under FSDP optionally on each,
+        # so that they accumulate sharded).
+        with ddp.gradient_sync(model, micro == grad_accum - 1 or ddp.sharded and cfg.fsdp_reduce_each_micro_batch):
             with autocast():
-                _, loss = model(x, targets=y)
+                loss = model(x, targets=y)[1]  # (not holding the logits through the backward pass)
             # The mean over the global batch (1/grad_accum here, DDP's mean over processes), times loss_scale.
             (loss * cfg.loss_scale / grad_accum).backward()
         loss_sum += loss.detach().float()
@@ -99,7 +100,7 @@ def confirmation(raw_model, batches, step: int, grad_accum: int, ddp, autocast, 
     checked before they are saved: a checkpoint never holds weights that no check has seen."""
     x, y = batches.batch(step * grad_accum * ddp.world_size + ddp.rank)
     with autocast():
-        _, loss = raw_model(x.to(ddp.device), targets=y.to(ddp.device))
+        loss = raw_model(x.to(ddp.device), targets=y.to(ddp.device))[1]
     ddp.reshard(raw_model)
     return gather(loss, raw_model, ddp, stops)
 
@@ -141,7 +142,7 @@ def evaluate(model, data_dir: str, cfg: TrainConfig, block_size: int, ddp, autoc
         if i % ddp.world_size != ddp.rank:
             continue
         with autocast():
-            _, loss = model(x.to(ddp.device), targets=y.to(ddp.device))
+            loss = model(x.to(ddp.device), targets=y.to(ddp.device))[1]
         if counted:
             total[0] += loss.double() * len(x)
             total[1] += len(x)

@@ -1,0 +1,169 @@
+"""train.parallel = "fsdp" against DDP, and sharded checkpoints: a kill -9 between the shard writes and the commit,
+resume on another number of processes, damage, and the readers of a sharded run directory.
+
+Two torchrun launches (4 and 2 gloo processes on the CPU, tests/distributed_runs.py) hold every multi-process run;
+the references run in this process. The tiny model trains 20 steps with gradient accumulation (2 micro-batches a
+step under FSDP, 8 in the 1-process reference) and clipping active at every step (grad_clip 0.3, below every
+step's norm).
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import checkpoints
+import train
+from data.loader import validation_batches
+from model import GPT
+from tests.helpers import prepare_byte_corpus, synthetic_text, tiny_config
+from training.errors import TrainError
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.usefixtures("one_thread")
+ENCODINGS = ("rope", "fox", "grape_ap")
+TRAIN = dict(max_iters=20, warmup_iters=4, global_batch_size=8, batch_size=1, grad_clip=0.3, eval_interval=10,
+             eval_windows=8)
+FP32_ROUNDING = 1e-5  # relative: what summing the same gradients in another order changes over 20 steps
+
+
+def launch(processes: int, plan: dict, root) -> subprocess.CompletedProcess:
+    path = root / f"plan{processes}.json"
+    path.write_text(json.dumps(plan))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           f"--nproc_per_node={processes}", os.path.join(REPO, "tests", "distributed_runs.py"),
+                           str(path)], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fsdp")
+    data_dir = prepare_byte_corpus(root, [synthetic_text(doc, 800) for doc in range(40)])
+    config = root / "tiny.toml"
+    config.write_text(tiny_config(data_dir, **TRAIN))
+    config = str(config)
+    torch.set_num_threads(1)
+    # the reference: DDP's code path on one process, 8 micro-batches a step
+    reference = {pos: train.run([config, f"--pos={pos}", f"--out_dir={root / 'ddp1' / pos}"]) for pos in ENCODINGS}
+
+    def fsdp(pos, out, *more):
+        return [config, f"--pos={pos}", "--parallel=fsdp", f"--out_dir={root / out}", *more]
+
+    four = launch(4, {"runs": [fsdp(pos, f"fsdp4/{pos}") for pos in ENCODINGS], "results": str(root / "four.json"),
+                      "kill_run": fsdp("fox", "killed", "--ckpt_interval=4"), "kill_at_save": 2}, root)
+    killed = root / "killed"
+    shutil.copytree(killed, root / "killed_as_left")
+    shutil.copytree(killed, root / "resumed_by_1")
+    two = launch(2, {"runs": [fsdp(pos, f"fsdp2/{pos}", "--batch_size=2") for pos in ENCODINGS]
+                     + [fsdp("fox", "killed", "--batch_size=2", "--resume"),
+                        fsdp("fox", "fsdp2_checkpointed", "--batch_size=2", "--activation_checkpointing=blocks")],
+                     "results": str(root / "two.json")}, root)
+    assert two.returncode == 0, two.stderr[-3000:]
+    by_1 = train.run(fsdp("fox", "resumed_by_1", "--resume"))  # a group of one process, made by train.py
+    with open(root / "four.json") as f:
+        four_results = dict(zip(ENCODINGS, json.load(f)))
+    with open(root / "two.json") as f:
+        two_results = json.load(f)
+    return {"root": root, "config": config, "data_dir": data_dir, "reference": reference, "four": four,
+            "fsdp4": four_results, "fsdp2": dict(zip(ENCODINGS, two_results[:3])), "resumed_by_2": two_results[3],
+            "checkpointed": two_results[4], "resumed_by_1": by_1}
+
+
+def logged(run_dir, kind="train", key="loss"):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [r[key] for r in map(json.loads, f) if r["type"] == kind]
+
+
+@pytest.mark.parametrize("processes", [2, 4])
+def test_fsdp_gives_the_losses_and_grad_norms_of_ddp(runs, processes):
+    for pos in ENCODINGS:
+        reference, fsdp = runs["reference"][pos], runs[f"fsdp{processes}"][pos]
+        assert reference["grad_accum"] == 8 and fsdp["grad_accum"] == 2
+        ref_norms = logged(runs["root"] / "ddp1" / pos, key="grad_norm")
+        assert min(ref_norms) > TRAIN["grad_clip"]  # clipping acts at every step
+        assert len(fsdp["losses"]) == 20
+        assert fsdp["losses"] == pytest.approx(reference["losses"], rel=FP32_ROUNDING), pos
+        # the logged norm is the whole gradient's, not a shard's (a shard's would be ~1/sqrt(processes) of it)
+        assert fsdp["grad_norms"] == pytest.approx(ref_norms, rel=1e-4), pos
+    # validation, its windows shared out in lockstep, scores what one process scores
+    fox_val = logged(runs["root"] / f"fsdp{processes}" / "fox", "val", "val_loss")
+    assert fox_val == pytest.approx([v for _, v in runs["reference"]["fox"]["val_losses"]], rel=FP32_ROUNDING)
+    assert len(fox_val) == 3
+
+
+def test_activation_checkpointing_under_fsdp_gives_the_same_losses(runs):
+    assert runs["checkpointed"]["losses"] == pytest.approx(runs["fsdp2"]["fox"]["losses"], rel=1e-6)
+    assert runs["checkpointed"]["grad_norms"] == pytest.approx(runs["fsdp2"]["fox"]["grad_norms"], rel=1e-6)
+
+
+def test_a_kill_before_the_commit_leaves_the_previous_checkpoint_whole(runs):
+    assert runs["four"].returncode != 0  # the main process died by SIGKILL at its second checkpoint
+    left = runs["root"] / "killed_as_left"
+    ckpt = checkpoints.load(str(left / "ckpt.pt"), required=("model_config",), assemble=False)
+    assert ckpt["step"] == 4 and ckpt["shards"]["world_size"] == 4
+    # both steps' shards are on disk, all of step 8's written, but ckpt.pt names only step 4's
+    directories = sorted(os.listdir(left / checkpoints.SHARDS_DIR))
+    assert [d.split("-")[0] for d in directories] == ["00000004", "00000008"]
+    assert ckpt["shards"]["dir"] == os.path.join(checkpoints.SHARDS_DIR, directories[0])
+    assert {"__0_0.distcp", "__3_0.distcp", ".metadata"} <= set(ckpt["shards"]["files"])
+    assert checkpoints.unreferenced_shard_directories(str(left)) == [str(left / checkpoints.SHARDS_DIR / directories[1])]
+    checkpoints.verify_shards(str(left / "ckpt.pt"), ckpt)  # every shard of step 4 is as written
+
+
+@pytest.mark.parametrize("processes", [2, 1])
+def test_resume_on_another_number_of_processes_continues_the_losses(runs, processes):
+    """Saved by 4 processes at step 4 (then killed at step 8), resumed by 2 and by 1 (FSDP on a group of one)."""
+    resumed = runs[f"resumed_by_{processes}"]
+    uninterrupted = runs["fsdp4"]["fox"]["losses"]
+    assert len(resumed["losses"]) == 16 and resumed["step"] == 20
+    assert resumed["losses"] == pytest.approx(uninterrupted[4:], rel=FP32_ROUNDING)
+    run_dir = runs["root"] / ("killed" if processes == 2 else "resumed_by_1")
+    # the uncommitted step-8 shards were removed at the start; the last save's are the only ones left
+    assert [d.split("-")[0] for d in os.listdir(run_dir / checkpoints.SHARDS_DIR)] == ["00000020"]
+    assert logged(run_dir, key="iter") == list(range(1, 21))  # metrics.jsonl trimmed to the checkpoint
+
+
+def test_readers_take_a_sharded_run_directory_as_it_is(runs):
+    """GPT.from_checkpoint (sample.py, the evaluations, export_hf.py, init_from) assembles the weights that 4
+    processes saved in shards; their validation loss, computed here by a plain forward pass, is the one the run
+    logged at its last step."""
+    run_dir = runs["root"] / "fsdp4" / "fox"
+    model, ckpt = GPT.from_checkpoint(str(run_dir))
+    assert ckpt["step"] == 20 and "shards" in ckpt
+    with torch.no_grad():
+        total = windows = 0
+        for x, y in validation_batches(runs["data_dir"], batch_size=1, block_size=32, max_windows=8):
+            total += model(x, y)[1].item() * len(x)
+            windows += len(x)
+    assert total / windows == pytest.approx(logged(run_dir, "val", "val_loss")[-1], rel=1e-6)
+    # the same weights as the 1-process run's single file, to fp32 rounding
+    single, _ = GPT.from_checkpoint(str(runs["root"] / "ddp1" / "fox"))
+    for (name, a), b in zip(model.state_dict().items(), single.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_a_damaged_or_missing_shard_is_refused_in_one_sentence(runs, tmp_path):
+    run_dir = tmp_path / "damaged"
+    shutil.copytree(runs["root"] / "fsdp2" / "rope", run_dir)
+    ckpt = checkpoints.load(str(run_dir / "ckpt.pt"), required=(), assemble=False)
+    shard = os.path.join(checkpoints.shard_directory(str(run_dir / "ckpt.pt"), ckpt), "__1_0.distcp")
+    with open(shard, "r+b") as f:  # one flipped byte inside a tensor
+        f.seek(os.path.getsize(shard) // 2)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(checkpoints.CheckpointError, match=r"1 of the \d+ shard files .* are not as written "
+                                                          r"\(__1_0\.distcp \(its contents do not match"):
+        GPT.from_checkpoint(str(run_dir))
+    with pytest.raises(TrainError, match=r"__1_0\.distcp \(its contents do not match its checksum\)"):
+        train.run([runs["config"], "--pos=rope", "--parallel=fsdp", f"--out_dir={run_dir}", "--resume"])
+    os.remove(shard)
+    with pytest.raises(checkpoints.CheckpointError, match=r"__1_0\.distcp \(missing\)"):
+        GPT.from_checkpoint(str(run_dir))
+    shutil.rmtree(checkpoints.shard_directory(str(run_dir / "ckpt.pt"), ckpt))
+    with pytest.raises(TrainError, match="is sharded, but its shard directory .* is missing"):
+        train.run([runs["config"], "--pos=rope", "--parallel=fsdp", f"--out_dir={run_dir}", "--resume"])
