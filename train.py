@@ -206,7 +206,7 @@ def check_model_fits(model_cfg, cfg: TrainConfig, ddp: Distributed, use_bf16: bo
     parameter count alone (so an absurd size is refused at once), then the memory planner's peak (training/memory.py,
     on fake tensors: no memory is taken and the time does not grow with the model)."""
     from model import Block
-    from training.memory import GiB, largest_micro_batch, parameter_counts, plan
+    from training.memory import GiB, generous_bound, largest_micro_batch, parameter_counts, plan
     # Shapes only (nothing is allocated), and one block for all n_layer: the check takes no longer for 10^5 layers.
     params, _, _ = parameter_counts(model_cfg)
     with torch.device("meta"):
@@ -232,6 +232,8 @@ def check_model_fits(model_cfg, cfg: TrainConfig, ddp: Distributed, use_bf16: bo
                           f"of {cfg.batch_size} x {model_cfg.block_size} tokens at least {least_gb:,.1f} GB for its "
                           f"activations and logits, more than the {free_gb:,.1f} GB {where}; lower vocab_size, the "
                           "model size, batch_size or block_size.")
+    if generous_bound(model_cfg, cfg, ddp.world_size) <= free_gb * GiB:
+        return  # certainly fits: the planner's probes (a second or two) are not needed
     need = plan(model_cfg, cfg, ddp.world_size, use_bf16=use_bf16, grad_accum=grad_accum)
     if need.total > free_gb * GiB:
         fits = largest_micro_batch(model_cfg, cfg, ddp.world_size, free_gb * GiB, cfg.parallel, use_bf16)

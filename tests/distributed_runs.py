@@ -3,9 +3,11 @@ a small machine, so the runs a test needs share one):
 
     python -m torch.distributed.run --standalone --nproc_per_node=N tests/distributed_runs.py PLAN.json
 
-PLAN.json: {"runs": [ARGV, ...], "results": PATH, "kill_at_save": K (optional), "kill_run": ARGV (optional)}.
-Each ARGV is the argument list of train.run; the main process writes [{"losses", "grad_norms", "step"}, ...] to
-PATH as JSON. With "kill_run", that run comes last, and its main process sends itself SIGKILL at its K-th
+PLAN.json: {"runs": [ARGV, ...], "measure": [ARGV, ...], "results": PATH, "kill_at_save": K, "kill_run": ARGV}
+(all but "runs" and "results" optional). Each ARGV of "runs" is the argument list of train.run; the main process
+writes {"runs": [{"losses", "grad_norms", "step", "grad_accum"}, ...], "memory": [{"measured", "planned"}, ...]}
+to PATH as JSON, "memory" holding the measured peak of a training step and the planner's for each ARGV of
+"measure" (CONFIG --key=value ...). With "kill_run", that run comes last, and its main process sends itself SIGKILL at its K-th
 checkpoint, after every process has written and hashed its shards and before ckpt.pt names them: the moment at
 which a kill would leave two steps' files on disk. torchrun then ends the whole job, as it would on a cluster.
 """
@@ -17,7 +19,10 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import train  # noqa: E402
-from training import checkpointing  # noqa: E402
+from config import resolve  # noqa: E402
+from model import GPTConfig  # noqa: E402
+from training import checkpointing, memory  # noqa: E402
+from training.distributed import Distributed  # noqa: E402
 
 
 def grad_norms(run_dir: str) -> list[float]:
@@ -47,9 +52,15 @@ def main() -> None:
         if main_process:
             results.append({"losses": out["losses"], "step": out["step"], "grad_accum": out["grad_accum"],
                             "grad_norms": grad_norms(out["out_dir"])[-len(out["losses"]):]})
+    peaks = []
+    for argv in plan.get("measure", []):
+        model_cfg, cfg = resolve(argv[0], argv[1:], GPTConfig)
+        ddp = Distributed(cfg.device, cfg.dist_timeout_s, cfg.parallel)
+        peaks.append({"measured": memory.measure_peak(model_cfg, cfg, ddp),
+                      "planned": memory.plan(model_cfg, cfg, ddp.world_size).total})
     if main_process:
         with open(plan["results"], "w") as f:
-            json.dump(results, f)
+            json.dump({"runs": results, "memory": peaks}, f)
     if plan.get("kill_run"):
         kill_at_commit(plan["kill_at_save"])
         train.run(plan["kill_run"])

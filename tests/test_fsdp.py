@@ -19,7 +19,7 @@ import checkpoints
 import train
 from data.loader import validation_batches
 from model import GPT
-from tests.helpers import prepare_byte_corpus, synthetic_text, tiny_config
+from tests.helpers import SMALL, prepare_byte_corpus, synthetic_text, tiny_config
 from training.errors import TrainError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -28,6 +28,16 @@ ENCODINGS = ("rope", "fox", "grape_ap")
 TRAIN = dict(max_iters=20, warmup_iters=4, global_batch_size=8, batch_size=1, grad_clip=0.3, eval_interval=10,
              eval_windows=8)
 FP32_ROUNDING = 1e-5  # relative: what summing the same gradients in another order changes over 20 steps
+QUICKSTART = os.path.join(REPO, "configs", "quickstart.toml")
+# planned against measured under FSDP with 2 processes (the 1-process cases are in test_memory.py)
+PLANNED_FSDP = [
+    (["--parallel=fsdp"], "fsdp rope"),
+    (["--parallel=fsdp", "--pos=fox", "--activation_checkpointing=blocks"], "fsdp fox, every block recomputed"),
+    (["--parallel=fsdp", "--pos=grape_ap", "--fsdp_reshard_after_forward=false"], "fsdp grape_ap, kept gathered"),
+    (["--parallel=fsdp", "--vocab_size=8192", "--loss=plain", "--fsdp_reduce_each_micro_batch"],
+     "fsdp plain loss, sharded accumulation"),
+    (["--parallel=ddp", "--pos=fox", "--kv_shift"], "ddp fox+kv_shift"),
+]
 
 
 def launch(processes: int, plan: dict, root) -> subprocess.CompletedProcess:
@@ -60,17 +70,20 @@ def runs(tmp_path_factory):
     shutil.copytree(killed, root / "resumed_by_1")
     two = launch(2, {"runs": [fsdp(pos, f"fsdp2/{pos}", "--batch_size=2") for pos in ENCODINGS]
                      + [fsdp("fox", "killed", "--batch_size=2", "--resume"),
-                        fsdp("fox", "fsdp2_checkpointed", "--batch_size=2", "--activation_checkpointing=blocks")],
+                        fsdp("fox", "fsdp2_checkpointed", "--batch_size=2", "--activation_checkpointing=blocks"),
+                        fsdp("rope", "fsdp2_reduce_each", "--batch_size=2", "--fsdp_reduce_each_micro_batch")],
+                     "measure": [[QUICKSTART, *SMALL, *overrides] for overrides, _ in PLANNED_FSDP],
                      "results": str(root / "two.json")}, root)
     assert two.returncode == 0, two.stderr[-3000:]
     by_1 = train.run(fsdp("fox", "resumed_by_1", "--resume"))  # a group of one process, made by train.py
     with open(root / "four.json") as f:
-        four_results = dict(zip(ENCODINGS, json.load(f)))
+        four_results = dict(zip(ENCODINGS, json.load(f)["runs"]))
     with open(root / "two.json") as f:
         two_results = json.load(f)
+    runs = two_results["runs"]
     return {"root": root, "config": config, "data_dir": data_dir, "reference": reference, "four": four,
-            "fsdp4": four_results, "fsdp2": dict(zip(ENCODINGS, two_results[:3])), "resumed_by_2": two_results[3],
-            "checkpointed": two_results[4], "resumed_by_1": by_1}
+            "fsdp4": four_results, "fsdp2": dict(zip(ENCODINGS, runs[:3])), "resumed_by_2": runs[3],
+            "checkpointed": runs[4], "reduce_each": runs[5], "resumed_by_1": by_1, "memory": two_results["memory"]}
 
 
 def logged(run_dir, kind="train", key="loss"):
@@ -93,6 +106,18 @@ def test_fsdp_gives_the_losses_and_grad_norms_of_ddp(runs, processes):
     fox_val = logged(runs["root"] / f"fsdp{processes}" / "fox", "val", "val_loss")
     assert fox_val == pytest.approx([v for _, v in runs["reference"]["fox"]["val_losses"]], rel=FP32_ROUNDING)
     assert len(fox_val) == 3
+
+
+@pytest.mark.parametrize("case", range(len(PLANNED_FSDP)), ids=[case for _, case in PLANNED_FSDP])
+def test_planned_peak_of_fsdp_with_2_processes_is_within_15_percent_of_the_measured(runs, case):
+    peak = runs["memory"][case]
+    assert peak["planned"] == pytest.approx(peak["measured"], rel=0.15), PLANNED_FSDP[case]
+
+
+def test_reducing_each_micro_batch_gives_the_same_losses(runs):
+    """FSDP's sharded accumulation (a reduce-scatter per micro-batch) against its default (one per step)."""
+    assert runs["reduce_each"]["losses"] == pytest.approx(runs["fsdp2"]["rope"]["losses"], rel=FP32_ROUNDING)
+    assert runs["reduce_each"]["grad_norms"] == pytest.approx(runs["fsdp2"]["rope"]["grad_norms"], rel=1e-4)
 
 
 def test_activation_checkpointing_under_fsdp_gives_the_same_losses(runs):

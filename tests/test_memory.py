@@ -12,7 +12,7 @@ import train
 from config import ConfigError, TrainConfig, resolve
 from lm_loss import chunked_cross_entropy, lm_loss, plain_loss, resolve_loss
 from model import GPT, GPTConfig, checkpointed_blocks
-from tests.helpers import TINY_MODEL, prepare_byte_corpus, synthetic_text, tiny_config
+from tests.helpers import SMALL, prepare_byte_corpus, synthetic_text, tiny_config
 from training import memory
 from training.distributed import Distributed
 
@@ -202,8 +202,6 @@ def test_new_keys_are_checked_in_one_sentence(config_file, tmp_path):
 
 # ----------------------------------------------------------------------------- the planner
 
-SMALL = ["--n_layer=3", "--n_head=2", "--n_embd=64", "--head_dim=32", "--block_size=128", "--batch_size=4",
-         "--global_batch_size=8", "--vocab_size=512", "--device=cpu"]
 # (overrides, what dominates the peak): the activations, checkpointing, the loss, the states
 PLANNED = [
     ([], "rope: activations"),
@@ -271,9 +269,9 @@ def test_largest_micro_batch_is_the_largest_that_fits():
 
 def test_planner_command_prints_both_modes(capsys):
     memory.main([os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs",
-                              "quickstart.toml"), "--gpus", "2", "--gpu-memory", "1", "--dtype", "fp32"])
+                              "quickstart.toml"), "--gpus", "2", "--gpu-memory", "0.1", "--dtype", "fp32", *SMALL])
     out = capsys.readouterr().out
-    assert "7M parameters, micro-batch 8 x 128 tokens, 2 GPUs of 1 GiB" in out
+    assert "0M parameters, micro-batch 4 x 128 tokens, 2 GPUs of 0.1 GiB, fp32" in out
     rows = {line[:40].strip(): line[40:].split() for line in out.splitlines()[1:]}
     assert set(rows) >= {"weights (fp32 master)", "AdamW moments", "activations, one block", "logits / loss peak",
                          "total at the peak", "largest micro-batch that fits"}

@@ -110,6 +110,16 @@ def cached(probe):
     return run
 
 
+def block_cost(model_cfg, batch: int, autocast: bool, bf16_matrices: bool = False) -> BlockCost:
+    """probe_block's result; past 8 sequences from the probes at 4 and 8, since a block's saved tensors are
+    affine in the micro-batch (measured exact) and its largest transient is, once the micro-batch dominates it."""
+    if batch <= 8:
+        return probe_block(model_cfg, batch, autocast, bf16_matrices)
+    four, eight = (probe_block(model_cfg, b, autocast, bf16_matrices) for b in (4, 8))
+    return BlockCost(*(round(y + (batch - 8) * (y - x) / 4) for x, y in zip(dataclasses.astuple(four),
+                                                                          dataclasses.astuple(eight))))
+
+
 @cached
 def probe_block(model_cfg, batch: int, autocast: bool, bf16_matrices: bool = False) -> BlockCost:
     """One block's activation memory at micro-batch `batch` x block_size, forward and backward on fake tensors.
@@ -150,13 +160,13 @@ def weight_copy_bytes(model_cfg) -> int:
 def probe_loss(model_cfg, tokens: int, loss_impl: str, chunk_tokens: int, autocast: bool,
                bf16_weights: bool = False) -> int:
     """The most the final norm, the LM head and the loss hold beyond their input and the head's weight and its
-    gradient, forward and backward, for `tokens` tokens on fake tensors. Past four chunks the chunked loss's
+    gradient, forward and backward, for `tokens` tokens on fake tensors. Past two chunks the chunked loss's
     memory grows by the same amount a token (its per-token tensors; one chunk's logits at a time), so longer
     inputs are extrapolated from two lengths instead of running a loop over all their chunks."""
-    if loss_impl == "chunked" and tokens > 4 * chunk_tokens:
-        short, long = (_probe_loss(model_cfg, n * chunk_tokens, loss_impl, chunk_tokens, autocast, bf16_weights)
-                       for n in (2, 4))
-        return round(long + (tokens - 4 * chunk_tokens) * (long - short) / (2 * chunk_tokens))
+    if loss_impl == "chunked" and tokens > 2 * chunk_tokens:
+        one, two = (_probe_loss(model_cfg, n * chunk_tokens, loss_impl, chunk_tokens, autocast, bf16_weights)
+                    for n in (1, 2))
+        return round(two + (tokens - 2 * chunk_tokens) * (two - one) / chunk_tokens)
     return _probe_loss(model_cfg, tokens, loss_impl, chunk_tokens, autocast, bf16_weights)
 
 
@@ -246,7 +256,7 @@ def plan(model_cfg, cfg, gpus: int, parallel: str | None = None, use_bf16: bool 
     else:
         gradients, gathered = 4 * P, 0
     copies = L * weight_copy_bytes(model_cfg) if autocast else 0
-    cost = probe_block(model_cfg, B, autocast, bf16_params)
+    cost = block_cost(model_cfg, B, autocast, bf16_params)
     recomputed = set(checkpointed_blocks(cfg.activation_checkpointing, L, cfg.activation_checkpointing_every))
     kept = [cost.checkpointed if i in recomputed else cost.saved for i in range(L)]
     activations = sum(kept)
@@ -266,6 +276,23 @@ def plan(model_cfg, cfg, gpus: int, parallel: str | None = None, use_bf16: bool 
                 gradients=round(gradients), optimizer=round(optimizer), weight_copies=copies,
                 per_block=cost.saved, per_checkpointed_block=cost.checkpointed, activations=activations, loss=loss,
                 workspace=workspace)
+
+
+def generous_bound(model_cfg, cfg, gpus: int) -> float:
+    """Bytes that a step on one GPU certainly stays under, from the parameter count alone: the planner is only
+    needed where this does not fit (train.py's start-up check). The probes measure 20-40 bytes a token and
+    channel for a block's activations and workspace together; this takes 96, 16 bytes a logit for the loss (the
+    plain loss holds three fp32 logits tensors at most), and fp32 (B, H, T, T) tensors four times a block for the
+    dense attention backend."""
+    P, P_block, P_root = parameter_counts(model_cfg)
+    B, L, T, C, V = cfg.batch_size, model_cfg.n_layer, model_cfg.block_size, model_cfg.n_embd, model_cfg.vocab_size
+    states = 16 * P + 4 * (P_root + 2 * P_block)
+    tokens = B * T
+    activations = 96 * tokens * max(C, model_cfg.n_head * model_cfg.head_dim) * (L + 1)
+    if model_cfg.attn_backend == "dense":
+        activations += 16 * B * model_cfg.n_head * T * T * (L + 1)
+    logits = tokens if cfg.loss == "plain" else min(tokens, cfg.loss_chunk_tokens)
+    return states + activations + 16 * logits * V + 4 * V * C
 
 
 def largest_micro_batch(model_cfg, cfg, gpus: int, capacity_bytes: float, parallel: str, use_bf16: bool,
