@@ -192,3 +192,40 @@ def test_a_damaged_or_missing_shard_is_refused_in_one_sentence(runs, tmp_path):
     shutil.rmtree(checkpoints.shard_directory(str(run_dir / "ckpt.pt"), ckpt))
     with pytest.raises(TrainError, match="is sharded, but its shard directory .* is missing"):
         train.run([runs["config"], "--pos=rope", "--parallel=fsdp", f"--out_dir={run_dir}", "--resume"])
+
+
+def test_bf16_policy_gathers_the_matrices_in_bf16_and_keeps_positional_parameters_fp32():
+    """FSDP's bf16 mixed precision: the weight matrices and the embedding compute in bf16, the norms and the
+    encodings' own parameters (here GRAPE-AP's path projection and KV-shift's gates) in fp32, as under autocast;
+    the master weights and the reduced gradients stay fp32. A group of one process, made by Distributed."""
+    from model import GPTConfig
+    from training.distributed import Distributed
+    config = GPTConfig(n_layer=2, n_head=2, n_embd=32, head_dim=16, vocab_size=64, block_size=16, pos="grape_ap",
+                       kv_shift=True)
+    idx = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    fp32_loss = GPT(config)(idx, idx)[1].item()
+    ddp = Distributed("cpu", 60, "fsdp")
+    try:
+        torch.manual_seed(0)
+        model = GPT(config)
+        ddp.shard(model, bf16_params=True, reshard_after_forward=True, compile_blocks=False)
+        block, seen = model.blocks[1], {}
+        watched = {"qkv": block.attn.qkv, "mlp.up": block.mlp.up, "embedding": model.wte,
+                   "path": block.attn.bias.path, "kv_shift": block.attn.kv_shift.gate, "attn_norm": block.attn_norm,
+                   "q_norm": block.attn.q_norm, "final norm": model.norm}
+        def record(name):
+            def hook(module, args):
+                seen.setdefault(name, module.weight.dtype)
+            return hook
+        for name, module in watched.items():
+            module.register_forward_pre_hook(record(name))
+        loss = model(idx, idx)[1]
+        loss.backward()
+        bf16, fp32 = torch.bfloat16, torch.float32
+        assert seen == {"qkv": bf16, "mlp.up": bf16, "embedding": bf16, "path": fp32, "kv_shift": fp32,
+                        "attn_norm": fp32, "q_norm": fp32, "final norm": bf16}
+        assert {p.dtype for p in model.parameters()} == {fp32} and {p.grad.dtype for p in model.parameters()} == {fp32}
+        assert 0 < abs(loss.item() - fp32_loss) < 1e-2 * fp32_loss  # bf16 rounding, nothing more
+    finally:
+        ddp.release()
