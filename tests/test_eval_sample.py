@@ -86,3 +86,16 @@ def test_a_file_that_is_not_a_checkpoint_is_named_with_what_to_pass(run, capsys,
     assert exit_info.value.code == 2 and len(err.splitlines()) == 1
     assert err == (f"error: {run_dir / name} is {what}, not a checkpoint: pass --ckpt {run_dir} "
                    "(its run directory, which holds ckpt.pt)")
+
+
+@pytest.mark.parametrize("seed, accepted", [(-1, False), (0, True), (2**64 - 1, True), (2**64, False)])
+def test_seed_bounds_are_the_generators(run, capsys, seed, accepted):
+    # torch.Generator.manual_seed takes exactly 0 .. 2**64 - 1: both ends sample, one past either is refused
+    _, run_dir = run
+    args = ["--ckpt", str(run_dir), "--max-new-tokens", "4", "--temperature", "1.0", "--seed", str(seed)]
+    if accepted:
+        assert sample.main(args) == sample.main(args)
+    else:
+        with pytest.raises(SystemExit) as exit_info:
+            sample.main(args)
+        assert exit_info.value.code == 2 and "--seed must be between 0 and" in capsys.readouterr().err
