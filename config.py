@@ -131,7 +131,8 @@ class TrainConfig:
                                      # + cross-entropy in chunks of tokens: never the full logits) | plain (full
                                      # logits) | liger | cce (fused CUDA kernels: pip install liger-kernel /
                                      # cut-cross-entropy)
-    loss_chunk_tokens: int = 1024    # chunked: tokens per chunk of the LM head and loss
+    loss_chunk_tokens: int = 256     # chunked: tokens per chunk of the LM head and loss (its logits are
+                                     # 256 x vocabulary x 4 bytes; larger chunks may run faster on a GPU)
     dist_timeout_s: int = 600        # with several processes: a process that waits this long for another (dead
                                      # or frozen) ends the job with a message instead of blocking forever
     # wandb (disabled unless asked; offline by default, so no account is needed)

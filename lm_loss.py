@@ -19,14 +19,15 @@ import importlib.util
 import torch
 import torch.nn.functional as F
 
-from config import LOSSES
+from config import LOSSES, TrainConfig
 # The packages of the fused CUDA losses, and how to install them.
 FUSED_LOSS_PACKAGES = {"liger": ("liger_kernel", "pip install liger-kernel"),
                        "cce": ("cut_cross_entropy", "pip install cut-cross-entropy")}
-# Chunk size when none is given: a chunk's fp32 logits are then 8192 x 4 bytes a vocabulary entry (206 MB at
-# the GPT-2 vocabulary, against 3.3 GB for the paper's 4 x 4096-token micro-batch). Measured on the CPU
-# (scripts/bench_memory.py): chunks this size are faster than the whole micro-batch at once.
-DEFAULT_CHUNK_TOKENS = 1024
+# Chunk size when none is given (train.loss_chunk_tokens' default): a chunk's fp32 logits are then 256 x 4 bytes
+# a vocabulary entry (52 MB at the GPT-2 vocabulary, against 3.3 GB for the paper's 4 x 4096-token micro-batch).
+# Measured on the CPU (scripts/bench_memory.py, docs/memory.md): 8x less peak than the plain loss at the
+# quickstart's micro-batch and faster; 1024-token chunks would hold the quickstart's whole micro-batch at once.
+DEFAULT_CHUNK_TOKENS = TrainConfig.loss_chunk_tokens
 
 
 def fused_loss_available(name: str) -> bool:
@@ -130,6 +131,7 @@ def _chunked_forward(hidden, weight, targets, chunk_tokens, dtype, want_grads):
             sums = exps.sum(dim=-1)
             total += ((maxima[:, 0] + sums.log() - target_logits) * keep).sum()
             if grad_hidden is None and grad_weight is None:
+                del logits, exps  # (else this chunk's logits live on while the next chunk's are computed)
                 continue
             # d(mean loss)/d logits = (softmax - one_hot) · keep / count
             probs = exps.div_(sums[:, None])
@@ -142,6 +144,7 @@ def _chunked_forward(hidden, weight, targets, chunk_tokens, dtype, want_grads):
                     grad_weight.addmm_(g.T, h)
                 else:
                     grad_weight.add_(g.T @ h)
+            del logits, exps, probs, g  # one chunk's logits at a time: free them before the next chunk's matmul
         return total / count, grad_hidden, grad_weight
 
 
