@@ -347,11 +347,10 @@ def state_bytes(model, optimizer) -> int:
     return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())
 
 
-def measure_peak(model_cfg, cfg, ddp, use_bf16: bool = False, steps: int = 2) -> int:
-    """Bytes at the peak of the last of `steps` real training steps (train.py's model set-up, train_step, the
-    AdamW step) on random tokens: on CUDA the allocator's maximum; on the CPU what was alive before the step (the
-    weights, the AdamW moments) plus the most the step itself held, from the profiler's record of every
-    allocation and free."""
+def training_steps(model_cfg, cfg, ddp, use_bf16: bool = False):
+    """A function step(i) that runs training step i as train.py does (its model set-up, train_step with the
+    config's accumulation, the AdamW step) on random tokens and returns its StepResult; and the model and its
+    optimizer."""
     from model import GPT
     from training.layout import bf16_parameters, lay_out
     from training.optimizer import make_optimizer
@@ -368,9 +367,18 @@ def measure_peak(model_cfg, cfg, ddp, use_bf16: bool = False, steps: int = 2) ->
         if use_bf16 and not bf16_parameters(cfg, use_bf16) else contextlib.nullcontext
 
     def step(i):
-        train_step(trained, model, batches, i, grad_accum, cfg, ddp, autocast, StopSignals())
+        result = train_step(trained, model, batches, i, grad_accum, cfg, ddp, autocast, StopSignals())
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        return result
+    return step, model, optimizer
+
+
+def measure_peak(model_cfg, cfg, ddp, use_bf16: bool = False, steps: int = 2) -> int:
+    """Bytes at the peak of the last of `steps` real training steps (training_steps) on random tokens: on CUDA
+    the allocator's maximum; on the CPU what was alive before the step (the weights, the AdamW moments) plus the
+    most the step itself held, from the profiler's record of every allocation and free."""
+    step, model, optimizer = training_steps(model_cfg, cfg, ddp, use_bf16)
     for i in range(steps - 1):
         step(i)
     if ddp.device.type == "cuda":
