@@ -92,6 +92,28 @@ def test_chunked_loss_without_gradients_and_a_second_backward(head_inputs):
         loss.backward()
 
 
+def test_chunked_loss_holds_one_chunk_of_logits_at_a_time():
+    """The most the chunked loss allocates (the allocator's record, forward and backward) is the weight's fp32
+    gradient, its input's gradient and one chunk's fp32 logits, plus small per-token vectors: a chunk's logits
+    are freed before the next chunk's are made (10 chunks here; two alive at once would add a chunk's). The
+    no-grad pass comes after the backward one, whose gradients stay allocated: the measurement counts from what
+    was allocated before it, not from the profiler's first session."""
+    tokens, width, vocab, chunk = 160, 16, 4000, 16
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(tokens, width, generator=g).requires_grad_()
+    weight = torch.randn(vocab, width, generator=g).requires_grad_()
+    targets = torch.randint(0, vocab, (tokens,), generator=g)
+    one_chunk = 4 * chunk * vocab
+    gradients = 4 * vocab * width + 4 * tokens * width
+
+    def train():
+        chunked_cross_entropy(hidden, weight, targets, chunk).backward()
+    peak = memory.profiled_peak(train)
+    assert gradients + one_chunk <= peak < gradients + 1.25 * one_chunk
+    with torch.no_grad():
+        assert memory.profiled_peak(lambda: chunked_cross_entropy(hidden, weight, targets, chunk)) < 1.25 * one_chunk
+
+
 def test_loss_choice_on_this_machine_and_fused_losses_refused_in_one_sentence(monkeypatch):
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert resolve_loss("auto", cpu) == "chunked"

@@ -391,19 +391,25 @@ def measure_peak(model_cfg, cfg, ddp, use_bf16: bool = False, steps: int = 2) ->
 
 
 def profiled_peak(work) -> int:
-    """The most that `work` held at once beyond what was allocated before it, on the CPU (torch's profiler
-    records each allocation with the running total of what was allocated since it started)."""
+    """The most that `work` held at once beyond what was allocated before it, on the CPU, from the profiler's
+    record of each allocation and free with the allocator's running total. That total also counts what earlier
+    profiled work allocated and still holds (a parameter's .grad), so the peak is taken against its value just
+    before the first allocation here."""
     from torch._C._profiler import _EventType
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as recording:
         work()
-    events, peak = list(recording.profiler.kineto_results.experimental_event_tree()), 0
-    while events:
-        event = events.pop()
-        events.extend(event.children)
+    # the event tree depth first, children in the order they happened: the allocations in time order
+    stack, totals = list(reversed(recording.profiler.kineto_results.experimental_event_tree())), []
+    while stack:
+        event = stack.pop()
+        stack.extend(reversed(event.children))
         if event.tag == _EventType.Allocation and event.extra_fields.device.type == "cpu":
-            peak = max(peak, event.extra_fields.total_allocated)
-    return peak
+            totals.append((event.extra_fields.total_allocated, event.extra_fields.alloc_size))
+    if not totals:
+        return 0
+    before = totals[0][0] - totals[0][1]
+    return max(0, max(total for total, _ in totals) - before)
 
 
 # ----------------------------------------------------------------------------- the command line
