@@ -7,8 +7,8 @@ planner's table for the paper-sized and larger configs. Writes docs/memory.md.
 
 1. The loss alone at the quickstart's vocabulary (50,304) and width (128): the plain loss (full fp32 logits)
    against the chunked one, forward and backward, at the quickstart's micro-batch (8 x 128 tokens) and a larger
-   one (8 x 512). Peak memory above the inputs (the profiler's record of every allocation) and time (the best of
-   alternating repetitions, robust to a shared machine's load), as ratios plain / chunked.
+   one (8 x 512). Peak memory above the inputs (the profiler's record of every allocation) and time (7 alternating
+   rounds: the median time, and the median of the rounds' ratios, robust to a shared machine's load).
 2. A training step per option, on random tokens (training.memory.training_steps: train.py's set-up and step):
    peak memory of a step (measured as the planner is validated) and the median step time, as ratios to a
    baseline measured in the same run; 2-process options run under torchrun (gloo). Then the precision options
@@ -70,7 +70,7 @@ GPU_GB = (24, 40, 80, 141)
 
 # ----------------------------------------------------------------------------- 1. the loss alone
 
-def bench_loss(tokens: int, repeats: int = 5) -> dict:
+def bench_loss(tokens: int, repeats: int = 7) -> dict:
     V, C = 50304, 128
     g = torch.Generator().manual_seed(0)
     hidden = torch.randn(tokens, C, generator=g).requires_grad_()
@@ -83,13 +83,15 @@ def bench_loss(tokens: int, repeats: int = 5) -> dict:
         hidden.grad = weight.grad = None
         fn().backward()
     peaks = {name: memory.profiled_peak(lambda fn=fn: run(fn)) for name, fn in variants.items()}
-    best = {name: float("inf") for name in variants}
-    for _ in range(repeats):  # alternating, so both see the same load
+    times = {name: [] for name in variants}
+    for _ in range(repeats):  # alternating, so both see the same load; the speed-up is the median of the rounds'
         for name, fn in variants.items():
             start = time.perf_counter()
             run(fn)
-            best[name] = min(best[name], time.perf_counter() - start)
-    return {"tokens": tokens, "peak": peaks, "seconds": best}
+            times[name].append(time.perf_counter() - start)
+    speedup = statistics.median(p / c for p, c in zip(times["plain"], times["chunked"]))
+    return {"tokens": tokens, "peak": peaks, "seconds": {name: statistics.median(t) for name, t in times.items()},
+            "speedup": speedup}
 
 
 # ----------------------------------------------------------------------------- 2. training steps
@@ -194,14 +196,15 @@ def report(losses, one, two, precisions, rows, command) -> str:
         lines += ["## The loss alone", "",
                   f"LM head + cross-entropy, forward and backward, vocabulary 50,304 and width 128 (the quickstart's), "
                   f"chunks of {DEFAULT_CHUNK_TOKENS} tokens (the default). Peak above the inputs and the head's "
-                  "weight; time the best of 5 alternating repetitions.", "",
+                  "weight; time: median of 7 rounds that alternate the two, the speed-up the median of the rounds' "
+                  "ratios.", "",
                   "| tokens | plain peak | chunked peak | memory plain / chunked | plain time | chunked time | "
                   "speed chunked / plain |", "|---|---|---|---|---|---|---|"]
         for r in losses:
             p, c = r["peak"], r["seconds"]
             lines.append(f"| {r['tokens']:,} | {p['plain'] / MiB:,.0f} MiB | {p['chunked'] / MiB:,.0f} MiB | "
                          f"{p['plain'] / p['chunked']:.1f}× | {c['plain'] * 1e3:,.0f} ms | {c['chunked'] * 1e3:,.0f} ms "
-                         f"| {c['plain'] / c['chunked']:.2f}× |")
+                         f"| {r['speedup']:.2f}× |")
         lines.append("")
     if one or two:
         lines += ["## A training step per option", "",
@@ -258,12 +261,15 @@ def main() -> None:
         return worker(args.worker)
     torch.set_num_threads(1)
     losses = [bench_loss(tokens) for tokens in (8 * 128, 8 * 512)]
-    print("loss:", [(r["tokens"], round(r["peak"]["plain"] / r["peak"]["chunked"], 2),
-                     round(r["seconds"]["plain"] / r["seconds"]["chunked"], 2)) for r in losses], flush=True)
+    print("loss (tokens, memory plain / chunked, speed-up):", [(r["tokens"], round(r["peak"]["plain"] / r["peak"][
+        "chunked"], 2), round(r["speedup"], 2)) for r in losses], flush=True)
     one = two = precisions = []
     if not args.skip_training:
-        one = [bench_step(overrides) for _, overrides in ONE_PROCESS]
-        print("one process:", [(round(r["peak"] / MiB, 1), round(r["seconds"], 3)) for r in one], flush=True)
+        one = []
+        for name, overrides in ONE_PROCESS:
+            one.append(bench_step(overrides))
+            print(f"{name}: peak {one[-1]['peak'] / MiB:.1f} MiB (planned {one[-1]['planned'] / MiB:.1f}), "
+                  f"{one[-1]['seconds']:.3f} s a step", flush=True)
         two = bench_two_processes()
         print("two processes:", [(round(r["peak"] / MiB, 1), round(r["seconds"], 3)) for r in two], flush=True)
         precisions = bench_precisions()
