@@ -75,7 +75,8 @@ def runs(tmp_path_factory):
                      "measure": [[QUICKSTART, *SMALL, *overrides] for overrides, _ in PLANNED_FSDP],
                      "results": str(root / "two.json")}, root)
     assert two.returncode == 0, two.stderr[-3000:]
-    by_1 = train.run(fsdp("fox", "resumed_by_1", "--resume"))  # a group of one process, made by train.py
+    # one process under DDP: the shards of 4 processes resumed by a model that is not sharded
+    by_1 = train.run([config, "--pos=fox", "--parallel=ddp", f"--out_dir={root / 'resumed_by_1'}", "--resume"])
     with open(root / "four.json") as f:
         four_results = dict(zip(ENCODINGS, json.load(f)["runs"]))
     with open(root / "two.json") as f:
@@ -141,14 +142,17 @@ def test_a_kill_before_the_commit_leaves_the_previous_checkpoint_whole(runs):
 
 @pytest.mark.parametrize("processes", [2, 1])
 def test_resume_on_another_number_of_processes_continues_the_losses(runs, processes):
-    """Saved by 4 processes at step 4 (then killed at step 8), resumed by 2 and by 1 (FSDP on a group of one)."""
+    """Saved by 4 processes at step 4 (then killed at step 8), resumed by 2 under FSDP and by 1 under DDP."""
     resumed = runs[f"resumed_by_{processes}"]
     uninterrupted = runs["fsdp4"]["fox"]["losses"]
     assert len(resumed["losses"]) == 16 and resumed["step"] == 20
     assert resumed["losses"] == pytest.approx(uninterrupted[4:], rel=FP32_ROUNDING)
     run_dir = runs["root"] / ("killed" if processes == 2 else "resumed_by_1")
-    # the uncommitted step-8 shards were removed at the start; the last save's are the only ones left
-    assert [d.split("-")[0] for d in os.listdir(run_dir / checkpoints.SHARDS_DIR)] == ["00000020"]
+    # the uncommitted step-8 shards were removed at the start; the last save's are the only ones left (under DDP
+    # the last save is one file, and the step-4 shards it replaced are gone too)
+    assert [d.split("-")[0] for d in os.listdir(run_dir / checkpoints.SHARDS_DIR)] == \
+        (["00000020"] if processes == 2 else [])
+    assert ("shards" in checkpoints.load(str(run_dir / "ckpt.pt"), required=(), assemble=False)) == (processes == 2)
     assert logged(run_dir, key="iter") == list(range(1, 21))  # metrics.jsonl trimmed to the checkpoint
 
 
@@ -169,6 +173,20 @@ def test_readers_take_a_sharded_run_directory_as_it_is(runs):
     single, _ = GPT.from_checkpoint(str(runs["root"] / "ddp1" / "fox"))
     for (name, a), b in zip(model.state_dict().items(), single.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_export_hf_takes_a_sharded_run_directory(runs, tmp_path):
+    """scripts/export_hf.py's export of the 4-process sharded run against its export of the 1-process run's
+    single file: the same tensors to fp32 rounding."""
+    from safetensors.torch import load_file
+    from hf.export import export
+    exported = {}
+    for name, run_dir in (("sharded", runs["root"] / "fsdp4" / "fox"), ("single", runs["root"] / "ddp1" / "fox")):
+        export(str(run_dir), str(tmp_path / name), "remote")
+        exported[name] = load_file(str(tmp_path / name / "model.safetensors"))
+    assert exported["sharded"].keys() == exported["single"].keys() and len(exported["single"]) > 10
+    for key, tensor in exported["single"].items():
+        torch.testing.assert_close(exported["sharded"][key], tensor, rtol=1e-4, atol=1e-5, msg=key)
 
 
 def test_a_damaged_or_missing_shard_is_refused_in_one_sentence(runs, tmp_path):

@@ -16,6 +16,7 @@ import dataclasses
 import os
 import shutil
 import uuid
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -156,7 +157,11 @@ def restore_from_shards(ckpt: dict, model, optimizer, ddp, path: str) -> None:
     if problems:
         raise TrainError(f"{checkpoints.shard_damage_error(path, ckpt, problems, RESTORE_ADVICE)}.")
     state = sharded_state(model, optimizer)
-    dcp.load(state, checkpoint_id=checkpoints.shard_directory(path, ckpt), no_dist=world == 1 and not dist.is_initialized())
+    alone = world == 1 and not dist.is_initialized()
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is, when alone
+        if alone:
+            warnings.simplefilter("ignore", UserWarning)
+        dcp.load(state, checkpoint_id=checkpoints.shard_directory(path, ckpt), no_dist=alone)
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
 
@@ -177,6 +182,7 @@ class Checkpointer:
             elif self.ddp.is_main:
                 self.write({**self.description(step, divergence), "model": model.state_dict(),
                             "optimizer": optimizer.state_dict()})
+                remove_unreferenced_shards(self.path)  # a sharded run resumed without FSDP: its last shards
         self.saved_step = step
         self.ddp.barrier()
 
@@ -224,8 +230,14 @@ class Checkpointer:
             shards = {"dir": name, "files": {f: h for share in shares for f, h in share.items()},
                       "world_size": ddp.world_size}
             self.write({**self.description(step, divergence), "shards": shards})
-            for stale in checkpoints.unreferenced_shard_directories(run_dir):
-                shutil.rmtree(stale, ignore_errors=True)
+            remove_unreferenced_shards(self.path)
+
+
+def remove_unreferenced_shards(path: str) -> None:
+    """After ckpt.pt at `path` is written: the shard directories beside it that it does not name (the previous
+    sharded checkpoint's) are no longer needed."""
+    for stale in checkpoints.unreferenced_shard_directories(os.path.dirname(os.path.abspath(path))):
+        shutil.rmtree(stale, ignore_errors=True)
 
 
 def fsync_directory(directory: str) -> None:
