@@ -59,6 +59,8 @@ def runs(tmp_path_factory):
     torch.set_num_threads(1)
     # the reference: DDP's code path on one process, 8 micro-batches a step
     reference = {pos: train.run([config, f"--pos={pos}", f"--out_dir={root / 'ddp1' / pos}"]) for pos in ENCODINGS}
+    # a DDP checkpoint at step 10, resumed under FSDP by 2 processes below
+    train.run([config, "--pos=fox", f"--out_dir={root / 'ddp_then_fsdp'}", "--stop_iter=10"])
 
     def fsdp(pos, out, *more):
         return [config, f"--pos={pos}", "--parallel=fsdp", f"--out_dir={root / out}", *more]
@@ -71,7 +73,8 @@ def runs(tmp_path_factory):
     two = launch(2, {"runs": [fsdp(pos, f"fsdp2/{pos}", "--batch_size=2") for pos in ENCODINGS]
                      + [fsdp("fox", "killed", "--batch_size=2", "--resume"),
                         fsdp("fox", "fsdp2_checkpointed", "--batch_size=2", "--activation_checkpointing=blocks"),
-                        fsdp("rope", "fsdp2_reduce_each", "--batch_size=2", "--fsdp_reduce_each_micro_batch")],
+                        fsdp("rope", "fsdp2_reduce_each", "--batch_size=2", "--fsdp_reduce_each_micro_batch"),
+                        fsdp("fox", "ddp_then_fsdp", "--batch_size=2", "--resume")],
                      "measure": [[QUICKSTART, *SMALL, *overrides] for overrides, _ in PLANNED_FSDP],
                      "results": str(root / "two.json")}, root)
     assert two.returncode == 0, two.stderr[-3000:]
@@ -84,7 +87,8 @@ def runs(tmp_path_factory):
     runs = two_results["runs"]
     return {"root": root, "config": config, "data_dir": data_dir, "reference": reference, "four": four,
             "fsdp4": four_results, "fsdp2": dict(zip(ENCODINGS, runs[:3])), "resumed_by_2": runs[3],
-            "checkpointed": runs[4], "reduce_each": runs[5], "resumed_by_1": by_1, "memory": two_results["memory"]}
+            "checkpointed": runs[4], "reduce_each": runs[5], "ddp_then_fsdp": runs[6], "resumed_by_1": by_1,
+            "memory": two_results["memory"]}
 
 
 def logged(run_dir, kind="train", key="loss"):
@@ -154,6 +158,16 @@ def test_resume_on_another_number_of_processes_continues_the_losses(runs, proces
         (["00000020"] if processes == 2 else [])
     assert ("shards" in checkpoints.load(str(run_dir / "ckpt.pt"), required=(), assemble=False)) == (processes == 2)
     assert logged(run_dir, key="iter") == list(range(1, 21))  # metrics.jsonl trimmed to the checkpoint
+
+
+def test_a_ddp_checkpoint_resumes_under_fsdp(runs):
+    """One process under DDP saved a single-file checkpoint at step 10; 2 processes under FSDP continue it with
+    the uninterrupted 1-process run's losses, and their checkpoint is sharded."""
+    resumed = runs["ddp_then_fsdp"]
+    assert resumed["step"] == 20 and len(resumed["losses"]) == 10
+    assert resumed["losses"] == pytest.approx(runs["reference"]["fox"]["losses"][10:], rel=FP32_ROUNDING)
+    ckpt = checkpoints.load(str(runs["root"] / "ddp_then_fsdp" / "ckpt.pt"), required=(), assemble=False)
+    assert ckpt["shards"]["world_size"] == 2
 
 
 def test_readers_take_a_sharded_run_directory_as_it_is(runs):
