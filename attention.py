@@ -38,11 +38,11 @@ HALF_DTYPES = (torch.bfloat16, torch.float16)
 
 
 def resolve_backend(requested: str, bias: AdditiveBias | None, device: torch.device | None = None,
-                    dtype: torch.dtype | None = None) -> str:
-    """The backend one layer runs for attention inputs of ``dtype`` on ``device`` (None: only validate
-    the name). "auto" takes the in-tile kernel only where it is built for: CUDA and bf16/fp16 inputs
+                    dtype: torch.dtype | None = None, head_dim: int = 64) -> str:
+    """The backend one layer runs for attention inputs of ``dtype`` and ``head_dim`` on ``device`` (None: only
+    validate the name). "auto" takes the in-tile kernel only where it is built for: CUDA and bf16/fp16 inputs
     (fp32 would run its dots without tensor cores, in tiles sized for half precision), and only where the
-    installed Triton builds it (else one warning line and the lift)."""
+    installed Triton builds it for this head dim and it fits the GPU (else one warning line and the lift)."""
     if requested not in BACKENDS:
         raise ValueError(f"unknown attn_backend {requested!r}; valid: {', '.join(BACKENDS)}")
     if requested == "dense":
@@ -54,8 +54,8 @@ def resolve_backend(requested: str, bias: AdditiveBias | None, device: torch.dev
     on_triton_device = device is not None and TRITON_AVAILABLE and (
         device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")
     if requested == "auto":
-        return "tile" if on_triton_device and dtype in HALF_DTYPES and triton_builds("separable", DTYPE_NAMES[dtype]) \
-            else "lifted"
+        return "tile" if on_triton_device and dtype in HALF_DTYPES and triton_builds(
+            "separable", DTYPE_NAMES[dtype], head_dim) else "lifted"
     if requested == "tile" and device is not None and not on_triton_device:
         raise ValueError("attn_backend='tile' runs a Triton kernel: it needs a CUDA device and the triton package "
                          f"(this model is on {device.type}{'' if TRITON_AVAILABLE else ', triton is not installed'}); "

@@ -155,7 +155,7 @@ class CausalSelfAttention(nn.Module):
         self.requested_backend = config.attn_backend
 
     def backend(self, device: torch.device, dtype: torch.dtype | None) -> str:
-        return resolve_backend(self.requested_backend, self.bias, device, dtype)
+        return resolve_backend(self.requested_backend, self.bias, device, dtype, self.head_dim)
 
     def forward(self, x, positions, cache: LayerCache | None = None, k_positions=None):
         B, T, _ = x.shape
@@ -295,11 +295,13 @@ class GPT(nn.Module):
         del batch_size  # buffers take their batch size from the first tokens appended
         return KVCache(self.config.n_layer, max_len, start_pos)
 
-    def forward(self, idx, targets=None, start_pos: int = 0, cache: KVCache | None = None):
+    def forward(self, idx, targets=None, start_pos: int = 0, cache: KVCache | None = None,
+                last_logits: int | None = None):
         """idx (B, T) token ids; start_pos is the absolute position of idx[:, 0] (taken from the cache
         when one is given). Returns fp32 logits (B, T, vocab) and the mean cross-entropy over targets
         that are not -1 (None without targets); with targets and a loss_impl other than "plain", the logits
-        are None (they are never held in full)."""
+        are None (they are never held in full). last_logits=n returns the logits of the last n positions only
+        (B, n, vocab; 0 for none): a prefill that needs only its end skips the output layer elsewhere."""
         T = idx.shape[1]
         k_positions = None
         if cache is not None:
@@ -315,6 +317,10 @@ class GPT(nn.Module):
                 x = block(x, positions, cache.layers[i] if cache is not None else None, k_positions)
         if cache is not None:
             cache.pos += T
+        if last_logits is not None:
+            if targets is not None:
+                raise ValueError("last_logits and targets cannot be combined: the loss needs every position's logits")
+            x = x[:, T - last_logits:]
         if targets is not None and self.loss_impl != "plain":
             return None, lm_loss(self.loss_impl, self.norm(x), self.lm_head.weight, targets, self.loss_chunk_tokens)
         # (the head's input in the weight's dtype: under FSDP's bf16 parameters there is no autocast to cast it)

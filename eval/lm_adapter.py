@@ -17,8 +17,15 @@ All three request types are exact for a causal model:
 - generate_until: prefill + token-by-token decoding through the model's KV cache, with stop strings,
   the end-of-text token and max_gen_toks. Requests are batched only with others of the same prompt
   length and generation settings, so no padding ever enters the cache.
+
+Inputs longer than the training context (block_size) work for every encoding: pass max_length (the longest
+input kept; default block_size). A window or prompt longer than `prefill_chunk` tokens (default block_size) runs
+through the model's KV cache in chunks of that many tokens, sized to the input (plus the tokens to generate), so
+attention never sees more queries than a chunk; logits are computed only for the positions scored (for
+generation, the prompt's last). Positions are used as they are: nothing is rescaled here.
 """
 import json
+import time
 
 import lm_eval.models  # noqa: F401  (lm-eval adds its own models, e.g. hf, only to a registry still empty of ours)
 import torch
@@ -27,6 +34,7 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 
 from eval.checkpoint import autocast_context, load_model, pick_device
+from eval import progress as timing
 from eval.progress import Progress
 from model import sample_next
 
@@ -62,15 +70,21 @@ class GrapeLM(TemplateLM):
     """lm-eval model for a GRAPE checkpoint (`ckpt=RUN_DIR`) or an in-memory model + tokenizer."""
 
     def __init__(self, ckpt=None, model=None, tokenizer=None, batch_size=16, device=None,
-                 max_length=None, rolling_stride=None, **unused):
+                 max_length=None, rolling_stride=None, prefill_chunk=None, **unused):
         super().__init__()
         self._device = pick_device(device)
         self.step = None  # training step of the checkpoint, when loaded from one
         if model is None:
             if ckpt is None:
                 raise ValueError("GrapeLM needs ckpt=RUN_DIR (or model= and tokenizer=)")
+            # tokenizer=PATH (lm-eval's model_args) names Hugging Face tokenizer files for tasks that size their
+            # data with one (RULER); the model itself uses the checkpoint's tokenizer, which must encode the same.
+            hf_tokenizer = tokenizer if isinstance(tokenizer, str) else None
             model, tokenizer, ckpt_dict = load_model(ckpt, self._device)
             self.step = ckpt_dict.get("step")
+            if hf_tokenizer:
+                from eval.long_context_tasks import check_hf_tokenizer
+                check_hf_tokenizer(hf_tokenizer, tokenizer)
         elif tokenizer is None:
             raise ValueError("GrapeLM(model=...) also needs tokenizer=")
         self.model = model.to(self._device).eval()
@@ -79,6 +93,15 @@ class GrapeLM(TemplateLM):
         self.batch_size = int(batch_size) if str(batch_size).isdigit() else 16
         self.max_length = int(max_length or model.config.block_size)
         self.rolling_stride = int(rolling_stride or max(1, self.max_length // 2))
+        self.prefill_chunk = int(prefill_chunk or model.config.block_size)
+        if self.prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be at least 1 (got {prefill_chunk})")
+        # Called after each generated batch with [(prompt tokens, generated tokens)] per request; when set, it
+        # replaces the adapter's own progress lines (eval/long_context.py counts progress over all its tasks).
+        self.on_generated = None
+        self.generation_s = 0.0  # seconds spent in generate_until, over all calls
+        self.generation_cpu_s = 0.0  # CPU seconds of this process (all its threads) in generate_until
+        self.prompts_cut = 0  # prompts of the last generate_until call cut from the left to fit max_length
 
     @classmethod
     def create_from_arg_string(cls, arg_string, additional_config=None):
@@ -103,6 +126,29 @@ class GrapeLM(TemplateLM):
     def tok_decode(self, tokens, **kwargs):
         return self.tok.decode(list(tokens))
 
+    # ------------------------------------------------------------------ forward passes
+    def _logits_from(self, idx, first):
+        """fp32 logits at positions first.. of idx (B, T), computed for those positions only. Inputs longer than
+        prefill_chunk run through a KV cache chunk by chunk (the model's own cached forward)."""
+        T = idx.shape[1]
+        if T <= self.prefill_chunk:
+            return self.model(idx, last_logits=T - first)[0]
+        cache = self.model.new_cache(idx.shape[0], T)
+        kept = []
+        for start in range(0, T, self.prefill_chunk):
+            end = min(T, start + self.prefill_chunk)
+            kept.append(self.model(idx[:, start:end], cache=cache, last_logits=max(0, end - max(first, start)))[0])
+        return torch.cat(kept, dim=1)
+
+    def _prefill(self, idx, cache):
+        """Runs prompts idx (B, T) into `cache` in chunks of prefill_chunk; returns the last position's logits
+        (the only ones computed)."""
+        T = idx.shape[1]
+        for start in range(0, T, self.prefill_chunk):
+            end = min(T, start + self.prefill_chunk)
+            logits, _ = self.model(idx[:, start:end], cache=cache, last_logits=1 if end == T else 0)
+        return logits[:, -1]
+
     # ------------------------------------------------------------------ scoring
     @torch.no_grad()
     def _score_windows(self, items, disable_tqdm=False):
@@ -120,15 +166,16 @@ class GrapeLM(TemplateLM):
             for row, i in enumerate(batch):
                 tokens = items[i][0]
                 idx[row, :len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+            first = min(len(items[i][0]) - len(items[i][1]) for i in batch)  # the earliest scored position
             with autocast_context(self._device):
-                logits, _ = self.model(idx.to(self._device))
+                logits = self._logits_from(idx.to(self._device), first)
             for row, i in enumerate(batch):
                 tokens, targets = items[i]
                 k = len(targets)
                 if k == 0:
                     results[i] = (0.0, True)
                     continue
-                scored = logits[row, len(tokens) - k:len(tokens)].float()
+                scored = logits[row, len(tokens) - k - first:len(tokens) - first].float()
                 logprobs = F.log_softmax(scored, dim=-1)
                 target = torch.tensor(targets, dtype=torch.long, device=logprobs.device)
                 total = logprobs.gather(-1, target[:, None]).sum().item()
@@ -178,27 +225,43 @@ class GrapeLM(TemplateLM):
 
     # ------------------------------------------------------------------ generation
     def generate_until(self, requests, disable_tqdm=False):
+        start, cpu_start = timing.clock(), time.process_time()
+        try:
+            return self._generate_until(requests, disable_tqdm)
+        finally:
+            self.generation_s += timing.clock() - start
+            self.generation_cpu_s += time.process_time() - cpu_start
+
+    def _generate_until(self, requests, disable_tqdm):
         groups = {}  # (settings, prompt length) -> request indices
         prepared = []
+        self.prompts_cut = 0
         for i, request in enumerate(requests):
             context, gen_kwargs = request.args
             settings = self._generation_settings(gen_kwargs)
             max_new = settings["max_gen_toks"]
-            prompt = self.tok_encode(context)[-(self.max_length - max_new):] or [self.prefix_token_id]
+            tokens = self.tok_encode(context)
+            prompt = tokens[-(self.max_length - max_new):] or [self.prefix_token_id]
+            self.prompts_cut += len(prompt) < len(tokens)
             prepared.append((prompt, settings))
             key = (json.dumps(settings, sort_keys=True), len(prompt))
             groups.setdefault(key, []).append(i)
         outputs = [None] * len(requests)
-        progress = None if disable_tqdm else Progress(f"lm-eval: generating for {len(requests):,} requests", len(requests),
-                                                      "requests")
-        for indices in groups.values():
+        progress = None if disable_tqdm or self.on_generated else Progress(
+            f"lm-eval: generating for {len(requests):,} requests", len(requests), "requests")
+        # Shortest prompts first: results come early, and the largest KV caches at the end.
+        for key in sorted(groups, key=lambda key: key[1]):
+            indices = groups[key]
             for b0 in range(0, len(indices), self.batch_size):
                 batch = indices[b0:b0 + self.batch_size]
                 settings = prepared[batch[0]][1]
-                texts = self.generate_batch([prepared[i][0] for i in batch], **settings)
+                texts, n_generated = self.generate_batch([prepared[i][0] for i in batch], **settings,
+                                                         return_counts=True)
                 for i, text in zip(batch, texts):
                     outputs[i] = text
                     self.cache_hook.add_partial("generate_until", requests[i].args, text)
+                if self.on_generated:
+                    self.on_generated([(len(prepared[i][0]), n) for i, n in zip(batch, n_generated)])
                 if progress:
                     progress.advance(len(batch))
         return outputs
@@ -218,16 +281,17 @@ class GrapeLM(TemplateLM):
                 "top_k": int(top_k) if top_k else None}
 
     @torch.no_grad()
-    def generate_batch(self, prompts, until=(), max_gen_toks=256, temperature=0.0, top_k=None):
+    def generate_batch(self, prompts, until=(), max_gen_toks=256, temperature=0.0, top_k=None, return_counts=False):
         """Continues equal-length token prompts with the KV cache; returns the generated texts,
-        each cut before the first stop string. Stops at the end-of-text token too."""
+        each cut before the first stop string (and, with return_counts, the tokens generated for each).
+        Stops at the end-of-text token too."""
         assert len({len(p) for p in prompts}) == 1, "generate_batch needs equal-length prompts"
         idx = torch.tensor(prompts, dtype=torch.long, device=self._device)
         cache = self.model.new_cache(len(prompts), idx.shape[1] + max_gen_toks)
         generated = [[] for _ in prompts]
         done = [False] * len(prompts)
         with autocast_context(self._device):
-            logits, _ = self.model(idx, cache=cache)
+            logits = self._prefill(idx, cache)[:, None]
             for step in range(max_gen_toks):
                 # ids past the tokenizer's vocabulary are padding rows of the embedding: never emit them
                 next_logits = logits[:, -1, :self.tok.n_vocab].float()
@@ -250,4 +314,4 @@ class GrapeLM(TemplateLM):
             for stop in until:
                 text = text.split(stop)[0]
             texts.append(text)
-        return texts
+        return (texts, [len(tokens) for tokens in generated]) if return_counts else texts

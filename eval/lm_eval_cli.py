@@ -6,11 +6,17 @@
     python -m eval.lm_eval_cli --model hf --model_args pretrained=EXPORT_DIR,trust_remote_code=True \\
         --tasks piqa,sciq --data-dir DIR --device cpu     # a Hugging Face export (scripts/export_hf.py)
 
+    python -m eval.lm_eval_cli --model grape --model_args ckpt=RUN --tasks niah_single_1,ruler_vt \
+        --metadata '{"max_seq_lengths":[4096,8192]}' --data-dir DIR         # RULER, offline (eval/long_context.py)
+
 This imports the adapter (eval/lm_adapter.py, which registers the model name) and hands the arguments to
 lm-eval's entry point, so every `lm-eval run` flag works as lm-eval documents it (`--model_args` also takes
-`max_length` and `rolling_stride`). One flag is ours: `--data-dir DIR` reads the paper's seven tasks named in
---tasks from DIR/<task>.jsonl (hub schema, as `eval/zero_shot.py --data-dir`) instead of the hub; other
-tasks come from lm-eval as usual. Without --output_path the results go to the run's own eval/ folder,
+`max_length`, `rolling_stride` and `prefill_chunk`). One flag is ours: `--data-dir DIR` reads the paper's seven
+tasks named in --tasks from DIR/<task>.jsonl (hub schema, as `eval/zero_shot.py --data-dir`) and the data RULER's
+and BABILong's tasks download from DIR's folder made by `eval/long_context.py --export-data DIR`, instead of the
+network; other tasks come from lm-eval as usual. For RULER tasks with `--model grape`, the run's own tokenizer is
+handed to RULER as Hugging Face files (`tokenizer=` in --model_args, unless given) and max_length defaults to the
+longest of --metadata's max_seq_lengths (RULER's 4096 without it), so no prompt is cut. Without --output_path the results go to the run's own eval/ folder,
 RUN_DIR/eval/lm_eval_<date>.json (lm-eval alone would save nothing). lm-eval asks for cuda:0 when --device is
 not given: without CUDA the adapter runs on the CPU and says so.
 """
@@ -55,6 +61,8 @@ def with_local_task_files(argv, data_dir, yaml_dir):
         raise UserError("--data-dir needs --tasks naming some of: " + ",".join(ZERO_SHOT_TASKS))
     names = [t.strip() for t in tasks.split(",") if t.strip()]
     local = [t for t in names if t in ZERO_SHOT_TASKS]
+    if not local:  # long-context tasks only: prepare_long_context reads DIR
+        return argv
     if not Path(data_dir).is_dir():
         raise UserError(f"--data-dir {data_dir} is not a directory.\n" + expected_files_message())
     problems = [p for p in (check_data_file(t, str(Path(data_dir) / f"{t}.jsonl")) for t in local) if p]
@@ -62,6 +70,68 @@ def with_local_task_files(argv, data_dir, yaml_dir):
         raise UserError("; ".join(problems) + ".\n" + expected_files_message(data_dir))
     paths = dict(zip(local, write_offline_task_yamls(TaskManager(), local, data_dir, yaml_dir)))
     return rest + ["--tasks", ",".join(paths.get(t, t) for t in names)]
+
+
+def task_names(tasks):
+    """lm-eval's --tasks value (a string or a list of them, comma-separated) as a list of names."""
+    items = [tasks] if isinstance(tasks, str) else list(tasks or [])
+    return [t.strip() for item in items for t in item.split(",") if t.strip()]
+
+
+def prepare_long_context(args, data_dir, yaml_dir):
+    """RULER and BABILong as eval/long_context.py runs them: for `--model grape`, the run's tokenizer as the
+    Hugging Face files RULER sizes its documents with and max_length large enough for them; with --data-dir, the
+    tasks that download data read it from DIR. Offline without the data: one error naming the files."""
+    from eval.long_context_tasks import (BABILONG_SPLITS, BABILONG_TASKS, LONG_CONTEXT_TASKS, RULER_TASKS, TASK_GROUPS,
+                                         missing_files, missing_files_sentence, needed_files, use_local_nltk_data,
+                                         write_task_yaml)
+
+    groups = TASK_GROUPS | {"babilong_longctx": BABILONG_TASKS}
+    names = task_names(args.tasks)
+    expanded = [t for name in names for t in (groups.get(name, (name,)) if data_dir else (name,))]
+    chosen = [t for name in names for t in groups.get(name, (name,)) if t in LONG_CONTEXT_TASKS]
+    if not chosen:
+        return
+    metadata = dict(args.model_args or {}) | dict(getattr(args, "metadata", None) or {})
+    lengths = metadata.get("max_seq_lengths")
+    if lengths is not None and any(t in BABILONG_TASKS for t in chosen) and not (
+            isinstance(lengths, str) and lengths in BABILONG_SPLITS):
+        raise UserError(f"BABILong reads one split, named in --metadata max_seq_lengths (one of "
+                        f"{', '.join(BABILONG_SPLITS)}), while RULER takes a list of lengths (got {lengths!r}): run "
+                        "them in separate commands, or use eval/long_context.py, which runs both at each length")
+    if data_dir is None:
+        from eval.long_context import hub_offline_reason
+
+        offline = hub_offline_reason() if any(needed_files(t) for t in chosen) else None
+        if offline:
+            missing = missing_files(chosen, [lengths if isinstance(lengths, str) else "0k"], None)
+            raise UserError(f"{offline}, and " + missing_files_sentence(missing, None, skip_option=False) + ".")
+    else:
+        use_local_nltk_data(data_dir)
+        missing = missing_files(chosen, [lengths if isinstance(lengths, str) else "0k"], data_dir)
+        if missing:
+            raise UserError(missing_files_sentence(missing, data_dir, skip_option=False) + ".")
+        from eval.long_context_tasks import task_manager as make_task_manager
+
+        task_manager = make_task_manager()
+        args.tasks = ",".join(write_task_yaml(task_manager, t, os.path.join(yaml_dir, f"{t}.yaml"), data_dir=data_dir)
+                              if t in chosen and needed_files(t) else t for t in expanded)
+    model_args = args.model_args if isinstance(args.model_args, dict) else {}
+    if args.model != "grape" or not model_args.get("ckpt"):
+        return
+    ruler = any(t in RULER_TASKS for t in chosen)
+    if ruler and "tokenizer" not in metadata:
+        from eval.checkpoint import load_model
+        from eval.long_context_tasks import write_hf_tokenizer
+
+        _, tokenizer, _ = load_model(model_args["ckpt"], "cpu")
+        model_args["tokenizer"] = write_hf_tokenizer(tokenizer.name, os.path.join(yaml_dir, "tokenizer"), 1 << 30)
+    if "max_length" not in model_args:  # nothing cut: RULER sizes prompt + answer to the length; BABILong about so
+        needed = [max(lengths) if isinstance(lengths, list) and lengths else 4096] if ruler else []
+        if any(t in BABILONG_TASKS for t in chosen):
+            needed.append(max(2048, 2 * BABILONG_SPLITS[lengths if isinstance(lengths, str) else "0k"]))
+        model_args["max_length"] = max(needed)
+    args.model_args = model_args
 
 
 def default_output_path(args):
@@ -96,6 +166,7 @@ def main(argv=None):
             cli = HarnessCLI()
             args = cli.parse_args()
             if getattr(args, "command", None) == "run":
+                prepare_long_context(args, data_dir, yaml_dir)
                 args.output_path = default_output_path(args)
                 if args.output_path:
                     print(f"results go to {args.output_path} (with the date added to the name)", file=sys.stderr)

@@ -70,7 +70,7 @@ def grape_ap_attention(q, k, v, p, r, slopes, scale: float, *, backend: str = "a
     if backend not in BACKENDS:
         raise ValueError(f"unknown grape_ap backend {backend!r}; valid: {', '.join(BACKENDS)}")
     if backend == "auto":
-        backend = auto_backend(q.device, q.dtype, q.shape[2])
+        backend = auto_backend(q.device, q.dtype, q.shape[2], q.shape[3], v.shape[3])
     if backend == "decode":
         return decode_attention(q, k, v, p, r, slopes, scale)
     if backend == "triton":
@@ -78,12 +78,15 @@ def grape_ap_attention(q, k, v, p, r, slopes, scale: float, *, backend: str = "a
     return grape_ap_chunked(q, k, v, p, r, slopes, scale, block_size=block_size)
 
 
-def auto_backend(device: torch.device, dtype: torch.dtype, n_queries: int) -> str:
+def auto_backend(device: torch.device, dtype: torch.dtype, n_queries: int, head_dim: int,
+                 value_dim: int | None = None) -> str:
     """One decoding query: "decode" (O(Tk), any device). CUDA: the Triton kernels where this Triton builds
-    them (else one warning line and the chunked path). Elsewhere "chunked"."""
+    them for this dtype and head dim and they fit the GPU (else one warning line and the chunked path).
+    Elsewhere "chunked"."""
     if n_queries == 1:
         return "decode"
-    if device.type == "cuda" and dtype in DTYPE_NAMES and triton_builds("grape_ap", DTYPE_NAMES[dtype]):
+    if device.type == "cuda" and dtype in DTYPE_NAMES and triton_builds("grape_ap", DTYPE_NAMES[dtype], head_dim,
+                                                                        value_dim):
         return "triton"
     return "chunked"
 
@@ -92,14 +95,15 @@ def grape_ap_triton(q, k, v, p, r, slopes, scale: float, *, config=None):
     """The Triton path (CUDA tensors, or CPU tensors under TRITON_INTERPRET=1), through the same
     autograd-aware custom op as the chunked path. Returns v's dtype; dp, dr come back in p's and r's
     dtypes. config: see ``kernels.grape_ap_triton.default_config``."""
-    from kernels.grape_ap_triton import default_config
+    from kernels.grape_ap_triton import check_config, default_config
     if q.dtype != k.dtype or q.dtype != v.dtype:
         raise ValueError(f"grape_ap (triton): q, k, v must share one dtype (got {q.dtype}, {k.dtype}, {v.dtype})")
     # made contiguous (and p, r fp32) out here, so that autograd saves these copies for the backward
     # instead of the op copying the model's strided q, k, v views once in each pass
     q, k, v = (x.contiguous() for x in (q, k, v))
     p, r = (x.float().contiguous() for x in (p, r))
-    return path_attention(q, k, v, p, r, slopes, scale, "triton", list(config or default_config(q.shape[3], q.dtype)))
+    config = check_config(config or default_config(q.shape[3], q.dtype))
+    return path_attention(q, k, v, p, r, slopes, scale, "triton", list(config))
 
 
 # --------------------------------------------------------------------------------------------------

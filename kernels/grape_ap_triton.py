@@ -18,23 +18,27 @@ every fp32 operand goes through the tensor cores as hi + lo parts with fp32 accu
 significant bits, about fp32 (scripts/split_precision.py measures the formats). z = p·r takes the parts
 from the host (``_path_operands``: one K = 32 dot, no per-element work); the in-tile suffix of ψ splits ψ
 in registers. ψ is clamped at -2^15 (log2 units) to stay in fp16's range: any key left of such an edge has
-bias <= -2^15 and softmax weight exactly 0 with or without the clamp. dS and the path gradients' tiles take
-parts in the inputs' dtype (bf16 needs its range). log2(1 + 2^-|z|) is the hardware's lg2.approx (one
-special-function instruction; Triton's log2 is a 20-instruction polynomial).
+bias <= -2^15 and softmax weight exactly 0 with or without the clamp. dS and the path gradients' operands
+take bf16 parts (16 bits, fp32's range: α·sigmoid(-z) falls far below fp16's normal range for large z), cut
+with integer instructions (``_parts``); p and r come split from the host (``_path_parts``).
+log2(1 + 2^-|z|) is the hardware's lg2.approx (one special-function instruction; Triton's log2 is a
+20-instruction polynomial); the backward's 2^-log2(1 + 2^-|z|) = 1/(1 + 2^-|z|) is a polynomial on the FMA
+pipes (``_exp2_neg_unit``): three special-function operations per score element in each kernel.
 
 Backward, with dS = P∘(dO·vᵀ - D) the gradient of the logits: the path gradient is the left prefix
 dψ(i, ℓ) = Σ_{j<ℓ} dS(i, j) = E_i - Σ_{j>=ℓ} dS(i, j), E_i = Σ_j dS(i, j) the row total (not zero in
 bf16/fp16: docs/grape_ap_kernel.md), with the suffix again a running carry plus a triangular dot
-(GE[j, ℓ] = [j >= ℓ]). Two kernels per pass of ``pass_rows`` query rows, without atomics (deterministic):
-``_bwd_query`` (query-major: dq, dp and E) stores both running suffixes at every key-tile boundary;
-``_bwd_key`` (key-major: dk, dv, dr) reads them back. The boundary values take
-8·B·H·pass_rows·⌈Tk/BLOCK_N⌉ bytes, linear in T for a fixed ``pass_rows``. Both kernels run the same
-tile function (``_backward_tile``) on tiles of their own: the key-major kernel's key tiles are a whole
-number (RATIO) of the query-major kernel's, which stores the carries only at their edges. The tile sizes
-are those at which no kernel spills registers on sm_90 (``default_config``).
+(GE[j, ℓ] = [j >= ℓ]). Per pass of ``pass_rows`` query rows, without atomics (deterministic):
+``_bwd_query`` (query-major: dq and E_i) stores the running suffixes of ψ and dS at every key-tile edge of the
+key-major kernel; ``_bwd_key`` (key-major: dk, dv, dr, and each key tile's share of dp) reads them back and, with
+E_i known, forms the path gradient dz = α·sigmoid(-z)·dψ once, for both dr and dp; ``_sum_path_partials`` sums
+the dp shares over the key tiles. Scratch: 8·B·H·pass_rows·⌈Tk/BLOCK_N⌉ bytes of carries and
+4·S·B·H·pass_rows·⌈Tk/BLOCK_N⌉ of dp shares (S = 8 columns for d_p <= 8), linear in T for a fixed
+``pass_rows``. The key-major kernel's key tiles are a whole number (RATIO) of the query-major kernel's, which
+stores the carries only at their edges; tile sizes in ``default_config``, checked by ``check_config``.
 
-The interpreter (TRITON_INTERPRET=1) runs these kernels on the CPU in fp32/fp16 for the tests; its bf16
-dot is wrong, so bf16 is checked on a GPU (scripts/gpu_check.sh).
+The interpreter (TRITON_INTERPRET=1) runs these kernels on the CPU for the tests, in fp32, fp16 and bf16 (with
+the GPU's bf16 rounding: kernels/triton_common.py).
 """
 from __future__ import annotations
 
@@ -50,27 +54,29 @@ LOG2E = 1.0 / math.log(2.0)
 
 
 @triton.jit
+def _parts(x, LOW: tl.constexpr):
+    """fp32 x as hi + lo in LOW (x - hi - lo: 2^-22 of |x| in fp16, 2^-17 in bf16). bf16's hi is x with its low
+    16 bits masked off, read as bf16 by a shift: integer instructions, where a rounding conversion to bf16 that
+    is also read back to fp32 compiled to one F2F per element (a quarter-rate conversion, as costly as a MUFU)."""
+    if LOW == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        hi = (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+        lo = (x - (bits & 0xFFFF0000).to(tl.float32, bitcast=True)).to(tl.bfloat16)
+    else:
+        hi = x.to(LOW)
+        lo = (x - hi.to(tl.float32)).to(LOW)
+    return hi, lo
+
+
+@triton.jit
 def _split_dot(x, y, acc, SPLIT: tl.constexpr):
     """acc + x·y with fp32 accumulation, x fp32: as hi + lo parts in y's dtype (SPLIT), else one fp32 dot.
     Two parts keep 22 bits (fp16) or 16 bits (bf16) of x, and down to 2^-25 absolute where fp16's lo part
     is subnormal."""
     if SPLIT:
-        hi = x.to(y.dtype)
+        hi, lo = _parts(x, y.dtype)
         acc = tl.dot(hi, y, acc)
-        acc = tl.dot((x - hi.to(tl.float32)).to(y.dtype), y, acc)
-    else:
-        acc = tl.dot(x, y, acc, input_precision="ieee")
-    return acc
-
-
-@triton.jit
-def _split_dot_both(x, y, acc, SPLIT: tl.constexpr, LOW: tl.constexpr):
-    """acc + x·y for fp32 x and y: hi + lo parts of both in LOW (three dots, hi·hi + lo·hi + hi·lo),
-    else one fp32 dot. For the path gradients, whose small y (r or p) would otherwise be rounded once."""
-    if SPLIT:
-        y_hi = y.to(LOW)
-        acc = _split_dot(x, y_hi, acc, SPLIT)
-        acc = tl.dot(x.to(LOW), (y - y_hi.to(tl.float32)).to(LOW), acc)
+        acc = tl.dot(lo, y, acc)
     else:
         acc = tl.dot(x, y, acc, input_precision="ieee")
     return acc
@@ -95,11 +101,13 @@ def _triangle(BLOCK_N: tl.constexpr, GREATER_EQUAL: tl.constexpr, DTYPE: tl.cons
 
 
 @triton.jit
-def _triangles(BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, LOW: tl.constexpr):
-    """GT for the in-tile suffix of ψ (fp16 parts) and GE for that of dS (parts in the inputs' dtype LOW)."""
+def _triangles(BLOCK_N: tl.constexpr, SPLIT: tl.constexpr):
+    """GT for the in-tile suffix of ψ (fp16 parts) and GE for that of dS, whose bf16 parts also carry the path
+    gradients' products (bf16 for fp16 inputs too: fp32's range, where α·sigmoid(-z) and dS fall far below
+    fp16's)."""
     if SPLIT:
         gt = _triangle(BLOCK_N, False, tl.float16)
-        ge = _triangle(BLOCK_N, True, LOW)
+        ge = _triangle(BLOCK_N, True, tl.bfloat16)
     else:
         gt = _triangle(BLOCK_N, False, tl.float32)
         ge = _triangle(BLOCK_N, True, tl.float32)
@@ -119,6 +127,21 @@ def _log2(x, FAST: tl.constexpr):
 
 
 @triton.jit
+def _exp2_neg_unit(x, POLYNOMIAL: tl.constexpr):
+    """2^-x for x in [0, 1]: with POLYNOMIAL a degree-4 polynomial on the FMA pipes (relative error 2.7e-6, far
+    below bf16/fp16 gradients' rounding), where exp2 would take a fourth special-function (MUFU) operation per
+    score element; else exp2 (fp32 inputs)."""
+    if POLYNOMIAL:
+        y = x * 0.006767073180526495 - 0.05307407304644585
+        y = y * x + 0.2393411099910736
+        y = y * x - 0.6930302381515503
+        y = y * x + 0.9999974370002747
+    else:
+        y = tl.exp2(-x)
+    return y
+
+
+@triton.jit
 def _biased_logits(q, k, pz, rz, carry, slope, qk_scale, gt, visible, MASKED: tl.constexpr, SPLIT: tl.constexpr,
                    FAST_LOG2: tl.constexpr, QK_PRECISION: tl.constexpr, WITH_WEIGHT: tl.constexpr):
     """One tile's logits s = q·k·scale·log2(e) + bias (log2 units; -inf past the diagonal when MASKED),
@@ -130,7 +153,7 @@ def _biased_logits(q, k, pz, rz, carry, slope, qk_scale, gt, visible, MASKED: tl
     weight = psi  # unused unless WITH_WEIGHT
     if WITH_WEIGHT:  # α·sigmoid(-z) = α·(2^-|z| if z >= 0 else 1) / (1 + 2^-|z|), 2^-soft = 1/(1 + 2^-|z|);
         # before the dots below, so that z, e and soft are dead during them
-        weight = slope * tl.where(z >= 0, e, 1.0) * tl.exp2(-soft)
+        weight = tl.where(z >= 0, slope * e, slope) * _exp2_neg_unit(soft, SPLIT)
         if MASKED:
             weight = tl.where(visible, weight, 0.0)
     if MASKED:
@@ -171,7 +194,7 @@ def _fwd(Q, K, V, PZ, RZ, SLOPES, OUT, LSE, qk_scale, Tq, Tk, H,
     slope = tl.load(SLOPES + bh % H)
     q = load_tile(Q, bh, Tq, rows, row_ok, D, BLOCK_D)
     pz = load_tile(PZ, bh, Tq, rows, row_ok, KZ, KZ)
-    gt, _ = _triangles(BLOCK_N, SPLIT, Q.dtype.element_ty)
+    gt, _ = _triangles(BLOCK_N, SPLIT)
 
     m_i = tl.full([BLOCK_M], -1e30, tl.float32)  # finite: a row may see no key in its first tiles
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -189,21 +212,16 @@ def _fwd(Q, K, V, PZ, RZ, SLOPES, OUT, LSE, qk_scale, Tq, Tk, H,
 
 
 @triton.jit
-def _backward_tile(q, k, v, do, pz, rz, lse, delta, carry, slope, qk_scale, gt, visible,
-                   MASKED: tl.constexpr, SPLIT: tl.constexpr, FAST_LOG2: tl.constexpr, QK_PRECISION: tl.constexpr):
-    """What both backward kernels recompute of one tile: P, dS, ψ and the path weight α·sigmoid(-z)."""
-    s, psi, weight = _biased_logits(q, k, pz, rz, carry, slope, qk_scale, gt, visible,
-                                    MASKED, SPLIT, FAST_LOG2, QK_PRECISION, True)
-    probs = tl.exp2(s - lse[:, None])  # exactly 0 past the diagonal (s = -inf there)
-    ds = probs * (tl.dot(do, tl.trans(v), input_precision=QK_PRECISION) - delta[:, None])
-    return probs, ds, psi, weight
+def _probs_and_ds(s, lse, do, v, delta, QK_PRECISION: tl.constexpr):
+    """P = 2^(s - lse) (exactly 0 where s = -inf, past the diagonal) and dS = P∘(dO·vᵀ - D)."""
+    probs = tl.exp2(s - lse[:, None])
+    return probs, probs * (tl.dot(do, tl.trans(v), input_precision=QK_PRECISION) - delta[:, None])
 
 
 @triton.jit
-def _bwd_query_tiles(dq, dpath_weight, dpath_suffix, carry, carry_ds, q, do, pz, lse, delta, t, row_ok, pass_rows,
-                     K, V, R, RZ, CARRY_PSI, CARRY_DS, bh, Tk, N_KTILES, PASS_ROWS, slope, qk_scale,
-                     gt, ge, lo, hi, D: tl.constexpr, DV: tl.constexpr, DP: tl.constexpr,
-                     KZ: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DP: tl.constexpr,
+def _bwd_query_tiles(dq, carry, carry_ds, q, do, pz, lse, delta, t, row_ok, pass_rows, K, V, RZ, CARRY_PSI,
+                     CARRY_DS, bh, Tk, N_KTILES, PASS_ROWS, slope, qk_scale, gt, lo, hi, D: tl.constexpr,
+                     DV: tl.constexpr, KZ: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                      BLOCK_N: tl.constexpr, RATIO: tl.constexpr, MASKED: tl.constexpr, SPLIT: tl.constexpr,
                      FAST_LOG2: tl.constexpr, QK_PRECISION: tl.constexpr):
     for it in range(lo, hi):
@@ -213,8 +231,6 @@ def _bwd_query_tiles(dq, dpath_weight, dpath_suffix, carry, carry_ds, q, do, pz,
         k = load_tile(K, bh, Tk, cols, col_ok, D, BLOCK_D)
         v = load_tile(V, bh, Tk, cols, col_ok, DV, BLOCK_DV)
         rz = load_tile(RZ, bh, Tk, cols, col_ok, KZ, KZ)
-        # r_0 as zero: ψ(i, 0) is in no bias, so key 0 adds nothing to dp (its dψ is zero only up to rounding)
-        r = load_tile(R, bh, Tk, cols, col_ok & (cols >= 1), DP, BLOCK_DP)
         # the key-major kernel restarts from these values at the right edge of each of its key tiles (RATIO
         # of these)
         boundary = boundary_index(bh, N_KTILES, kb // RATIO, PASS_ROWS, pass_rows)
@@ -222,26 +238,21 @@ def _bwd_query_tiles(dq, dpath_weight, dpath_suffix, carry, carry_ds, q, do, pz,
         tl.store(CARRY_PSI + boundary, carry, mask=edge)
         tl.store(CARRY_DS + boundary, carry_ds, mask=edge)
         visible = cols[None, :] <= t[:, None]
-        _, ds, psi, weight = _backward_tile(q, k, v, do, pz, rz, lse, delta, carry, slope, qk_scale, gt, visible,
-                                            MASKED, SPLIT, FAST_LOG2, QK_PRECISION)
+        s, psi, _ = _biased_logits(q, k, pz, rz, carry, slope, qk_scale, gt, visible,
+                                   MASKED, SPLIT, FAST_LOG2, QK_PRECISION, False)
+        _, ds = _probs_and_ds(s, lse, do, v, delta, QK_PRECISION)
         dq += tl.dot(ds.to(k.dtype), k, input_precision=QK_PRECISION)
-        suffix = _split_dot(ds, ge, tl.zeros_like(ds), SPLIT)  # Σ_{j>=ℓ} dS(i, j) within the tile
-        # dp_i = Σ_ℓ weight·(E_i - carry_ds_i - suffix)·r_ℓ with E_i known only at the end of the row:
-        # accumulate Σ weight·r (one part: E_i is a rounding error, its term small) and
-        # Σ weight·(carry_ds + suffix)·r (hi + lo parts: the products carry the path gradient) apart
-        dpath_weight += tl.dot(weight.to(ge.dtype), r.to(ge.dtype), input_precision=QK_PRECISION)
-        dpath_suffix = _split_dot_both(weight * (carry_ds[:, None] + suffix), r, dpath_suffix, SPLIT, ge.dtype)
         carry += tl.sum(psi, axis=1)
         carry_ds += tl.sum(ds, axis=1)
-    return dq, dpath_weight, dpath_suffix, carry, carry_ds
+    return dq, carry, carry_ds
 
 
 @triton.jit
-def _bwd_query(Q, K, V, R, PZ, RZ, SLOPES, DO, LSE, DELTA, DQ, DPATH, DS_TOTAL, CARRY_PSI, CARRY_DS,
+def _bwd_query(Q, K, V, PZ, RZ, SLOPES, DO, LSE, DELTA, DQ, DS_TOTAL, CARRY_PSI, CARRY_DS,
                qk_scale, Tq, Tk, H, N_KTILES, PASS_ROWS, first_row,
-               D: tl.constexpr, DV: tl.constexpr, DP: tl.constexpr, KZ: tl.constexpr, BLOCK_M: tl.constexpr,
-               BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DP: tl.constexpr,
-               RATIO: tl.constexpr, SPLIT: tl.constexpr, FAST_LOG2: tl.constexpr, QK_PRECISION: tl.constexpr):
+               D: tl.constexpr, DV: tl.constexpr, KZ: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, RATIO: tl.constexpr, SPLIT: tl.constexpr,
+               FAST_LOG2: tl.constexpr, QK_PRECISION: tl.constexpr):
     bh = tl.program_id(1)
     slope = tl.load(SLOPES + bh % H)
     pass_rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # row index within this pass
@@ -253,38 +264,60 @@ def _bwd_query(Q, K, V, R, PZ, RZ, SLOPES, DO, LSE, DELTA, DQ, DPATH, DS_TOTAL, 
     do = load_tile(DO, bh, Tq, rows, row_ok, DV, BLOCK_DV)
     lse = tl.load(LSE + bh * Tq + rows, mask=row_ok, other=0.0)
     delta = tl.load(DELTA + bh * Tq + rows, mask=row_ok, other=0.0)
-    gt, ge = _triangles(BLOCK_N, SPLIT, Q.dtype.element_ty)
+    gt, _ = _triangles(BLOCK_N, SPLIT)
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    dpath_weight = tl.zeros([BLOCK_M, BLOCK_DP], tl.float32)  # Σ_ℓ weight·r_ℓ, times E_i at the end
-    dpath_suffix = tl.zeros([BLOCK_M, BLOCK_DP], tl.float32)  # Σ_ℓ weight·Σ_{j>=ℓ} dS·r_ℓ
     carry = tl.zeros([BLOCK_M], tl.float32)
     carry_ds = tl.zeros([BLOCK_M], tl.float32)
     n_full, n_tiles = key_tile_range(first_row + tl.program_id(0) * BLOCK_M, Tq, Tk, BLOCK_M, BLOCK_N)
     # whole key-kernel tiles, so that every boundary the key kernel reads is stored (the extra tiles are
     # past every row's diagonal: masked, they add nothing)
     n_tiles = tl.cdiv(n_tiles, RATIO) * RATIO
-    dq, dpath_weight, dpath_suffix, carry, carry_ds = _bwd_query_tiles(
-        dq, dpath_weight, dpath_suffix, carry, carry_ds, q, do, pz, lse, delta, t, row_ok, pass_rows, K, V, R, RZ,
-        CARRY_PSI, CARRY_DS, bh, Tk, N_KTILES, PASS_ROWS, slope, qk_scale, gt, ge, n_full, n_tiles,
-        D, DV, DP, KZ, BLOCK_D, BLOCK_DV, BLOCK_DP, BLOCK_N, RATIO, True, SPLIT, FAST_LOG2, QK_PRECISION)
-    dq, dpath_weight, dpath_suffix, carry, carry_ds = _bwd_query_tiles(
-        dq, dpath_weight, dpath_suffix, carry, carry_ds, q, do, pz, lse, delta, t, row_ok, pass_rows, K, V, R, RZ,
-        CARRY_PSI, CARRY_DS, bh, Tk, N_KTILES, PASS_ROWS, slope, qk_scale, gt, ge, 0, n_full,
-        D, DV, DP, KZ, BLOCK_D, BLOCK_DV, BLOCK_DP, BLOCK_N, RATIO, False, SPLIT, FAST_LOG2, QK_PRECISION)
-    row_total = carry_ds  # E_i = Σ_j dS(i, j)
-    tl.store(DS_TOTAL + bh * Tq + rows, row_total, mask=row_ok)
+    dq, carry, carry_ds = _bwd_query_tiles(
+        dq, carry, carry_ds, q, do, pz, lse, delta, t, row_ok, pass_rows, K, V, RZ, CARRY_PSI, CARRY_DS, bh, Tk,
+        N_KTILES, PASS_ROWS, slope, qk_scale, gt, n_full, n_tiles, D, DV, KZ, BLOCK_D, BLOCK_DV, BLOCK_N, RATIO,
+        True, SPLIT, FAST_LOG2, QK_PRECISION)
+    dq, carry, carry_ds = _bwd_query_tiles(
+        dq, carry, carry_ds, q, do, pz, lse, delta, t, row_ok, pass_rows, K, V, RZ, CARRY_PSI, CARRY_DS, bh, Tk,
+        N_KTILES, PASS_ROWS, slope, qk_scale, gt, 0, n_full, D, DV, KZ, BLOCK_D, BLOCK_DV, BLOCK_N, RATIO,
+        False, SPLIT, FAST_LOG2, QK_PRECISION)
+    tl.store(DS_TOTAL + bh * Tq + rows, carry_ds, mask=row_ok)  # E_i = Σ_j dS(i, j)
     store_tile(DQ, dq * (qk_scale * 0.6931471805599453), bh, Tq, rows, row_ok, D, BLOCK_D)  # × scale
-    store_tile(DPATH, row_total[:, None] * dpath_weight - dpath_suffix, bh, Tq, rows, row_ok, DP, BLOCK_DP)
 
 
 @triton.jit
-def _bwd_key_tiles(dk, dv_acc, dr, k, v, rz, cols, Q, P, PZ, DO, LSE, DELTA, DS_TOTAL, CARRY_PSI, CARRY_DS, bh, kb,
-                   Tq, offset, N_KTILES, PASS_ROWS, first_row, end_row, slope, qk_scale, gt, ge,
-                   lo, hi, D: tl.constexpr, DV: tl.constexpr, DP: tl.constexpr, KZ: tl.constexpr,
+def _path_dot(x, y, acc, SPLIT: tl.constexpr):
+    """acc + x·y for the path gradients, y as [hi | lo] bf16 columns from the host (SPLIT; see _path_parts):
+    x's own hi and lo parts times y, so that the two halves of acc's columns, summed on the host, hold
+    x·y to 16 bits of each operand in two dots. Else one fp32 dot."""
+    if SPLIT:
+        x_hi, x_lo = _parts(x, tl.bfloat16)
+        acc = tl.dot(x_hi, y, acc)
+        acc = tl.dot(x_lo, y, acc)
+    else:
+        acc = tl.dot(x, y, acc, input_precision="ieee")
+    return acc
+
+
+@triton.jit
+def _path_dot_left(y, x, acc, SPLIT: tl.constexpr):
+    """acc + y·x for the path gradients, y as [hi | lo] bf16 rows from the host (see _path_dot)."""
+    if SPLIT:
+        x_hi, x_lo = _parts(x, tl.bfloat16)
+        acc = tl.dot(y, x_hi, acc)
+        acc = tl.dot(y, x_lo, acc)
+    else:
+        acc = tl.dot(y, x, acc, input_precision="ieee")
+    return acc
+
+
+@triton.jit
+def _bwd_key_tiles(dk, dv_acc, dr, k, v, rz, rr, cols, Q, PP, PZ, DO, LSE, DELTA, DS_TOTAL, CARRY_PSI,
+                   CARRY_DS, DP_PART, bh, kb, Tq, offset, N_KTILES, PASS_ROWS, first_row, end_row, slope, qk_scale,
+                   gt, ge, lo, hi, D: tl.constexpr, DV: tl.constexpr, KZ: tl.constexpr,
                    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DP: tl.constexpr, BLOCK_M: tl.constexpr,
-                   MASKED: tl.constexpr, SPLIT: tl.constexpr, FAST_LOG2: tl.constexpr,
-                   QK_PRECISION: tl.constexpr):
+                   BLOCK_N: tl.constexpr, SHARE: tl.constexpr, MASKED: tl.constexpr, SPLIT: tl.constexpr,
+                   FAST_LOG2: tl.constexpr, QK_PRECISION: tl.constexpr):
     for mb in range(lo, hi):
         rows = mb * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = rows < end_row
@@ -295,17 +328,30 @@ def _bwd_key_tiles(dk, dv_acc, dr, k, v, rz, cols, Q, P, PZ, DO, LSE, DELTA, DS_
         delta = tl.load(DELTA + bh * Tq + rows, mask=row_ok, other=0.0)
         row_total = tl.load(DS_TOTAL + bh * Tq + rows, mask=row_ok, other=0.0)
         boundary = boundary_index(bh, N_KTILES, kb, PASS_ROWS, rows - first_row)
-        carry = tl.load(CARRY_PSI + boundary, mask=row_ok, other=0.0)
-        carry_ds = tl.load(CARRY_DS + boundary, mask=row_ok, other=0.0)
+        if MASKED:  # a row left of this key tile has no carry stored for it (its query-major tile never got
+            # here): read none, whatever the scratch holds, so that its zero weights meet finite numbers
+            written = row_ok & (rows + offset >= kb * BLOCK_N)
+        else:
+            written = row_ok
+        carry = tl.load(CARRY_PSI + boundary, mask=written, other=0.0)
+        carry_ds = tl.load(CARRY_DS + boundary, mask=written, other=0.0)
         visible = (cols[None, :] <= rows[:, None] + offset) & row_ok[:, None]
-        probs, ds, _, weight = _backward_tile(q, k, v, do, pz, rz, lse, delta, carry, slope, qk_scale, gt, visible,
-                                              MASKED, SPLIT, FAST_LOG2, QK_PRECISION)
+        s, _, weight = _biased_logits(q, k, pz, rz, carry, slope, qk_scale, gt, visible,
+                                      MASKED, SPLIT, FAST_LOG2, QK_PRECISION, True)
+        probs, ds = _probs_and_ds(s, lse, do, v, delta, QK_PRECISION)
         dv_acc += tl.dot(tl.trans(probs.to(do.dtype)), do, input_precision=QK_PRECISION)
         dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=QK_PRECISION)
-        suffix = _split_dot(ds, ge, tl.zeros_like(ds), SPLIT)
-        dz = weight * ((row_total - carry_ds)[:, None] - suffix)  # weight·dψ, dψ(i, ℓ) = Σ_{j<ℓ} dS(i, j)
-        p = load_tile(P, bh, Tq, rows, row_ok, DP, BLOCK_DP)
-        dr = _split_dot_both(tl.trans(dz), p, dr, SPLIT, ge.dtype)
+        suffix = _split_dot(ds, ge, tl.zeros_like(ds), SPLIT)  # Σ_{j>=ℓ} dS(i, j) within the tile
+        # the path gradient weight·dψ, dψ(i, ℓ) = Σ_{j<ℓ} dS(i, j) = E_i - (carry_ds_i + suffix)
+        dz = weight * ((row_total - carry_ds)[:, None] - suffix)
+        dz = tl.trans(dz)  # both products take dz with the keys first (one layout: no recomputation for another)
+        dr = _path_dot(dz, load_tile(PP, bh, Tq, rows, row_ok, BLOCK_DP, BLOCK_DP), dr, SPLIT)
+        # this key tile's share of dp_i = Σ_ℓ dz(i, ℓ)·r_ℓ, summed over the key tiles by _sum_path_partials
+        part = _path_dot_left(rr, dz, tl.zeros([BLOCK_DP, BLOCK_M], tl.float32), SPLIT)
+        if SPLIT:  # ·r_hi and ·r_lo rows added here: the shares take half the scratch
+            part = tl.sum(tl.reshape(part, (2, BLOCK_DP // 2, BLOCK_M)), axis=0)
+        store_tile(DP_PART, tl.trans(part), bh * N_KTILES + kb, PASS_ROWS, rows - first_row, row_ok, SHARE,
+                   SHARE)
     return dk, dv_acc, dr
 
 
@@ -318,11 +364,11 @@ def _accumulate_tile(ptr, value, bh, n_rows, rows, row_ok, WIDTH: tl.constexpr, 
 
 
 @triton.jit
-def _bwd_key(Q, K, V, P, PZ, RZ, SLOPES, DO, LSE, DELTA, DK, DV_OUT, DR, DS_TOTAL, CARRY_PSI, CARRY_DS,
-             qk_scale, Tq, Tk, H, N_KTILES, PASS_ROWS, first_row, end_row,
-             D: tl.constexpr, DV: tl.constexpr, DP: tl.constexpr, KZ: tl.constexpr, BLOCK_M: tl.constexpr,
+def _bwd_key(Q, K, V, PP, RR, PZ, RZ, SLOPES, DO, LSE, DELTA, DK, DV_OUT, DR, DS_TOTAL, CARRY_PSI,
+             CARRY_DS, DP_PART, qk_scale, Tq, Tk, H, N_KTILES, PASS_ROWS, first_row, end_row,
+             D: tl.constexpr, DV: tl.constexpr, KZ: tl.constexpr, BLOCK_M: tl.constexpr,
              BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DP: tl.constexpr,
-             SPLIT: tl.constexpr, FAST_LOG2: tl.constexpr, QK_PRECISION: tl.constexpr,
+             SHARE: tl.constexpr, SPLIT: tl.constexpr, FAST_LOG2: tl.constexpr, QK_PRECISION: tl.constexpr,
              ACCUMULATE: tl.constexpr):
     kb = tl.program_id(0)
     bh = tl.program_id(1)
@@ -333,7 +379,9 @@ def _bwd_key(Q, K, V, P, PZ, RZ, SLOPES, DO, LSE, DELTA, DK, DV_OUT, DR, DS_TOTA
     k = load_tile(K, bh, Tk, cols, col_ok, D, BLOCK_D)
     v = load_tile(V, bh, Tk, cols, col_ok, DV, BLOCK_DV)
     rz = load_tile(RZ, bh, Tk, cols, col_ok, KZ, KZ)
-    gt, ge = _triangles(BLOCK_N, SPLIT, Q.dtype.element_ty)
+    # r_0 as zero: ψ(i, 0) is in no bias, so key 0 adds nothing to dp (its dψ is zero only up to rounding)
+    rr = tl.trans(load_tile(RR, bh, Tk, cols, col_ok & (cols >= 1), BLOCK_DP, BLOCK_DP))
+    gt, ge = _triangles(BLOCK_N, SPLIT)
 
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv_acc = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
@@ -344,28 +392,73 @@ def _bwd_key(Q, K, V, P, PZ, RZ, SLOPES, DO, LSE, DELTA, DK, DV_OUT, DR, DS_TOTA
     last = tl.cdiv(end_row, BLOCK_M)
     full = tl.minimum(tl.maximum(tl.cdiv(tl.maximum(kb * BLOCK_N + BLOCK_N - 1 - offset, 0), BLOCK_M), first), last)
     complete = tl.maximum(end_row // BLOCK_M, full)
-    dk, dv_acc, dr = _bwd_key_tiles(dk, dv_acc, dr, k, v, rz, cols, Q, P, PZ, DO, LSE, DELTA, DS_TOTAL, CARRY_PSI,
-                                    CARRY_DS, bh, kb, Tq, offset, N_KTILES, PASS_ROWS, first_row, end_row, slope,
-                                    qk_scale, gt, ge, first, full, D, DV, DP, KZ, BLOCK_D, BLOCK_DV,
-                                    BLOCK_DP, BLOCK_M, True, SPLIT, FAST_LOG2, QK_PRECISION)
-    dk, dv_acc, dr = _bwd_key_tiles(dk, dv_acc, dr, k, v, rz, cols, Q, P, PZ, DO, LSE, DELTA, DS_TOTAL, CARRY_PSI,
-                                    CARRY_DS, bh, kb, Tq, offset, N_KTILES, PASS_ROWS, first_row, end_row, slope,
-                                    qk_scale, gt, ge, full, complete, D, DV, DP, KZ, BLOCK_D, BLOCK_DV,
-                                    BLOCK_DP, BLOCK_M, False, SPLIT, FAST_LOG2, QK_PRECISION)
-    dk, dv_acc, dr = _bwd_key_tiles(dk, dv_acc, dr, k, v, rz, cols, Q, P, PZ, DO, LSE, DELTA, DS_TOTAL, CARRY_PSI,
-                                    CARRY_DS, bh, kb, Tq, offset, N_KTILES, PASS_ROWS, first_row, end_row, slope,
-                                    qk_scale, gt, ge, complete, last, D, DV, DP, KZ, BLOCK_D, BLOCK_DV,
-                                    BLOCK_DP, BLOCK_M, True, SPLIT, FAST_LOG2, QK_PRECISION)
+    dk, dv_acc, dr = _bwd_key_tiles(dk, dv_acc, dr, k, v, rz, rr, cols, Q, PP, PZ, DO, LSE, DELTA,
+                                    DS_TOTAL, CARRY_PSI, CARRY_DS, DP_PART, bh, kb, Tq, offset, N_KTILES, PASS_ROWS,
+                                    first_row, end_row, slope, qk_scale, gt, ge, first, full, D, DV, KZ,
+                                    BLOCK_D, BLOCK_DV, BLOCK_DP, BLOCK_M, BLOCK_N, SHARE, True, SPLIT, FAST_LOG2,
+                                    QK_PRECISION)
+    dk, dv_acc, dr = _bwd_key_tiles(dk, dv_acc, dr, k, v, rz, rr, cols, Q, PP, PZ, DO, LSE, DELTA,
+                                    DS_TOTAL, CARRY_PSI, CARRY_DS, DP_PART, bh, kb, Tq, offset, N_KTILES, PASS_ROWS,
+                                    first_row, end_row, slope, qk_scale, gt, ge, full, complete, D, DV, KZ,
+                                    BLOCK_D, BLOCK_DV, BLOCK_DP, BLOCK_M, BLOCK_N, SHARE, False, SPLIT, FAST_LOG2,
+                                    QK_PRECISION)
+    dk, dv_acc, dr = _bwd_key_tiles(dk, dv_acc, dr, k, v, rz, rr, cols, Q, PP, PZ, DO, LSE, DELTA,
+                                    DS_TOTAL, CARRY_PSI, CARRY_DS, DP_PART, bh, kb, Tq, offset, N_KTILES, PASS_ROWS,
+                                    first_row, end_row, slope, qk_scale, gt, ge, complete, last, D, DV, KZ,
+                                    BLOCK_D, BLOCK_DV, BLOCK_DP, BLOCK_M, BLOCK_N, SHARE, True, SPLIT, FAST_LOG2,
+                                    QK_PRECISION)
     # key 0's ψ is in no bias, so its r gets no gradient at all
     dr = tl.where(cols[:, None] >= 1, dr, 0.0)
     _accumulate_tile(DK, dk * (qk_scale * 0.6931471805599453), bh, Tk, cols, col_ok, D, BLOCK_D, ACCUMULATE)
     _accumulate_tile(DV_OUT, dv_acc, bh, Tk, cols, col_ok, DV, BLOCK_DV, ACCUMULATE)
-    _accumulate_tile(DR, dr, bh, Tk, cols, col_ok, DP, BLOCK_DP, ACCUMULATE)
+    _accumulate_tile(DR, dr, bh, Tk, cols, col_ok, BLOCK_DP, BLOCK_DP, ACCUMULATE)
+
+
+@triton.jit
+def _sum_path_partials(DP_PART, DPATH, Tq, Tk, N_KTILES, PASS_ROWS, first_row, SHARE: tl.constexpr,
+                       BLOCK_M: tl.constexpr, KEY_TILE: tl.constexpr):
+    """dp of this pass's rows: the sum of the key-major kernel's per-key-tile shares over the key tiles each row
+    sees (the only ones written)."""
+    bh = tl.program_id(1)
+    pass_rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = first_row + pass_rows
+    row_ok = rows < Tq
+    seen = (rows + (Tk - Tq)) // KEY_TILE  # the last key tile row i sees
+    acc = tl.zeros([BLOCK_M, SHARE], tl.float32)
+    for kb in range(0, tl.max(tl.where(row_ok, seen, 0)) + 1):
+        acc += load_tile(DP_PART, bh * N_KTILES + kb, PASS_ROWS, pass_rows, row_ok & (seen >= kb), SHARE, SHARE)
+    store_tile(DPATH, acc, bh, Tq, rows, row_ok, SHARE, SHARE)
 
 
 # --------------------------------------------------------------------------------------------------
 # Launchers. config = the (BLOCK_M, BLOCK_N, warps, stages) of the forward, the query-major and the
 # key-major backward kernel, then the backward's pass rows: 13 integers (see default_config).
+
+
+def check_config(config) -> tuple[int, ...]:
+    """The 13 integers of a tile configuration (see default_config), or a ValueError saying what is wrong.
+    Every configuration that passes is valid: tiles are powers of two of at least 16 (tl.dot's smallest), and
+    the key-major kernel's key tiles are a whole number of the query-major kernel's, at whose edges the
+    query-major kernel stores the boundary carries; the query tiles of the two kernels may differ either way."""
+    config = tuple(int(c) for c in config)
+    if len(config) != 13:
+        raise ValueError(f"grape_ap triton config: expected 13 integers ((BLOCK_M, BLOCK_N, warps, stages) of the "
+                         f"forward, the query-major and the key-major backward kernel, then pass rows), got {len(config)}")
+    for name, (block_m, block_n, warps, stages) in zip(("forward", "query-major", "key-major"),
+                                                        (config[0:4], config[4:8], config[8:12])):
+        if any(b < 16 or b & (b - 1) for b in (block_m, block_n)):
+            raise ValueError(f"grape_ap triton config: the {name} kernel's tile {block_m}x{block_n} must be powers of "
+                             "two of at least 16 (tl.dot's smallest tile)")
+        if warps not in (1, 2, 4, 8, 16) or stages < 1:
+            raise ValueError(f"grape_ap triton config: the {name} kernel's {warps} warps and {stages} stages must be "
+                             "1, 2, 4, 8 or 16 warps and at least one stage")
+    if config[9] % config[5]:
+        raise ValueError(f"grape_ap triton config: the key-major kernel's key tile ({config[9]}) must be a multiple of "
+                         f"the query-major kernel's ({config[5]}), at whose edges the boundary carries are stored; "
+                         f"use a key-major BLOCK_N of at least {config[5]}")
+    if config[12] < 1:
+        raise ValueError(f"grape_ap triton config: pass rows must be positive, got {config[12]}")
+    return config
 
 
 def _path_operands(p: torch.Tensor, r: torch.Tensor, split: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -383,13 +476,34 @@ def _path_operands(p: torch.Tensor, r: torch.Tensor, split: bool) -> tuple[torch
     return tuple(torch.nn.functional.pad(x, (0, width - x.shape[-1])).contiguous() for x in (p, r))
 
 
-def _constexprs(q, v, p, block_m, block_n) -> dict:
-    split = q.dtype != torch.float32  # bf16/fp16: tensor-core dots on fp16 hi + lo parts
-    return dict(D=q.shape[3], DV=v.shape[3], BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=pow2(q.shape[3]),
-                BLOCK_DV=pow2(v.shape[3]), KZ=pow2(p.shape[3] * (3 if split else 1)), SPLIT=split,
+def _constexprs(head_dim: int, value_dim: int, path_dim: int, dtype: torch.dtype, block_m: int, block_n: int,
+                interpreter: bool = INTERPRET) -> dict:
+    """The compile-time arguments every kernel takes, for inputs of these sizes and dtype."""
+    split = dtype != torch.float32  # bf16/fp16: tensor-core dots on fp16 hi + lo parts
+    return dict(D=head_dim, DV=value_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=pow2(head_dim),
+                BLOCK_DV=pow2(value_dim), KZ=pow2(path_dim * (3 if split else 1)), SPLIT=split,
                 # fp32 inputs: exact log2 and true fp32 dots (Triton's fp32 default is TF32); half types ignore
                 # the dot setting. The interpreter knows only "ieee" and cannot run inline PTX.
-                FAST_LOG2=split and not INTERPRET, QK_PRECISION="ieee" if (INTERPRET or not split) else "tf32")
+                FAST_LOG2=split and not interpreter, QK_PRECISION="ieee" if (interpreter or not split) else "tf32")
+
+
+def kernel_builds(head_dim: int, value_dim: int, path_dim: int, dtype: torch.dtype, config) -> list[tuple]:
+    """(name, kernel, compile-time arguments, warps, stages, score elements per step of the inner loop) of the
+    forward and both backward kernels, as a GPU launch with these sizes compiles them: what
+    scripts/kernel_resources.py builds ahead of time."""
+    config = check_config(config)
+    builds = []
+    for name, kernel, (block_m, block_n, warps, stages) in (("_fwd", _fwd, config[0:4]),
+                                                             ("_bwd_query", _bwd_query, config[4:8]),
+                                                             ("_bwd_key", _bwd_key, config[8:12])):
+        sizes = _constexprs(head_dim, value_dim, path_dim, dtype, block_m, block_n, interpreter=False)
+        if name == "_bwd_query":
+            sizes["RATIO"] = config[9] // block_n
+        if name == "_bwd_key":
+            width = _path_width(path_dim, dtype != torch.float32)
+            sizes.update(BLOCK_DP=width, SHARE=width // 2 if dtype != torch.float32 else width, ACCUMULATE=True)
+        builds.append((name, kernel, sizes, warps, stages, block_m * block_n))
+    return builds
 
 
 def triton_forward(q, k, v, p, r, slopes, scale: float, config) -> tuple[torch.Tensor, torch.Tensor]:
@@ -401,7 +515,7 @@ def triton_forward(q, k, v, p, r, slopes, scale: float, config) -> tuple[torch.T
     out = torch.empty(B, H, Tq, v.shape[3], device=q.device, dtype=v.dtype)
     lse = torch.empty(B, H, Tq, device=q.device, dtype=torch.float32)
     if out.numel():
-        sizes = _constexprs(q, v, p, block_m, block_n)
+        sizes = _constexprs(q.shape[3], v.shape[3], p.shape[3], q.dtype, block_m, block_n)
         pz, rz = _path_operands(p, r, sizes["SPLIT"])
         _fwd[(triton.cdiv(Tq, block_m), B * H)](q, k, v, pz, rz, slopes, out, lse, scale * LOG2E, Tq, Tk, H,
                                                 num_warps=warps, num_stages=stages, **sizes)
@@ -415,64 +529,97 @@ def backward_pass_rows(Tq: int, block_m: int, pass_rows: int) -> int:
     return min(whole, max(block_m, pass_rows // block_m * block_m))
 
 
+def _path_width(path_dim: int, split: bool) -> int:
+    """Columns of the path gradients' operands: [hi | lo] halves of a power of two each (split), else one."""
+    return 2 * max(8, triton.next_power_of_2(path_dim)) if split else pow2(path_dim)
+
+
+def _path_parts(x: torch.Tensor, split: bool) -> torch.Tensor:
+    """p or r for the path gradients' products: bf16 [hi | lo] halves (split: 16 bits, fp32's range; the kernels'
+    products come back as [·hi | ·lo] halves for the host to add), else fp32; zero-padded to _path_width."""
+    x = x.float()
+    width = _path_width(x.shape[-1], split)
+    if split:
+        hi = x.bfloat16()
+        x = torch.cat([torch.nn.functional.pad(part, (0, width // 2 - x.shape[-1]))
+                       for part in (hi, (x - hi.float()).bfloat16())], -1)
+    return torch.nn.functional.pad(x, (0, width - x.shape[-1])).contiguous()
+
+
+def _halves(x: torch.Tensor, path_dim: int, split: bool) -> torch.Tensor:
+    """A path gradient from the kernels' [·hi | ·lo] halves (split), else from its first path_dim columns."""
+    if not split:
+        return x[..., :path_dim]
+    half = x.shape[-1] // 2
+    return x[..., :path_dim] + x[..., half:half + path_dim]
+
+
 def triton_backward(grad_out, q, k, v, p, r, slopes, out, lse, scale: float, config):
     """(dq, dk, dv, dp, dr) in fp32."""
+    config = check_config(config)
     query_tiles, key_tiles, pass_rows = config[4:8], config[8:12], config[12]
     B, H, Tq, _ = q.shape
     Tk = k.shape[2]
     dq = torch.empty(q.shape, device=q.device, dtype=torch.float32)
-    dp = torch.empty(p.shape, device=q.device, dtype=torch.float32)
+    split = q.dtype != torch.float32
+    path_width = _path_width(p.shape[3], split)  # the path gradients' products: [·hi | ·lo] columns
+    share = path_width // 2 if split else path_width  # dp's shares: the halves added in the kernel
+    dp = torch.empty(B, H, Tq, share, device=q.device, dtype=torch.float32)
     # keys that no query sees (Tq = 0) get zero gradients; several passes add into dk, dv, dr
     rows_per_pass = backward_pass_rows(Tq, max(query_tiles[0], key_tiles[0]), pass_rows)
     n_passes = triton.cdiv(Tq, rows_per_pass)
     make = torch.empty if n_passes == 1 else torch.zeros
-    dk, dv, dr = (make(x.shape, device=q.device, dtype=torch.float32) for x in (k, v, r))
+    dk, dv = (make(x.shape, device=q.device, dtype=torch.float32) for x in (k, v))
+    dr = make(B, H, Tk, path_width, device=q.device, dtype=torch.float32)
     if n_passes == 0 or B * H == 0:
-        return dq, dk, dv, dp, dr
+        return dq, dk, dv, dp[..., :p.shape[3]], _halves(dr, p.shape[3], split)
     delta = (grad_out.float() * out.float()).sum(-1)  # D_i = dO_i·O_i
     n_ktiles = triton.cdiv(Tk, key_tiles[1])
     carry_psi = torch.empty(B * H, n_ktiles, rows_per_pass, device=q.device, dtype=torch.float32)
     carry_ds = torch.empty_like(carry_psi)
+    dp_part = torch.empty(B * H, n_ktiles, rows_per_pass, share, device=q.device, dtype=torch.float32)
     ds_total = torch.empty(B, H, Tq, device=q.device, dtype=torch.float32)
-    split = q.dtype != torch.float32
     pz, rz = _path_operands(p, r, split)
-    launch = []
-    for block_m, block_n, warps, stages in (query_tiles, key_tiles):
-        sizes = _constexprs(q, v, p, block_m, block_n)
-        sizes.update(DP=p.shape[3], BLOCK_DP=pow2(p.shape[3]), num_warps=warps, num_stages=stages)
-        launch.append(sizes)
-    query_sizes, key_sizes = launch
-    query_sizes["RATIO"] = key_tiles[1] // query_tiles[1]
+    query_sizes = _constexprs(q.shape[3], v.shape[3], p.shape[3], q.dtype, *query_tiles[:2])
+    query_sizes.update(RATIO=key_tiles[1] // query_tiles[1], num_warps=query_tiles[2], num_stages=query_tiles[3])
+    key_sizes = _constexprs(q.shape[3], v.shape[3], p.shape[3], q.dtype, *key_tiles[:2])
+    key_sizes.update(BLOCK_DP=path_width, SHARE=share, num_warps=key_tiles[2], num_stages=key_tiles[3])
     for first_row in range(0, Tq, rows_per_pass):
         end_row = min(Tq, first_row + rows_per_pass)
         _bwd_query[(triton.cdiv(end_row - first_row, query_tiles[0]), B * H)](
-            q, k, v, r, pz, rz, slopes, grad_out, lse, delta, dq, dp, ds_total, carry_psi, carry_ds,
+            q, k, v, pz, rz, slopes, grad_out, lse, delta, dq, ds_total, carry_psi, carry_ds,
             scale * LOG2E, Tq, Tk, H, n_ktiles, rows_per_pass, first_row, **query_sizes)
         seen = triton.cdiv(min(Tk, Tk - Tq + end_row), key_tiles[1])  # the key tiles this pass's rows see
         _bwd_key[(seen, B * H)](
-            q, k, v, p, pz, rz, slopes, grad_out, lse, delta, dk, dv, dr, ds_total, carry_psi, carry_ds,
-            scale * LOG2E, Tq, Tk, H, n_ktiles, rows_per_pass, first_row, end_row,
-            ACCUMULATE=n_passes > 1, **key_sizes)
-    return dq, dk, dv, dp, dr
+            q, k, v, _path_parts(p, split), _path_parts(r, split), pz, rz, slopes, grad_out, lse, delta, dk, dv, dr,
+            ds_total, carry_psi, carry_ds, dp_part, scale * LOG2E, Tq, Tk, H, n_ktiles, rows_per_pass, first_row,
+            end_row, ACCUMULATE=n_passes > 1, **key_sizes)
+        _sum_path_partials[(triton.cdiv(end_row - first_row, 64), B * H)](
+            dp_part, dp, Tq, Tk, n_ktiles, rows_per_pass, first_row, SHARE=share, BLOCK_M=64, KEY_TILE=key_tiles[1])
+    return dq, dk, dv, dp[..., :p.shape[3]], _halves(dr, p.shape[3], split)
 
 
-# Query rows per backward pass: the boundary carries take 8·B·H·PASS_ROWS·⌈Tk/BLOCK_N⌉ bytes (at B·H = 8,
-# Tk = 32768, BLOCK_N = 64: 64 MiB, one bf16 (B, H, T, 128) tensor is 64 MiB). Enough rows per pass
-# that the query-major kernel's grid (PASS_ROWS / BLOCK_M · B·H programs) fills an H100/H200.
+# Query rows per backward pass: the boundary carries take 8·B·H·PASS_ROWS·⌈Tk/BLOCK_N⌉ bytes and the dp shares
+# four times that for d_p = 8 (at B·H = 8, Tk = 32768, BLOCK_N = 64: 64 + 256 MiB; one bf16 (B, H, T, 128) tensor is
+# 64 MiB). Enough rows per pass that the query-major kernel's grid (PASS_ROWS / BLOCK_M · B·H programs) fills an
+# H100/H200.
 PASS_ROWS = 2048
 
 
-def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16) -> tuple[int, ...]:
-    """Forward, query-major and key-major (BLOCK_M, BLOCK_N, warps, stages), then pass rows. bf16/fp16:
-    none of the three kernels spills registers on sm_90 at D = 64 and 128 (scripts/kernel_resources.py,
-    docs/kernel_resources.md), and the key-major kernel's BLOCK_N is a multiple of the query-major one's.
-    fp32 inputs run every dot without tensor cores, in tiles that fit an A100's shared memory. The
-    interpreter uses tiny tiles so that the tests are fast."""
-    if INTERPRET:
+def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16, *, interpreter: bool = INTERPRET
+                   ) -> tuple[int, ...]:
+    """Forward, query-major and key-major (BLOCK_M, BLOCK_N, warps, stages), then pass rows. bf16/fp16: the
+    tiles with the fewest predicted cycles per score element on sm_90 among those tried with
+    scripts/kernel_resources.py (docs/kernel_resources.md): the forward and query-major kernels without
+    spills; the key-major kernel's 64-key tiles (a warpgroup's wgmma rows for dk, dv, dr) spill some registers
+    at every tile tried that uses wgmma (its 32-query tiles that do not spill run on mma.sync and are bound by
+    shared memory at 2-4x the cycles). fp32 inputs run every dot without tensor cores, in tiles that fit an
+    A100's shared memory. The interpreter uses tiny tiles so that the tests are fast (interpreter=False: the
+    GPU's choice there too)."""
+    if interpreter:
         return (16, 16, 1, 1, 16, 16, 1, 1, 16, 32, 1, 1, PASS_ROWS)
     if dtype == torch.float32:
         return (64, 32, 4, 2, 32, 32, 4, 1, 32, 32, 4, 1, PASS_ROWS)
-    # the query-major kernel's in-tile sums over 16 keys at D = 128 (32 spill: its dq accumulator is twice
-    # D = 64's); the key-major kernel's 32-query tiles (64 spill, two dk/dv accumulators)
-    query_n = 32 if head_dim <= 64 else 16
-    return (64, 64, 4, 2, 128, query_n, 8, 1, 32, 64, 8, 1, PASS_ROWS)
+    if head_dim <= 64:
+        return (64, 64, 4, 2, 128, 64, 8, 1, 64, 64, 4, 1, PASS_ROWS)
+    return (64, 64, 4, 2, 128, 32, 8, 1, 128, 64, 8, 1, PASS_ROWS)

@@ -269,15 +269,15 @@ def triton_backward(grad_out, q, k, v, qf, kf, out, lse, scale: float, flags, co
 
 
 def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16) -> tuple[int, ...]:
-    """Tile sizes (scripts/gpu_check.sh sweeps alternatives on the GPU). In bf16 at D = 64 and 128 none of
-    the three kernels spills registers on sm_90 with these (compiled ahead of time for sm_90 with Triton's
-    ptxas, registers and stack from cuobjdump: 242 / 244 / 255 registers at D = 128, no stack; with 4 warps
-    the backward kernels spilled 104 and 944 bytes per thread, the D = 64 forward 240). fp32 inputs
-    (attn_backend="tile" forced; "auto" lifts fp32) get smaller tiles that fit an A100's shared memory;
-    their dots run without tensor cores and spill whatever the tiles. The interpreter uses tiny tiles so
-    the tests are fast."""
+    """Tile sizes (scripts/gpu_check.sh sweeps alternatives on the GPU). bf16/fp16 on sm_90, by the static cost
+    of scripts/kernel_resources.py (docs/kernel_resources.md, compiled ahead of time with Triton's ptxas):
+    the backward kernels with 4 warps predict 2.3-2.5x fewer cycles per score element than with 8, where they
+    were bound by shared memory (the mma.sync operands each warp reloads with ldmatrix); no spills except
+    24 B per thread in the key-major kernel at D = 128. fp32 inputs (attn_backend="tile" forced; "auto" lifts
+    fp32) get smaller tiles that fit an A100's shared memory; their dots run without tensor cores and spill
+    whatever the tiles. The interpreter uses tiny tiles so the tests are fast."""
     if INTERPRET:
         return (16, 16, 1, 1, 16, 32, 1, 1)
     if dtype == torch.float32:
         return (64, 32, 4, 2, 16, 32, 4, 2)
-    return (128, 64, 8, 3, 32, 64, 8, 3)
+    return (128, 64, 8, 3, 32, 64, 4, 3)

@@ -1,4 +1,5 @@
-"""What the Triton kernels share: tile loads and stores, tile ranges, the online softmax, the interpreter switch."""
+"""What the Triton kernels share: tile loads and stores, tile ranges, the online softmax, the interpreter switch
+(and, under the interpreter, the GPU's bf16 rounding)."""
 from __future__ import annotations
 
 import os
@@ -8,6 +9,55 @@ import triton.language as tl
 
 # TRITON_INTERPRET=1 runs the kernels on the CPU (the tests): read once, as triton itself does at import
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def emulate_gpu_bf16_in_interpreter() -> bool:
+    """Make Triton's CPU interpreter treat bf16 as the GPU does, so that bf16 kernels can be tested on the CPU.
+
+    The interpreter stores bf16 as raw 16-bit integers: its fp32 -> bf16 conversion truncates (the GPU's cvt.rn
+    rounds to nearest even) and its tl.dot multiplies the integers themselves. Replaced here by round to nearest
+    even and by a dot of the bf16 values widened to fp32 (a bf16 product is exact in fp32; the tensor cores
+    accumulate in fp32). Conversions and dots without bf16 keep the interpreter's own code. Returns whether the
+    interpreter was patched (False where this Triton's interpreter has another shape)."""
+    import numpy as np
+    try:
+        from triton.runtime import interpreter
+        builder = interpreter.InterpreterBuilder
+        handle = interpreter.TensorHandle
+        original_cast, original_dot = builder.cast_impl, builder.create_dot
+    except (ImportError, AttributeError):
+        return False
+    if getattr(builder, "_gpu_bf16", False):
+        return True
+
+    def widen(data):  # bf16 bits -> fp32 values (exact)
+        return (data.astype(np.uint32) << 16).view(np.float32)
+
+    def round_to_bf16(values):  # fp32 -> bf16 bits, round to nearest even; NaN stays NaN
+        bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+        rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+        return np.where(np.isnan(values), np.uint16(0x7FC0), rounded)
+
+    def cast_impl(self, src, dst_type):
+        src_type, dst = src.dtype.scalar, dst_type.scalar
+        if src_type == tl.bfloat16 and dst == tl.float32:
+            return handle(widen(src.data), dst)
+        if dst == tl.bfloat16 and src_type.is_floating() and src_type != tl.bfloat16:
+            return handle(round_to_bf16(src.data.astype(np.float32)), dst)
+        return original_cast(self, src, dst_type)
+
+    def create_dot(self, a, b, d, *rest):
+        if tl.bfloat16 not in (a.dtype.scalar, b.dtype.scalar):
+            return original_dot(self, a, b, d, *rest)
+        a_data, b_data = (widen(x.data) if x.dtype.scalar == tl.bfloat16 else x.data.astype(np.float32) for x in (a, b))
+        return handle(np.matmul(a_data, b_data, dtype=np.float32) + d.data, d.dtype.scalar)
+
+    builder.cast_impl, builder.create_dot, builder._gpu_bf16 = cast_impl, create_dot, True
+    return True
+
+
+if INTERPRET:
+    emulate_gpu_bf16_in_interpreter()
 
 
 @triton.jit

@@ -289,15 +289,18 @@ def checkpointed_grape_ap(q, k, v, p, r, slopes, scale, block=64):
 
 
 # (BLOCK_M, BLOCK_N, warps, stages) of the forward, the query-major and the key-major backward kernels, then
-# pass rows; all compile for sm_90 without spills at D = 128 except where noted (scripts/kernel_resources.py)
-GRAPE_AP_TILES = [(64, 64, 4, 2, 128, 16, 8, 1, 32, 64, 8, 1, 2048), (64, 64, 4, 3, 128, 16, 8, 1, 32, 64, 8, 1, 2048),
-                  (128, 32, 8, 2, 128, 16, 8, 1, 32, 64, 8, 1, 2048), (64, 64, 4, 2, 64, 16, 4, 1, 32, 64, 8, 1, 2048),
-                  (64, 64, 4, 2, 128, 32, 8, 1, 32, 64, 8, 1, 2048),  # query-major spills 48 B at D = 128
-                  (64, 64, 4, 2, 128, 16, 8, 1, 32, 64, 8, 1, 4096)]
-# (fwd BLOCK_M, BLOCK_N, warps, stages, bwd short tile, long tile, warps, stages)
-SEPARABLE_TILES = [(128, 64, 8, 3, 32, 64, 8, 3), (128, 64, 8, 3, 32, 64, 4, 3), (128, 128, 8, 3, 32, 64, 8, 3),
-                   (64, 64, 4, 3, 32, 64, 8, 3), (128, 64, 8, 2, 32, 64, 8, 2), (128, 64, 8, 4, 32, 64, 8, 4),
-                   (128, 64, 8, 3, 16, 64, 8, 3), (128, 64, 8, 3, 32, 128, 8, 3), (128, 64, 8, 3, 64, 64, 8, 3)]
+# pass rows: the default at D = 128, the runners-up of the static cost (scripts/kernel_resources.py: predicted
+# cycles per score element on sm_90; the key-major kernel's wgmma tiles spill some registers) and the previous
+# default (its key-major kernel on mma.sync, predicted bound by shared memory)
+GRAPE_AP_TILES = [(64, 64, 4, 2, 128, 32, 8, 1, 128, 64, 8, 1, 2048), (128, 64, 8, 2, 128, 32, 8, 1, 128, 64, 8, 1, 2048),
+                  (64, 64, 4, 2, 128, 64, 8, 1, 128, 64, 8, 1, 2048), (64, 64, 4, 2, 128, 32, 8, 1, 64, 64, 4, 1, 2048),
+                  (64, 64, 4, 2, 64, 32, 4, 1, 128, 64, 8, 1, 2048), (64, 64, 4, 2, 128, 32, 8, 1, 128, 64, 8, 1, 4096),
+                  (64, 64, 4, 2, 128, 16, 8, 1, 32, 64, 8, 1, 2048)]
+# (fwd BLOCK_M, BLOCK_N, warps, stages, bwd short tile, long tile, warps, stages): the default, the previous
+# default (8 backward warps) and neighbours
+SEPARABLE_TILES = [(128, 64, 8, 3, 32, 64, 4, 3), (128, 64, 8, 3, 32, 64, 8, 3), (128, 64, 8, 3, 64, 64, 4, 3),
+                   (128, 128, 8, 3, 32, 64, 4, 3), (64, 64, 4, 3, 32, 64, 4, 3), (128, 64, 8, 2, 32, 64, 4, 2),
+                   (128, 64, 8, 3, 64, 64, 8, 3), (128, 64, 8, 3, 64, 128, 8, 3)]
 
 
 def sweep_tiles(T: int, args, device, dtype) -> list[tuple]:

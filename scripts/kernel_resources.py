@@ -11,13 +11,27 @@ Pointers are compiled as 16-byte aligned, as a real launch specialises them.
 The cost table counts the instructions of each kernel's inner loops in the SASS, per score element of a
 tile: instructions issued per warp, times the warps, over BLOCK_M x BLOCK_N. A loop is a backward branch;
 a kernel's cheapest loop is the one over tiles wholly below the diagonal (no mask work), which dominates
-long sequences. Categories: tensor-core (HGMMA/HMMA), special-function (MUFU: exp2, log2, ...), fp32
-arithmetic, conversions, shuffles (SHFL), shared and global memory, local memory (LDL/STL: spills),
-barriers (BAR) and the rest (integer, predicates, moves). The predicted cycles per element take the
-busiest of the Hopper SM's units at its datasheet rate per clock: 4 warp instructions issued, 4 fp32
-(128 lanes), 0.5 MUFU (16 lanes), and the tensor cores' 1024 bf16/fp16 (512 tf32) multiply-adds per
-warpgroup-cycle per sub-partition, i.e. M·N·K / 4096 cycles for one HGMMA.MxNxK (M·N·K / 2048 for tf32).
-It is a lower bound that ignores latency and overlap; measured time needs a GPU (scripts/gpu_check.sh).
+long sequences. Besides the instruction categories, two operation counts per score element: MUFU
+operations (lanes: exp2, log2, reciprocal, ...) and tensor-core multiply-adds (from each HGMMA's M x N x K,
+a warpgroup instruction counted once per warp as a quarter, and each HMMA's 16 x 8 x K).
+
+The predicted cycles per element take the busiest unit of a Hopper SM (H100/H200 SXM) at these rates per
+clock per SM:
+  issue   4 warp instructions (one per sub-partition), every instruction;
+  fma     128 lanes: FFMA, FADD, FMUL, the packed half-precision HFMA2/HADD2/HMUL2 (IMAD at half rate);
+  alu     64 lanes: compare, min/max, select, logic, integer add and shift, F2FP (fast fp32 -> 16-bit);
+  xu      16 lanes: MUFU (exp2, log2, rcp, ...) and the other conversions (F2F, I2F, F2I, FRND);
+  tensor  2,048 bf16/fp16 multiply-adds (dense: 989 TFLOP/s = 132 SMs x 1.83 GHz x 4,096 FLOPs), tf32 at half
+          that; mma.sync (HMMA) at HMMA_FRACTION of it (it cannot keep Hopper's tensor cores busy: reported at
+          about half of wgmma's rate on H100/H800, not measured here).
+The lane rates are the CUDA Programming Guide's arithmetic-instruction throughputs for compute capability 9.0.
+It is a lower bound that ignores latency, dependencies and overlap; measured time needs a GPU
+(scripts/gpu_check.sh measures the ratios this table predicts).
+
+Three families: GRAPE-AP (kernels/grape_ap_triton.py), the in-tile separable-bias kernel with both bias
+terms (kernels/separable_triton.py: ALiBi, GRAPE-A, FoX) and the same kernel with no bias ("plain"): a
+FlashAttention built the same way (Triton, same tiles, same two-kernel backward), the baseline the ratio
+table divides by.
 
 Other Triton versions: `pip install --no-deps --target DIR triton==X` and run with PYTHONPATH=DIR; the
 script speaks the compiler API of Triton 3.0 to today's (three signature formats).
@@ -26,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
 import os
 import re
 import subprocess
@@ -41,10 +56,12 @@ import triton  # noqa: E402
 
 from kernels import grape_ap_triton, separable_triton  # noqa: E402
 
+FAMILIES = ("grape_ap", "separable", "plain")
 TRITON_TYPES = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # pointer arguments in the attention inputs' dtype; the others are fp32, except GRAPE-AP's fp16 path operands
-INPUT_DTYPE_POINTERS = {"separable": {"Q", "K", "V", "OUT", "DO", "DQ", "DK", "DV_OUT"},
+SEPARABLE_POINTERS = {"Q", "K", "V", "OUT", "DO", "DQ", "DK", "DV_OUT"}
+INPUT_DTYPE_POINTERS = {"separable": SEPARABLE_POINTERS, "plain": SEPARABLE_POINTERS,
                         "grape_ap": {"Q", "K", "V", "OUT", "DO"}}
 FLOAT_SCALARS = {"scale", "qk_scale"}
 INT_SCALARS = {"Tq", "Tk", "H", "N_KTILES", "PASS_ROWS", "first_row", "end_row"}
@@ -60,8 +77,10 @@ def signature(kernel, family: str, dtype: str, constexprs: dict) -> dict:
             types[name] = "fp32"
         elif name in INT_SCALARS:
             types[name] = "i32"
-        elif name in ("PZ", "RZ"):
+        elif family == "grape_ap" and name in ("PZ", "RZ"):
             types[name] = "*fp16" if constexprs.get("SPLIT") else "*fp32"
+        elif family == "grape_ap" and name in ("PP", "RR"):
+            types[name] = "*bf16" if constexprs.get("SPLIT") else "*fp32"
         elif name in INPUT_DTYPE_POINTERS[family]:
             types[name] = "*" + TRITON_TYPES[dtype]
         else:
@@ -103,10 +122,20 @@ def cuobjdump(cubin: bytes, *flags) -> str:
 # SASS loops and their cost
 
 CATEGORIES = [("tensor", ("HGMMA", "HMMA")), ("MUFU", ("MUFU",)), ("fp32", ("FFMA", "FADD", "FMUL", "FMNMX", "FSEL",
-              "FSETP", "FCHK")), ("convert", ("F2F", "F2FP", "I2F", "F2I", "I2FP", "F2IP", "HADD2", "HMUL2")),
+              "FSETP", "FCHK")), ("convert", ("F2F", "F2FP", "I2F", "F2I", "I2FP", "F2IP", "HADD2", "HMUL2", "FRND")),
               ("SHFL", ("SHFL",)), ("shared", ("LDS", "STS", "LDSM", "STSM")), ("global", ("LDG", "STG", "LDGSTS",
               "UTMALDG", "UBLKCP", "RED", "ATOM")), ("LDL/STL", ("LDL", "STL")), ("barrier", ("BAR",))]
-FP32_PIPE = {"FFMA", "FADD", "FMUL"}  # 128 lanes per SM; the rest of the fp32 column shares the integer rate
+# Hopper SM, per clock (see the module docstring): lanes per pipe, and which opcodes go where
+SM_LANES = {"fma": 128, "alu": 64, "xu": 16, "shfl": 32}
+PIPES = {"fma": {"FFMA": 1, "FADD": 1, "FMUL": 1, "HFMA2": 1, "HADD2": 1, "HMUL2": 1, "IMAD": 2},
+         "alu": dict.fromkeys(("FMNMX", "FSEL", "FSETP", "FCHK", "ISETP", "IADD3", "VIADD", "IMNMX", "VIMNMX", "LOP3",
+                               "SHF", "SEL", "PRMT", "LEA", "F2FP", "PLOP3", "P2R", "R2P", "IABS", "I2FP", "F2IP"), 1),
+         "xu": dict.fromkeys(("MUFU", "F2F", "I2F", "F2I", "FRND", "POPC", "FLO", "BREV"), 1),
+         "shfl": {"SHFL": 1}}
+TENSOR_MACS_PER_CLOCK = 2048  # dense bf16/fp16 per SM: 989 TFLOP/s / (132 SMs x 1.83 GHz) / 2
+HMMA_FRACTION = 0.5  # mma.sync's share of that rate on Hopper (a lead, see the docstring)
+ISSUE_PER_CLOCK = 4  # warp instructions per SM (one scheduler per sub-partition)
+SHARED_BYTES_PER_CLOCK = 128  # the SM's shared memory / L1 data path (local-memory spills take it too)
 
 
 def _opcode(text: str) -> str:
@@ -126,26 +155,71 @@ def sass_loops(sass: str) -> list[list[str]]:
     return loops
 
 
+def tensor_macs(op: str) -> tuple[float, float]:
+    """(multiply-adds, tensor-core cycles at one SM's rate) of one warp's tensor-core instruction.
+    HGMMA.MxNxK is a warpgroup's product, issued by each of its 4 warps: a quarter each. HMMA.16816 is one
+    warp's m16n8k16."""
+    gmma = re.search(r"GMMA\.(\d+)x(\d+)x(\d+)", op)
+    mma = re.match(r"HMMA\.16(8)(\d+)", op)
+    if gmma:
+        m, n, k = map(int, gmma.groups())
+        macs, rate = m * n * k / 4, TENSOR_MACS_PER_CLOCK
+    elif mma:
+        macs, rate = 16 * int(mma.group(1)) * int(mma.group(2)), TENSOR_MACS_PER_CLOCK * HMMA_FRACTION
+    else:
+        return 0.0, 0.0
+    if ".TF32" in op:
+        rate /= 2
+    return macs, macs / rate
+
+
+def shared_bytes(op: str, operands: str = "") -> float:
+    """Bytes one warp instruction moves through the SM's shared memory / L1 data path (128 bytes per clock):
+    shared and local (spill) loads and stores by their width, ldmatrix/stmatrix by their 8x8 matrices,
+    asynchronous copies into shared memory, and a wgmma's operands read from shared memory (B always, A
+    where it is a descriptor rather than registers; a quarter per warp of the warpgroup)."""
+    base = op.split(".")[0]
+    gmma = re.search(r"GMMA\.(\d+)x(\d+)x(\d+)", op)
+    if gmma:
+        m, n, k = map(int, gmma.groups())
+        element = 4 if ".TF32" in op else 1 if re.search(r"\.E[45]M", op) else 2
+        a_from_shared = operands.split(",")[1].strip().startswith("gdesc") if operands.count(",") >= 2 else True
+        return (n * k + (m * k if a_from_shared else 0)) * element / 4
+    if base in ("LDS", "STS", "LDL", "STL", "LDGSTS"):
+        width = next((int(w) for w in re.findall(r"\.(128|64|32|16|8)\b", op)), 32)
+        return 32 * max(width, 32) // 8
+    if base in ("LDSM", "STSM"):
+        matrices = re.search(r"\.M(?:T)?88(?:\.(\d))?", op)
+        return 128 * int(matrices.group(1) or 1) if matrices else 128
+    return 0
+
+
 def loop_cost(body: list[str], warps: int, elements: int) -> dict:
-    """Warp instructions per score element by category, and the predicted cycles per element."""
+    """Per score element: warp instructions by category, MUFU operations, tensor-core multiply-adds, the
+    cycles each unit of the SM needs for them, and the largest of those (the predicted cycles)."""
     per_element = warps / elements
     counts = collections.Counter()
-    tensor_cycles = 0.0
-    fp32_pipe = 0
+    lanes = collections.Counter()
+    macs = tensor_cycles = shared = 0.0
     for text in body:
         op = _opcode(text)
         base = op.split(".")[0]
         category = next((name for name, ops in CATEGORIES if base in ops), "other")
         counts[category] += 1
         counts["total"] += 1
-        fp32_pipe += base in FP32_PIPE
-        shape = re.search(r"GMMA\.(\d+)x(\d+)x(\d+)", op)
-        if shape:  # one warpgroup instruction: M·N·K multiply-adds at 4 x 1024 (bf16/fp16) per cycle
-            m, n, k = map(int, shape.groups())
-            tensor_cycles += m * n * k / (2048 if ".TF32" in op else 4096) / 4  # counted once per warp of 4
+        for pipe, ops in PIPES.items():
+            lanes[pipe] += 32 * ops.get(base, 0)
+        shared += shared_bytes(op, re.sub(r"^@!?U?P[T\d]+\s+", "", text).split(None, 1)[-1])
+        instruction_macs, instruction_cycles = tensor_macs(op)
+        macs += instruction_macs
+        tensor_cycles += instruction_cycles
     row = {name: counts[name] * per_element for name, _ in CATEGORIES + [("other", ()), ("total", ())]}
-    cycles = {"issue": counts["total"] * per_element / 4, "fp32": fp32_pipe * per_element / 4,
-              "MUFU": counts["MUFU"] * per_element / 0.5, "tensor": tensor_cycles * per_element}
+    row["MUFU ops"] = 32 * counts["MUFU"] * per_element
+    row["tensor MACs"] = macs * per_element
+    cycles = {"issue": counts["total"] * per_element / ISSUE_PER_CLOCK, "tensor": tensor_cycles * per_element,
+              "shared": shared * per_element / SHARED_BYTES_PER_CLOCK}
+    cycles.update({pipe: lanes[pipe] * per_element / SM_LANES[pipe] for pipe in SM_LANES})
+    row["unit cycles"] = cycles
     row["cycles"] = max(cycles.values())
     row["bound"] = max(cycles, key=cycles.get)
     return row
@@ -156,24 +230,16 @@ def loop_cost(body: list[str], warps: int, elements: int) -> dict:
 
 def kernels_of(family: str, config, head_dim: int, dtype: str) -> list[tuple]:
     """(name, kernel, constexprs, warps, stages, elements per loop iteration) of one family's kernels."""
-    half = dtype != "fp32"
-    if family == "separable":
+    if family in ("separable", "plain"):  # plain: the same kernel without a bias, FlashAttention built alike
         fm, fn, fw, fs, short, long, bw, bs = config
-        common = dict(D=head_dim, DV=head_dim, BLOCK_D=head_dim, BLOCK_DV=head_dim, HAS_RATE=True, HAS_SUM=True,
-                      PRECISION="tf32" if half else "ieee")
+        biased = family == "separable"
+        common = dict(D=head_dim, DV=head_dim, BLOCK_D=head_dim, BLOCK_DV=head_dim, HAS_RATE=biased, HAS_SUM=biased,
+                      PRECISION="tf32" if dtype != "fp32" else "ieee")
         return [("_fwd", separable_triton._fwd, dict(common, BLOCK_M=fm, BLOCK_N=fn), fw, fs, fm * fn),
                 ("_bwd_query", separable_triton._bwd_query, dict(common, BLOCK_M=long, BLOCK_N=short), bw, bs,
                  long * short),
                 ("_bwd_key", separable_triton._bwd_key, dict(common, BLOCK_M=short, BLOCK_N=long), bw, bs, long * short)]
-    (fm, fn, fw, fs), (qm, qn, qw, qs), (km, kn, kw, ks) = config[0:4], config[4:8], config[8:12]
-    common = dict(D=head_dim, DV=head_dim, BLOCK_D=head_dim, BLOCK_DV=head_dim, KZ=32 if half else 16, SPLIT=half,
-                  FAST_LOG2=half, QK_PRECISION="tf32" if half else "ieee")
-    backward = dict(common, DP=8, BLOCK_DP=16)
-    return [("_fwd", grape_ap_triton._fwd, dict(common, BLOCK_M=fm, BLOCK_N=fn), fw, fs, fm * fn),
-            ("_bwd_query", grape_ap_triton._bwd_query, dict(backward, BLOCK_M=qm, BLOCK_N=qn, RATIO=kn // qn), qw, qs,
-             qm * qn),
-            ("_bwd_key", grape_ap_triton._bwd_key, dict(backward, BLOCK_M=km, BLOCK_N=kn, ACCUMULATE=True), kw, ks,
-             km * kn)]
+    return grape_ap_triton.kernel_builds(head_dim, head_dim, 8, TORCH_DTYPES[dtype], config)
 
 
 def measure_one(family, config, head_dim, dtype, arch, index) -> dict:
@@ -221,63 +287,103 @@ def resource_text(row) -> str:
             + ("" if row["stack"] == 0 else " (spills)"))
 
 
-PREDICT_T, SMS, CLOCK_HZ = 8192, 132, 1.98e9
-TENSOR_FLOPS_PER_CYCLE = 4096  # dense bf16 per SM: 989 TFLOP/s / (132 SMs x 1.83 GHz)
-COST_COLUMNS = ["total", "tensor", "MUFU", "fp32", "convert", "SHFL", "shared", "global", "LDL/STL", "barrier", "other"]
+PREDICT_T, SMS, CLOCK_HZ = 8192, 132, 1.83e9  # the clock at which the datasheet's 989 TFLOP/s holds
+COST_COLUMNS = ["total", "MUFU ops", "tensor MACs", "fp32", "convert", "shared", "global", "LDL/STL", "other"]
+UNITS = ["issue", "fma", "alu", "xu", "shared", "tensor"]
+PASSES = (("forward", ["_fwd"]), ("backward", ["_bwd_query", "_bwd_key"]),
+          ("forward + backward", ["_fwd", "_bwd_query", "_bwd_key"]))
+
+
+def pass_sums(by_key, family, head_dim, dtype, names) -> dict | None:
+    """A pass's per-element totals over its kernels (instructions, MUFU ops, MACs, predicted cycles)."""
+    try:
+        costs = [by_key[(family, n, head_dim, dtype)]["interior"] for n in names]
+    except KeyError:
+        return None
+    return {key: sum(c[key] for c in costs) for key in ("total", "MUFU ops", "tensor MACs", "cycles")}
+
+
+def predictions(rows) -> dict:
+    """{(head_dim, dtype): {pass: {family: sums}}} for every pass that all three families have."""
+    by_key = {(r["family"], r["kernel"], r["head_dim"], r["dtype"]): r for r in rows if "interior" in r}
+    out = {}
+    for head_dim, dtype in sorted({(r["head_dim"], r["dtype"]) for r in rows}):
+        for label, names in PASSES:
+            sums = {family: pass_sums(by_key, family, head_dim, dtype, names) for family in FAMILIES}
+            if all(sums.values()):
+                out.setdefault((head_dim, dtype), {})[label] = sums
+    return out
 
 
 def tables(rows, args, command) -> list[str]:
     lines = [f"# Triton kernel resources and static cost (sm_{args.arch}, compiled without a GPU)", "",
-             f"`{command}`, triton {triton.__version__}. Registers and stack per thread from cuobjdump (stack > 0 "
-             "means spills); per score element: warp instructions in the inner loop x warps / (BLOCK_M x BLOCK_N) "
-             "(scripts/kernel_resources.py says how they are counted and what the cycles assume).", "",
+             f"`{command}`, triton {triton.__version__}. Everything here is a prediction from the machine code; "
+             "`bash scripts/gpu_check.sh` measures the ratios on a GPU. Registers and stack per thread from "
+             "cuobjdump (stack > 0 means spills). Per score element of the inner loop over tiles below the "
+             "diagonal: warp instructions x warps / (BLOCK_M x BLOCK_N), MUFU operations (exp2, log2, ...: lanes, "
+             "not warp instructions) and tensor-core multiply-adds. Families: `grape_ap` (GRAPE-AP), `separable` "
+             "(the in-tile ALiBi/GRAPE-A/FoX bias), `plain` (the same separable kernel with no bias: FlashAttention "
+             "built the same way, Triton, same tiles, same two backward kernels).", "",
+             "Predicted cycles per element: the busiest unit of an H100/H200 SM per clock: issue 4 warp "
+             f"instructions; fma 128 lanes; alu 64; xu (MUFU and conversions) 16; tensor cores {TENSOR_MACS_PER_CLOCK:,} "
+             f"bf16 multiply-adds for wgmma (989 TFLOP/s = 132 SMs x 1.83 GHz x 4,096 FLOPs), mma.sync (HMMA) at "
+             f"{HMMA_FRACTION:g} of that, tf32 at half (scripts/kernel_resources.py says which instruction goes where). "
+             "A lower bound: latency, dependencies and overlap are left out.", "",
              "## Resources", "", "| kernel | function | tiles | head dim | dtype | needs |", "|---|---|---|---|---|---|"]
     lines += [f"| {r['family']} | `{r['kernel']}` | {r['config']} | {r['head_dim']} | {r['dtype']} | {resource_text(r)} |"
               for r in rows]
     lines += ["", "## Inner loop over tiles below the diagonal, per score element", "",
-              "| kernel | function | head dim | dtype | " + " | ".join(COST_COLUMNS) + " | cycles (bound) |",
-              "|---|---|---|---|" + "---|" * (len(COST_COLUMNS) + 1)]
+              "Warp instructions (total and by kind), MUFU operations, tensor-core multiply-adds, then the cycles "
+              "each unit needs and the predicted cycles (the largest, and which unit it is).", "",
+              "| kernel | function | head dim | dtype | " + " | ".join(COST_COLUMNS) + " | "
+              + " | ".join(f"{u} cycles" for u in UNITS) + " | predicted cycles (bound) |",
+              "|---|---|---|---|" + "---|" * (len(COST_COLUMNS) + len(UNITS) + 1)]
     for r in rows:
         if "interior" in r:
             c = r["interior"]
             lines.append(f"| {r['family']} | `{r['kernel']}` | {r['head_dim']} | {r['dtype']} | "
-                         + " | ".join(f"{c[name]:.2f}" for name in COST_COLUMNS) + f" | {c['cycles']:.3f} ({c['bound']}) |")
-    lines += ["", "## GRAPE-AP over the separable kernel (same head dim and dtype)", "",
-              "| head dim | dtype | pass | instructions GRAPE-AP / separable | predicted cycles GRAPE-AP / separable |",
-              "|---|---|---|---|---|"]
-    by_key = {(r["family"], r["kernel"], r["head_dim"], r["dtype"]): r for r in rows if "interior" in r}
-    for head_dim in sorted({r["head_dim"] for r in rows}):
-        for dtype in sorted({r["dtype"] for r in rows}):
-            for label, names in (("forward", ["_fwd"]), ("backward", ["_bwd_query", "_bwd_key"]),
-                                 ("forward + backward", ["_fwd", "_bwd_query", "_bwd_key"])):
-                try:
-                    gap = [by_key[("grape_ap", n, head_dim, dtype)]["interior"] for n in names]
-                    sep = [by_key[("separable", n, head_dim, dtype)]["interior"] for n in names]
-                except KeyError:
-                    continue
-                ratio = sum(c["total"] for c in gap) / sum(c["total"] for c in sep)
-                cycles = sum(c["cycles"] for c in gap) / sum(c["cycles"] for c in sep)
-                lines.append(f"| {head_dim} | {dtype} | {label} | {ratio:.2f}x | {cycles:.2f}x |")
+                         + " | ".join(f"{c[name]:.0f}" if name == "tensor MACs" else f"{c[name]:.2f}"
+                                      for name in COST_COLUMNS) + " | "
+                         + " | ".join(f"{c['unit cycles'][u]:.3f}" for u in UNITS)
+                         + f" | {c['cycles']:.3f} ({c['bound']}) |")
+    predicted = predictions(rows)
+    lines += ["", "## GRAPE-AP and the separable kernel over plain attention, per score element", "",
+              "Sums over a pass's kernels (the backward: both kernels). GRAPE-AP / plain attention in predicted "
+              "cycles is the static prediction of GRAPE-AP's time over FlashAttention's.", "",
+              "| head dim | dtype | pass | instructions GRAPE-AP / plain | MUFU ops GRAPE-AP, plain | tensor MACs "
+              "GRAPE-AP, plain | **predicted cycles GRAPE-AP / plain** | predicted cycles separable / plain |",
+              "|---|---|---|---|---|---|---|---|"]
+    for (head_dim, dtype), passes in predicted.items():
+        for label, sums in passes.items():
+            g, p, s = sums["grape_ap"], sums["plain"], sums["separable"]
+            lines.append(f"| {head_dim} | {dtype} | {label} | {g['total'] / p['total']:.2f}x | "
+                         f"{g['MUFU ops']:.2f}, {p['MUFU ops']:.2f} | {g['tensor MACs']:.0f}, {p['tensor MACs']:.0f} | "
+                         f"**{g['cycles'] / p['cycles']:.2f}x** | {s['cycles'] / p['cycles']:.2f}x |")
     lines += ["", "## What it predicts for time", "",
               f"Lower bounds for one attention layer, forward + backward, causal, B = 1, H = 8, T = {PREDICT_T}: "
-              f"cycles per element x B·H·T(T+1)/2 elements / ({SMS} SMs x {CLOCK_HZ / 1e9:.2f} GHz, an H100/H200 SXM at "
-              "boost clock). The tensor-core floor is any exact attention's: five T x T x D products (forward "
-              "q·kᵀ and P·v; backward q·kᵀ again, dO·vᵀ, and the three gradient products counted as three) at the "
-              "datasheet bf16 rate. Issue-bound kernels (the cycles column says which unit binds) run above "
-              "their floor by latency and stalls; the ratio between the two Triton kernels is the prediction to "
-              "hold against the GPU (scripts/gpu_check.sh measures it).", "",
-              "| head dim | dtype | GRAPE-AP (ms) | separable kernel (ms) | tensor-core floor (ms) |", "|---|---|---|---|---|"]
+              f"predicted cycles per element x B·H·T(T+1)/2 elements / ({SMS} SMs x {CLOCK_HZ / 1e9:.2f} GHz). The "
+              "tensor-core floor is any exact attention's: seven T x T x D products (forward q·kᵀ and P·v; backward "
+              "q·kᵀ again, dO·vᵀ, dV, dQ and dK) at the dense wgmma rate. The Triton kernels run above their bounds "
+              "by latency and stalls; the ratio GRAPE-AP / plain is what `bash scripts/gpu_check.sh` holds against "
+              "the measured GRAPE-AP / causal SDPA (scripts/bench_path_kernels.py).", "",
+              "| head dim | dtype | GRAPE-AP (ms) | separable (ms) | plain (ms) | tensor-core floor (ms) | "
+              "predicted GRAPE-AP / plain |", "|---|---|---|---|---|---|---|"]
     elements = 8 * PREDICT_T * (PREDICT_T + 1) / 2
-    for head_dim in sorted({r["head_dim"] for r in rows}):
-        for dtype in sorted({r["dtype"] for r in rows}):
-            times = []
-            for family in ("grape_ap", "separable"):
-                found = [by_key.get((family, n, head_dim, dtype)) for n in ("_fwd", "_bwd_query", "_bwd_key")]
-                times.append(sum(r["interior"]["cycles"] for r in found) * elements / (SMS * CLOCK_HZ) * 1e3
-                             if all(found) else float("nan"))
-            floor = 5 * 2 * head_dim * elements / (TENSOR_FLOPS_PER_CYCLE * SMS * CLOCK_HZ) * 1e3
-            lines.append(f"| {head_dim} | {dtype} | {times[0]:.2f} | {times[1]:.2f} | {floor:.2f} |")
+    for (head_dim, dtype), passes in predicted.items():
+        sums = passes["forward + backward"]
+        ms = {f: sums[f]["cycles"] * elements / (SMS * CLOCK_HZ) * 1e3 for f in FAMILIES}
+        floor = 7 * head_dim * elements / (TENSOR_MACS_PER_CLOCK * SMS * CLOCK_HZ) * 1e3
+        lines.append(f"| {head_dim} | {dtype} | {ms['grape_ap']:.2f} | {ms['separable']:.2f} | {ms['plain']:.2f} | "
+                     f"{floor:.2f} | {ms['grape_ap'] / ms['plain']:.2f}x |")
     return lines
+
+
+def prediction_record(rows) -> dict:
+    """What scripts/bench_path_kernels.py reads: per head dim and dtype, each family's predicted cycles per score
+    element forward + backward."""
+    return {f"{head_dim},{dtype}": {family: sums[family]["cycles"] for family in FAMILIES}
+            for (head_dim, dtype), passes in predictions(rows).items()
+            for label, sums in passes.items() if label == "forward + backward"}
 
 
 def main(argv=None):
@@ -287,8 +393,10 @@ def main(argv=None):
     ap.add_argument("--head_dim", default="64,128", help="comma-separated head dims")
     ap.add_argument("--separable", action="append", default=None, metavar="8 INTS",
                     help="a tile config of the separable kernel (default: its default_config); repeatable")
-    ap.add_argument("--grape_ap", action="append", default=None, metavar="9 INTS",
+    ap.add_argument("--grape_ap", action="append", default=None, metavar="13 INTS",
                     help="a tile config of the GRAPE-AP kernels (default: their default_config); repeatable")
+    ap.add_argument("--families", default=",".join(FAMILIES),
+                    help="comma-separated: grape_ap, separable, plain (the separable kernel with no bias)")
     ap.add_argument("--brief", action="store_true", help="one line per kernel: builds or not, registers, stack")
     ap.add_argument("--out", default=None, help="also write the tables to this markdown file")
     args = ap.parse_args(argv)
@@ -299,7 +407,9 @@ def main(argv=None):
                 [separable_triton.default_config(head_dim, TORCH_DTYPES[dtype])]
             grape_ap = [tuple(map(int, c.split(","))) for c in args.grape_ap] if args.grape_ap else \
                 [grape_ap_triton.default_config(head_dim, TORCH_DTYPES[dtype])]
-            for family, configs in (("separable", separable), ("grape_ap", grape_ap)):
+            for family, configs in (("plain", separable), ("separable", separable), ("grape_ap", grape_ap)):
+                if family not in args.families.split(","):
+                    continue
                 for config in configs:
                     for row in measure(family, config, head_dim, dtype, args.arch):
                         rows.append(row)
@@ -314,7 +424,11 @@ def main(argv=None):
         with open(args.out + ".tmp", "w") as f:
             f.write("\n".join(tables(rows, args, command.strip())) + "\n")
         os.replace(args.out + ".tmp", args.out)
-        print(f"wrote {args.out}")
+        record = os.path.splitext(args.out)[0] + ".json"
+        with open(record, "w") as f:
+            json.dump(dict(triton=triton.__version__, arch=args.arch, cycles_per_element=prediction_record(rows)), f,
+                      indent=1)
+        print(f"wrote {args.out} and {record}")
     return 1 if failed else 0
 
 

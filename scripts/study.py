@@ -37,14 +37,15 @@ import train  # noqa: E402
 from training.metrics import atomic_write_text
 from config import ConfigError, resolve  # noqa: E402
 from data.shards import DataError  # noqa: E402
-from eval import extrapolation, zero_shot  # noqa: E402
+from eval import extrapolation, long_context, zero_shot  # noqa: E402
 from eval import progress as timing  # noqa: E402
 from eval.cli import make_parser  # noqa: E402
 from model import GPTConfig  # noqa: E402
 from scripts import plot_runs  # noqa: E402
 
 LAUNCH_MODES = ("in_process", "torchrun", "per_gpu")
-EVALUATIONS = {"extrapolation": extrapolation, "zero_shot": zero_shot}  # name -> module with main(argv)
+EVALUATIONS = {"extrapolation": extrapolation, "zero_shot": zero_shot,  # name -> module with main(argv)
+               "long_context": long_context}
 STUDY_KEYS = {"name", "base", "encodings", "seeds", "reference", "out_dir", "overrides", "launch", "eval"}
 LAUNCH_KEYS = {"mode", "gpus", "gpus_per_run"}
 DEFAULT_SEEDS = [1337]  # train.py's own default seed
@@ -76,6 +77,11 @@ passkey_trials = 10
 [eval.zero_shot]                    # default none: options of eval/zero_shot.py (its --help), _ for -
 data_dir = "data_cache/zero_shot"   # python eval/zero_shot.py --export-data data_cache/zero_shot (online, once)
 paper_size = "medium_353M"
+
+[eval.long_context]                 # default none: options of eval/long_context.py (its --help), _ for -
+lengths = ["1x", "2x", "4x", "8x"]  # RULER's 13 tasks and BABILong qa1-qa5 at 1x to 8x the training context
+data_dir = "data_cache/long_context"  # python eval/long_context.py --export-data data_cache/long_context (online, once)
+limit = 100
 """
 
 
@@ -675,6 +681,48 @@ def zero_shot_summary(reports: list[dict]) -> dict:
             "paper_size": reports[0]["paper_size"], "paper": reports[0]["paper"]}
 
 
+def long_context_summary(reports: list[dict]) -> dict:
+    """Per length: the RULER and BABILong averages and every task's score (%), mean ± std over seeds."""
+    first = reports[0]
+    lengths = [str(n) for n in first["lengths"]]
+
+    def over_seeds(values):
+        return describe([v for v in values if v is not None])
+
+    out = {"lengths": first["lengths"], "train_context": first["train_context"], "rope_scaling": first["rope_scaling"],
+           "limit": first["limit"], "tasks": {}}
+    for family in ("ruler", "babilong"):
+        out[f"{family}_average"] = {n: over_seeds([r[f"{family}_average"].get(n) for r in reports]) for n in lengths}
+        out[f"{family}_average_tasks"] = {n: first[f"{family}_average_tasks"].get(n, 0) for n in lengths}
+    for task in first["tasks"]:
+        out["tasks"][task] = {n: over_seeds([r["scores"][task].get(n, {}).get("score") for r in reports])
+                              for n in lengths}
+    return out
+
+
+def long_context_differences(study: Study, encoding: str) -> dict:
+    """Per family and length, the paired difference of the average to the reference encoding's (same seed)."""
+    def by_seed(name):
+        found = {}
+        for run in study.runs:
+            if run.encoding == name and "long_context" in run.evals and run_finished(run) \
+                    and eval_finished(run, "long_context"):
+                found[run.seed] = read_json(os.path.join(run.run_dir, "eval", "long_context.json"))
+        return {seed: r for seed, r in found.items() if r}
+
+    mine, reference = by_seed(encoding), by_seed(study.reference)
+    if not mine or not reference:
+        return {}
+    lengths = [str(n) for n in next(iter(mine.values()))["lengths"]]
+    diffs = {}
+    for family in ("ruler", "babilong"):
+        def values(reports, n):
+            return {seed: r[f"{family}_average"][n] for seed, r in reports.items()
+                    if r.get(f"{family}_average", {}).get(n) is not None}
+        diffs[family] = {n: paired_difference(values(mine, n), values(reference, n)) for n in lengths}
+    return diffs
+
+
 def count_parameters(model: dict) -> int:
     """A model's parameter count from its config alone (built on the meta device: no memory, no initialisation)."""
     import torch
@@ -694,7 +742,10 @@ def setup_summary(study: Study, first_outputs: dict) -> dict:
                                                    "vocab_size")},
              "parameters": params, "tokens_per_run": run.tokens, "iterations": run.final_iter,
              "sequences_per_iteration": run.tokens // (run.final_iter * model["block_size"])}
-    zs, ex = first_outputs.get("zero_shot"), first_outputs.get("extrapolation")
+    zs, ex, lc = first_outputs.get("zero_shot"), first_outputs.get("extrapolation"), first_outputs.get("long_context")
+    if lc:
+        setup["long_context"] = {"lengths": lc["lengths"], "train_context": lc["train_context"],
+                                 "tasks": lc["tasks"], "limit": lc["limit"], "rope_scaling": lc["rope_scaling"]}
     if zs:
         size = zs["paper_size"]
         setup["zero_shot_documents"] = {task: row["n"] for task, row in zs["tasks"].items()}
@@ -722,13 +773,16 @@ def build_report(study: Study, statuses: dict) -> dict:
         entry = {"final_val_loss": describe([final[encoding][s] for s in sorted(final[encoding])]) |
                  {"seeds": sorted(final[encoding])}, "difference_to_reference": diff,
                  "verdict": verdict(encoding, study.reference, diff)}
-        for name, summarize in (("extrapolation", extrapolation_summary), ("zero_shot", zero_shot_summary)):
+        for name, summarize in (("extrapolation", extrapolation_summary), ("zero_shot", zero_shot_summary),
+                                ("long_context", long_context_summary)):
             outputs = [read_json(os.path.join(run.run_dir, "eval", f"{name}.json"))
                        for run in finished if name in run.evals and eval_finished(run, name)]
             outputs = [o[0] if isinstance(o, list) else o for o in outputs if o]
             if outputs:
                 entry[name] = summarize(outputs) | {"seeds": [run.seed for run in finished if eval_finished(run, name)]}
                 first_outputs.setdefault(name, outputs[0])
+        if "long_context" in entry and encoding != study.reference:
+            entry["long_context"]["difference_to_reference"] = long_context_differences(study, encoding)
         encodings[encoding] = entry
     return {"study": study.name, "study_file": study.path, "base": study.base, "overrides": study.overrides,
             "seeds": study.seeds, "reference": study.reference, "launch": {"mode": study.mode, "gpus": study.gpus,
@@ -759,6 +813,12 @@ def setup_lines(setup: dict) -> list[str]:
         ex = setup["extrapolation"]
         lines.append(f"- Extrapolation: the first {ex['val_tokens']:,} validation tokens; non-overlapping windows "
                      "per context: " + ", ".join(f"{c} tokens: {n}" for c, n in ex["windows"].items()) + ".")
+    if "long_context" in setup:
+        lc = setup["long_context"]
+        factors = ", ".join(f"{n:,} ({n / lc['train_context']:g}×)" for n in lc["lengths"])
+        documents = f"the first {lc['limit']}" if lc["limit"] else "all"
+        lines.append(f"- Long context: RULER and BABILong through lm-eval at {factors} tokens; {len(lc['tasks'])} tasks, "
+                     f"{documents} documents per task and length; positions: `--rope-scaling {lc['rope_scaling']}`.")
     if "passkey" in setup:
         p = setup["passkey"]
         trials = f"{p['trials']} trial{'s' if p['trials'] != 1 else ''}"
@@ -838,6 +898,7 @@ def markdown(report: dict, plots: dict) -> str:
         for name, z in zs.items():
             lines.append(f"| {name} | " + " | ".join(
                 f"{fmt(z['tasks'][t].get('acc'), 2)} / {fmt(z['tasks'][t].get('acc_norm'), 2)}" for t in tasks) + " |")
+    lines += long_context_lines(report)
     lines += ["", "## Runs", "", "| encoding | seed | status | iterations | tokens | final val loss | wall-clock (h) "
               "| GPU-hours | run directory |", "|---|---:|---|---:|---:|---:|---:|---:|---|"]
     for r in report["runs"]:
@@ -849,6 +910,54 @@ def markdown(report: dict, plots: dict) -> str:
         lines += ["", "## Failures", ""]
         lines += [f"- {r['encoding']} seed {r['seed']}: {'; '.join(r['errors'])}" for r in failed]
     return "\n".join(lines) + "\n"
+
+
+def long_context_lines(report: dict) -> list[str]:
+    enc = {n: e["long_context"] for n, e in report["encodings"].items() if "long_context" in e}
+    if not enc:
+        return []
+    first = next(iter(enc.values()))
+    lengths = [str(n) for n in first["lengths"]]
+    header = " | ".join(f"{int(n):,} ({int(n) / first['train_context']:g}×)" for n in lengths)
+    lines = ["", "## Long context: RULER and BABILong (accuracy %)", "",
+             "Each cell: lm-eval's score, mean ± sample std over seeds (eval/long_context.py; each run's "
+             "eval/long_context.md has its tables). An average over fewer tasks than RULER's 13 or BABILong's 5 says "
+             "how many.", "", f"| encoding | average | {header} |", "|---|---|" + "---:|" * len(lengths)]
+    for name, lc in enc.items():
+        for family, label, full in (("ruler", "RULER", 13), ("babilong", "BABILong", 5)):
+            counts = lc[f"{family}_average_tasks"]
+            if not any(counts.values()):
+                continue
+            cells = [fmt(lc[f"{family}_average"][n], 2) + (f" ({counts[n]} of {full})" if 0 < counts[n] < full else "")
+                     for n in lengths]
+            lines.append(f"| {name} | {label} | " + " | ".join(cells) + " |")
+    ref = report["reference"]
+    diffs = {n: lc.get("difference_to_reference") for n, lc in enc.items() if lc.get("difference_to_reference")}
+    if diffs:
+        lines += ["", f"Paired difference to {ref} (per seed, then mean; {CONFIDENCE:.0%} t-interval; * where it "
+                      "excludes 0, i.e. exceeds the seed spread):", "", f"| encoding | average | {header} |",
+                  "|---|---|" + "---:|" * len(lengths)]
+        for name, families in diffs.items():
+            for family, label in (("ruler", "RULER"), ("babilong", "BABILong")):
+                cells = []
+                for n in lengths:
+                    d = families[family][n]
+                    if not d["n"]:
+                        cells.append("–")
+                    elif d["interval"] is None:
+                        cells.append(f"{d['mean']:+.2f} (1 seed)")
+                    else:
+                        lo, hi = d["interval"]
+                        cells.append(f"{d['mean']:+.2f} [{lo:+.2f}, {hi:+.2f}]" + ("*" if d["exceeds_seed_spread"] else ""))
+                if any(c != "–" for c in cells):
+                    lines.append(f"| {name} − {ref} | {label} | " + " | ".join(cells) + " |")
+    lines += ["", "Per task:", "", f"| encoding | task | {header} |", "|---|---|" + "---:|" * len(lengths)]
+    for name, lc in enc.items():
+        for task, cells in lc["tasks"].items():
+            lines.append(f"| {name} | {task} | " + " | ".join(fmt(cells[n], 1) for n in lengths) + " |")
+    if "long_context" in report.get("plots", {}):
+        lines += ["", f"![accuracy against context length]({report['plots']['long_context']})"]
+    return lines
 
 
 def write_plots(study: Study, report: dict) -> dict:
@@ -869,6 +978,18 @@ def write_plots(study: Study, report: dict) -> dict:
     if results:
         extrapolation.plot_loss_vs_position(results, os.path.join(study.out_dir, "loss_vs_position.png"))
         plots["loss_vs_position"] = "loss_vs_position.png"
+    lines = []  # one line per encoding: the mean over seeds of each average
+    for name, entry in report["encodings"].items():
+        lc = entry.get("long_context")
+        if lc:
+            means = {f: {n: v["mean"] for n, v in lc[f"{f}_average"].items()} for f in ("ruler", "babilong")}
+            lines.append({"name": name, "encoding": name, "label": f"{name} (mean of {len(lc['seeds'])} seeds)",
+                          "lengths": lc["lengths"], "train_context": lc["train_context"],
+                          "ruler_average": means["ruler"], "babilong_average": means["babilong"],
+                          "ruler_average_tasks": lc["ruler_average_tasks"],
+                          "babilong_average_tasks": lc["babilong_average_tasks"]})
+    if lines and long_context.plot_accuracy_vs_length(lines, os.path.join(study.out_dir, "long_context.png")):
+        plots["long_context"] = "long_context.png"
     return plots
 
 

@@ -32,7 +32,8 @@ for pair in $pairs; do
             echo "| $torch_versions | $version | - | - | not installable here |" >>"$out.tmp"; continue; }
     fi
     log="$cache/$version.log"
-    PYTHONPATH="$cache/$version" timeout 1800 python3 scripts/kernel_resources.py --brief --dtype bf16,fp16 >"$log" 2>&1
+    PYTHONPATH="$cache/$version" timeout 1800 python3 scripts/kernel_resources.py --brief --dtype bf16,fp16 \
+        --families separable,grape_ap >"$log" 2>&1
     rc=$?
     summary() {  # summary FAMILY: "N of M build, S spill"
         local lines built spill

@@ -84,3 +84,54 @@ def run_under_triton_interpreter(test_file, path):
                            capture_output=True, text=True, timeout=900)
     assert child.returncode == 0, f"the interpreted Triton kernels failed:\n{child.stderr[-4000:]}"
     return torch.load(path)
+
+
+def examples(n):
+    """hypothesis settings for a test whose examples are costly: n examples under the CI profile, 20x as many under
+    `--hypothesis-profile=long` (conftest.py)."""
+    from hypothesis import settings
+    return settings(max_examples=n * 20 if settings().max_examples > 100 else n)
+
+
+def poisoned_allocations(value: float):
+    """A context in which torch.empty and torch.empty_like fill every floating-point tensor with `value` (NaN, -inf):
+    a kernel that reads scratch or output memory no program wrote then fails the comparison, where fresh memory
+    (often zeros) would hide it."""
+    import contextlib
+
+    import torch
+
+    @contextlib.contextmanager
+    def context():
+        empty, empty_like = torch.empty, torch.empty_like
+
+        def fill(tensor):
+            return tensor.fill_(value) if tensor.is_floating_point() else tensor
+        torch.empty = lambda *a, **kw: fill(empty(*a, **kw))
+        torch.empty_like = lambda *a, **kw: fill(empty_like(*a, **kw))
+        try:
+            yield
+        finally:
+            torch.empty, torch.empty_like = empty, empty_like
+    return context()
+
+
+def flash_attention_bf16(q, k, v, bias, scale: float, grad_out):
+    """FlashAttention's arithmetic in bf16, emulated in PyTorch on bf16 q, k, v: the bf16 floor a bf16 attention
+    kernel is judged against. Logits scale·q·kᵀ + bias in fp32 (bf16 products are exact in fp32), softmax in fp32, P
+    rounded to bf16 for P·v, the output rounded to bf16; backward with D = rowsum(dO·O) of the rounded O, dS =
+    P∘(dO·vᵀ - D) in fp32 and rounded to bf16 for dQ and dK, P rounded for dV, gradients rounded to bf16.
+    bias: (Tq, Tk) or broadcastable, -inf where masked. Returns (out, dq, dk, dv) in fp64."""
+    import torch
+    bf16 = torch.bfloat16
+    q, k, v, grad_out = (x.to(bf16).float() for x in (q, k, v, grad_out))
+    logits = scale * q @ k.transpose(-1, -2) + bias.float()
+    lse = torch.logsumexp(logits, -1, keepdim=True)
+    probs = torch.exp(logits - lse)
+    low = probs.to(bf16).float()
+    out = (low @ v).to(bf16).float()
+    delta = (grad_out * out).sum(-1, keepdim=True)
+    d_logits = probs * (grad_out @ v.transpose(-1, -2) - delta)
+    d_low = d_logits.to(bf16).float()
+    grads = [scale * d_low @ k, scale * d_low.transpose(-1, -2) @ q, low.transpose(-1, -2) @ grad_out]
+    return [out.double()] + [g.to(bf16).double() for g in grads]

@@ -3,11 +3,12 @@ abbreviated option is refused (argparse would otherwise take --window for --wind
 import pytest
 
 import sample
-from eval import extrapolation, zero_shot
+from eval import extrapolation, long_context, zero_shot
 from scripts import plot_runs
 
 PARSERS = {"sample.py": sample.build_parser, "eval/extrapolation.py": extrapolation.build_parser,
-           "eval/zero_shot.py": zero_shot.build_parser, "scripts/plot_runs.py": plot_runs.build_parser}
+           "eval/zero_shot.py": zero_shot.build_parser, "scripts/plot_runs.py": plot_runs.build_parser,
+           "eval/long_context.py": long_context.build_parser}
 
 
 def options(parser):

@@ -17,20 +17,24 @@ import torch.nn.functional as F
 from kernels import grape_ap_attention
 from kernels.grape_ap import grape_ap_chunked
 from model import GPTConfig
-from tests.helpers import run_under_triton_interpreter, tiny_model_logits_and_grads
+from tests.helpers import (flash_attention_bf16, poisoned_allocations, run_under_triton_interpreter,
+                           tiny_model_logits_and_grads)
 
 
-def dense_grape_ap(q, k, v, p, r, slopes, scale):
-    Tq, Tk = q.shape[2], k.shape[2]
+def dense_bias(p, r, slopes):
+    """bias(i, j) = Σ_ℓ ψ(i, ℓ)·[j < ℓ <= t_i] (B, H, Tq, Tk), -inf where j > t_i."""
+    Tq, Tk = p.shape[2], r.shape[2]
     t = torch.arange(Tq) + (Tk - Tq)
     j = torch.arange(Tk)
     ell = torch.arange(Tk)
     psi = slopes.to(p.dtype)[:, None, None] * F.logsigmoid(p @ r.transpose(-1, -2))  # (B, H, Tq, Tk): ψ(i, ℓ)
     psi = psi * (ell[None, :] <= t[:, None]).to(psi.dtype)  # only ℓ <= t_i enters a bias
     edge_after_key = (j[None, :] < ell[:, None]).to(psi.dtype)  # (Tk ℓ, Tk j): [j < ℓ]
-    bias = psi @ edge_after_key  # bias(i, j) = Σ_ℓ ψ(i, ℓ)·[j < ℓ <= t_i]
-    logits = scale * (q @ k.transpose(-1, -2)) + bias
-    logits = logits.masked_fill(j[None, :] > t[:, None], float("-inf"))
+    return (psi @ edge_after_key).masked_fill(j[None, :] > t[:, None], float("-inf"))
+
+
+def dense_grape_ap(q, k, v, p, r, slopes, scale):
+    logits = scale * (q @ k.transpose(-1, -2)) + dense_bias(p, r, slopes)
     return torch.softmax(logits, dim=-1) @ v
 
 
@@ -255,10 +259,25 @@ def run_triton_cases(path):
     from kernels.grape_ap import grape_ap_attention, grape_ap_triton
     from kernels.triton_probe import triton_builds
     results = {"cases": [], "models": []}
-    for case in TRITON_CASES + [LONG_FP16_CASE]:
-        inputs, slopes = triton_case_inputs(case)
-        fn = lambda *a, case=case: grape_ap_triton(*a, config=triton_config(case))  # noqa: E731
-        results["cases"].append(values_and_grads(fn, inputs, slopes, 1 / math.sqrt(case[4]), triton_grad_out(case)))
+    with poisoned_allocations(float("nan")):  # every case with its scratch and outputs full of NaN first
+        for case in TRITON_CASES + [LONG_FP16_CASE]:
+            inputs, slopes = triton_case_inputs(case)
+            fn = lambda *a, case=case: grape_ap_triton(*a, config=triton_config(case))  # noqa: E731
+            results["cases"].append(values_and_grads(fn, inputs, slopes, 1 / math.sqrt(case[4]), triton_grad_out(case)))
+    results["poisoned"] = {}
+    for config, dtype, shape in poison_cases():
+        inputs, slopes = poison_inputs(dtype, shape)
+        for value in POISONS:
+            with poisoned_allocations(value):
+                results["poisoned"][config, str(value)] = values_and_grads(
+                    lambda *a, config=config: grape_ap_triton(*a, config=config), inputs, slopes, 0.25,
+                    poison_grad_out(shape))
+    inputs, slopes = large_positive_z_inputs()
+    results["large_positive_z"] = values_and_grads(lambda *a: grape_ap_triton(*a), inputs, slopes, 0.25,
+                                                   large_positive_z_grad_out())
+    inputs, slopes = bf16_case_inputs()
+    results["bf16"] = values_and_grads(lambda *a: grape_ap_triton(*a, config=BF16_TILES), inputs, slopes,
+                                       1 / math.sqrt(BF16_SHAPE[4]), bf16_grad_out())
     results["empty"] = [empty_case_results(grape_ap_triton, *shape) for shape in EMPTY_SHAPES]
     inputs, slopes = random_inputs(*LARGE_Z_SHAPE, dtype=torch.float32, path_scale=100.0, seed=3)
     with torch.no_grad():
@@ -267,13 +286,87 @@ def run_triton_cases(path):
     with torch.no_grad():
         results["decode_full_forward"] = grape_ap_triton(*inputs, slopes.float(), 0.3)
     results["boundary_index"] = boundary_index_under_interpreter(*BOUNDARY_INDEX_ARGS)
-    results["builds"] = [triton_builds("grape_ap", "fp32"), triton_builds("grape_ap", "fp16"),
-                         triton_builds("separable", "fp16")]
+    results["bf16_emulation"] = bf16_cast_and_dot_under_interpreter()
+    results["builds"] = [triton_builds("grape_ap", "fp32", 16), triton_builds("grape_ap", "fp16", 12, 20),
+                         triton_builds("separable", "fp16", 32)]
     # the model calls attention.grape_ap_attention; on CPU tensors "auto" would pick the chunked path
     attention.grape_ap_attention = lambda *a, **kw: grape_ap_attention(*a, **kw, backend="triton")
     for pos, kv_shift in MODEL_CASES:
         results["models"].append(tiny_model_logits_and_grads(pos, kv_shift, "auto"))
     torch.save(results, path)
+
+
+# Every tile configuration default_config chooses (as on a GPU, and under the interpreter), and key-major query
+# tiles taller than the query-major ones, whose rows left of a key tile never had a carry stored (they read NaN
+# scratch, and 0 x NaN reached dr). Each with its scratch and outputs filled with NaN and with -inf first, over
+# a ragged second backward pass (pass rows = the taller query tile) that reuses the first one's scratch.
+POISONS = (float("nan"), float("-inf"))
+TALLER_KEY_MAJOR_TILES = (16, 16, 1, 1, 16, 16, 1, 1, 32, 32, 1, 1, 2048)
+
+
+def poison_cases():
+    """(config, dtype, (B, H, Tq, Tk, D)) for every configuration the code chooses and one a user may pass."""
+    from kernels.grape_ap_triton import default_config
+    chosen = {}
+    for interpreter in (False, True):
+        for head_dim in (64, 128):
+            for dtype in (torch.float32, torch.bfloat16):  # half precision runs as fp16 under the interpreter
+                chosen.setdefault(default_config(head_dim, dtype, interpreter=interpreter),
+                                  "float32" if dtype == torch.float32 else "float16")
+    chosen[TALLER_KEY_MAJOR_TILES] = "float32"
+    cases = []
+    for config, dtype in chosen.items():
+        rows = max(config[4], config[8])
+        cases.append((config[:12] + (rows,), dtype, (1, 2, rows + 10, rows + 20, 16)))
+    return cases
+
+
+def poison_inputs(dtype, shape):
+    (q, k, v, p, r), slopes = random_inputs(*shape, 8, dtype=torch.float32, seed=4)
+    low = getattr(torch, dtype)
+    return [q.to(low), k.to(low), v.to(low), p, r], slopes.float()
+
+
+def poison_grad_out(shape):
+    B, H, Tq, _, D = shape
+    return torch.randn(B, H, Tq, D, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+
+
+# fp16 with every path logit z = p·r >= 11: α·sigmoid(-z) (down to 1e-9 here) lies far below fp16's normal range,
+# where hi + lo parts in fp16 lost the path gradients (dp off by 31% of its size, dr by 23%)
+LARGE_POSITIVE_Z_SHAPE = (1, 2, 48, 48, 16, 8)
+
+
+def large_positive_z_inputs():
+    g = torch.Generator().manual_seed(6)
+    B, H, T, _, D, dp = LARGE_POSITIVE_Z_SHAPE
+    (q, k, v, _, _), slopes = random_inputs(B, H, T, T, D, dp, dtype=torch.float32, seed=6)
+    r = 1 + 0.2 * torch.randn(B, H, T, dp, generator=g)
+    r = r * torch.rsqrt(r.pow(2).mean(-1, keepdim=True))
+    p = 1.9 + 0.3 * torch.randn(B, H, T, dp, generator=g)
+    return [q.half(), k.half(), v.half(), p, r], slopes.float()
+
+
+def large_positive_z_grad_out():
+    B, H, T, _, D, _ = LARGE_POSITIVE_Z_SHAPE
+    return torch.randn(B, H, T, D, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+
+
+# bf16 with the GPU's rounding (kernels/triton_common.py emulates it under the interpreter) and the GPU's tiles
+BF16_SHAPE = (1, 2, 160, 160, 32, 8)
+BF16_TILES = (64, 64, 1, 1, 128, 32, 1, 1, 32, 64, 1, 1, 2048)
+
+
+def bf16_case_inputs():
+    B, H, T, _, D, dp = BF16_SHAPE
+    (q, k, v, p, r), slopes = random_inputs(B, H, T, T, D, dp, dtype=torch.float32, seed=8)
+    q, k = (F.normalize(x, dim=-1) * math.sqrt(D) for x in (q, k))  # QK-normed, like the model's
+    return [q.bfloat16(), k.bfloat16(), v.bfloat16(), p, r], slopes.float()
+
+
+def bf16_grad_out():
+    B, H, T, _, D, _ = BF16_SHAPE
+    return torch.randn(B, H, T, D, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
 
 
 # Tq = 0 (keys that no query sees yet) and an empty batch: (B, H, Tq, Tk)
@@ -310,6 +403,36 @@ def boundary_index_under_interpreter(bh, n_key_tiles, key_tile, pass_rows, pass_
     out = torch.zeros(1, dtype=torch.int64)
     kernel[(1,)](out, torch.tensor([bh, n_key_tiles, key_tile, pass_rows, pass_row], dtype=torch.int32))
     return out.item()
+
+
+def bf16_operands():
+    """fp32 values with ties (exactly half a bf16 step between two bf16 numbers, both parities), values just off
+    a tie, and random ones; and a bf16 matrix to multiply them by."""
+    g = torch.Generator().manual_seed(11)
+    base = torch.randn(16, 16, generator=g).bfloat16().float()
+    step = base.abs() * 2.0 ** -8  # about one bf16 unit
+    x = torch.randn(16, 16, generator=g)
+    x[:4] = base[:4] + step[:4] / 2  # ties
+    x[4:8] = base[4:8] + step[4:8] * 0.51
+    return x, torch.randn(16, 16, generator=g).bfloat16()
+
+
+def bf16_cast_and_dot_under_interpreter():
+    """(x.to(bf16), tl.dot(x.to(bf16), y)) as the interpreter computes them."""
+    global _bf16_kernel
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _bf16_kernel(X, Y, CAST, DOT):
+        a = tl.arange(0, 16)
+        x = tl.load(X + a[:, None] * 16 + a[None, :]).to(tl.bfloat16)
+        tl.store(CAST + a[:, None] * 16 + a[None, :], x)
+        tl.store(DOT + a[:, None] * 16 + a[None, :], tl.dot(x, tl.load(Y + a[:, None] * 16 + a[None, :])))
+    x, y = bf16_operands()
+    cast, dot = torch.empty(16, 16, dtype=torch.bfloat16), torch.empty(16, 16)
+    _bf16_kernel[(1,)](x, y, cast, dot)
+    return cast, dot
 
 
 MODEL_CASES = [("grape_ap", False), ("rope+grape_ap", True)]
@@ -362,6 +485,78 @@ def test_triton_fp16_path_gradients_as_accurate_as_attention_gradients(triton_re
     assert ((out.double() - ref_out).abs().max() / ref_out.abs().max()).item() < 1e-3
 
 
+@pytest.mark.parametrize("index", range(len(poison_cases())), ids=[
+    f"{'-'.join(map(str, c[:12]))}-{d}" for c, d, _ in poison_cases()])
+def test_triton_tiles_read_no_unwritten_scratch(triton_results, index):
+    # Requirement: every tile configuration the code chooses, and every one check_config accepts, gives the
+    # reference's values and gradients whatever its scratch and output buffers held before (NaN, -inf).
+    config, dtype, shape = poison_cases()[index]
+    inputs, slopes = poison_inputs(dtype, shape)
+    ref_out, ref_grads = values_and_grads(dense_grape_ap, [x.double() for x in inputs], slopes.double(), 0.25,
+                                          poison_grad_out(shape))
+    tol = dict(atol=2e-5, rtol=1e-4) if dtype == "float32" else dict(atol=2e-2, rtol=2e-2)
+    for value in POISONS:
+        out, grads = triton_results["poisoned"][config, str(value)]
+        torch.testing.assert_close(out.double(), ref_out, **tol, msg=lambda m, value=value: f"output ({value}): {m}")
+        for name, g, ref in zip("qkvpr", grads, ref_grads):
+            torch.testing.assert_close(g.double(), ref, **tol, msg=lambda m, n=name, value=value: f"d{n} ({value}): {m}")
+
+
+@pytest.mark.parametrize("config, message", [
+    ((16, 16, 1, 1, 16, 32, 1, 1, 32, 16, 1, 1, 64), "key tile \\(16\\) must be a multiple of the query-major kernel's \\(32\\)"),
+    ((16, 16, 1, 1, 16, 16, 1, 1, 16, 48, 1, 1, 64), "tile 16x48 must be powers of two of at least 16"),
+    ((16, 8, 1, 1, 16, 16, 1, 1, 16, 32, 1, 1, 64), "forward kernel's tile 16x8"),
+    ((16, 16, 1, 1, 16, 16, 3, 1, 16, 32, 1, 1, 64), "3 warps"),
+    ((16, 16, 1, 1, 16, 16, 1, 1, 16, 32, 1, 1, 0), "pass rows must be positive"),
+    ((16, 16, 1, 1, 16, 16, 1, 1, 16, 32, 1, 1), "expected 13 integers")])
+def test_triton_refuses_tile_configs_it_cannot_run(config, message):
+    # A key-major key tile narrower than the query-major one made the carry ratio 0 (a division by zero in the
+    # kernel); the others would fail inside the compiler. Refused before any launch, in one sentence.
+    pytest.importorskip("triton")
+    (q, k, v, p, r), slopes = random_inputs(1, 1, 20, 20, 16, 4, dtype=torch.float32)
+    from kernels.grape_ap import grape_ap_triton
+    with pytest.raises(ValueError, match=message):
+        grape_ap_triton(q, k, v, p, r, slopes, 0.25, config=config)
+
+
+def relative_errors(grads, ref_grads):
+    return {name: ((g.double() - ref).abs().max() / ref.abs().max()).item()
+            for name, g, ref in zip("qkvpr", grads, ref_grads)}
+
+
+def test_triton_fp16_path_gradients_survive_large_positive_path_logits(triton_results):
+    # fp16, every z = p·r >= 11: the path gradients stay as accurate, relative to their size, as dq, dk, dv.
+    inputs, slopes = large_positive_z_inputs()
+    z = inputs[3] @ inputs[4].transpose(-1, -2)
+    assert z.min() >= 11, z.min()  # the premise: α·sigmoid(-z) <= 4·2^-4·e^-11 < 6.1e-5, fp16's smallest normal
+    ref_out, ref_grads = values_and_grads(dense_grape_ap, [x.double() for x in inputs], slopes.double(), 0.25,
+                                          large_positive_z_grad_out())
+    rel = relative_errors(triton_results["large_positive_z"][1], ref_grads)
+    attention_worst = max(rel["q"], rel["k"], rel["v"])
+    assert attention_worst < 2e-3, rel
+    assert rel["p"] <= attention_worst and rel["r"] <= attention_worst, rel
+
+
+def test_triton_bf16_as_accurate_as_flash_attention_in_bf16(triton_results):
+    # bf16 with the GPU's rounding: output, dq, dk and dv within 1.25x the error of FlashAttention's own bf16
+    # arithmetic (emulated on the same inputs and the exact bias: P, dS and every output rounded to bf16), the
+    # path gradients within the attention gradients' relative error; errors as ‖kernel - fp64‖ / ‖fp64‖.
+    # Measured: 0.79-1.00x the floor; with the interpreter's truncating bf16 casts 1.41-1.84x.
+    inputs, slopes = bf16_case_inputs()
+    scale = 1 / math.sqrt(BF16_SHAPE[4])
+    double = [x.double() for x in inputs]
+    ref_out, ref_grads = values_and_grads(dense_grape_ap, double, slopes.double(), scale, bf16_grad_out())
+    floor = flash_attention_bf16(*inputs[:3], dense_bias(*double[3:], slopes.double()), scale, bf16_grad_out())
+    out, grads = triton_results["bf16"]
+    assert out.dtype == torch.bfloat16 and all(g.dtype == x.dtype for g, x in zip(grads, inputs))
+    rel = {name: ((got.double() - ref).norm() / ref.norm()).item()
+           for name, got, ref in zip(["out", "q", "k", "v", "p", "r"], [out] + grads, [ref_out] + ref_grads)}
+    for name, emulated, ref in zip(["out", "q", "k", "v"], floor, [ref_out] + ref_grads[:3]):
+        floor_error = ((emulated - ref).norm() / ref.norm()).item()
+        assert rel[name] <= 1.25 * floor_error, (name, rel[name], floor_error)
+    assert max(rel["p"], rel["r"]) <= max(rel["q"], rel["k"], rel["v"]), rel
+
+
 @pytest.mark.parametrize("index", range(len(MODEL_CASES)), ids=[f"{p}{'+kv_shift' if kv else ''}" for p, kv in MODEL_CASES])
 def test_triton_interpreter_in_the_model_matches_dense_backend(triton_results, index):
     pos, kv_shift = MODEL_CASES[index]
@@ -405,6 +600,16 @@ def test_boundary_carry_index_is_64_bit(triton_results):
     assert triton_results["boundary_index"] == (bh * n_key_tiles + key_tile) * pass_rows + pass_row
 
 
+def test_interpreter_rounds_and_multiplies_bf16_as_the_gpu_does(triton_results):
+    # The interpreter truncated fp32 -> bf16 (the GPU rounds to nearest even) and multiplied bf16's raw bits in
+    # tl.dot; kernels/triton_common.py replaces both under TRITON_INTERPRET=1. torch's conversion rounds to
+    # nearest even, and a product of bf16 values is exact in fp32.
+    x, y = bf16_operands()
+    cast, dot = triton_results["bf16_emulation"]
+    assert torch.equal(cast.view(torch.int16), x.bfloat16().view(torch.int16))
+    torch.testing.assert_close(dot, x.bfloat16().double().matmul(y.double()).float(), atol=1e-5, rtol=1e-6)
+
+
 def test_probe_finds_that_the_interpreter_builds_both_kernel_families(triton_results):
     assert triton_results["builds"] == [True, True, True]
 
@@ -420,8 +625,8 @@ def test_decode_matches_the_full_forward_and_the_reference():
     full = grape_ap_chunked(q, k, v, p, r, slopes, 0.3, block_size=8)
     last = decode_attention(q[:, :, -1:], k, v, p[:, :, -1:], r, slopes, 0.3)
     torch.testing.assert_close(last, full[:, :, -1:], atol=1e-6, rtol=1e-5)
-    assert auto_backend(torch.device("cuda"), torch.bfloat16, 1) == "decode"
-    assert auto_backend(torch.device("cpu"), torch.float32, 1) == "decode"
+    assert auto_backend(torch.device("cuda"), torch.bfloat16, 1, 64) == "decode"
+    assert auto_backend(torch.device("cpu"), torch.float32, 1, 64) == "decode"
 
 
 def test_decode_matches_the_triton_full_forward(triton_results):
@@ -435,19 +640,60 @@ def test_auto_falls_back_with_one_warning_when_triton_cannot_build(monkeypatch, 
     from kernels import triton_probe
     from kernels.grape_ap import auto_backend
 
-    def cannot_build(dtype, device):
+    def cannot_build(dtype, device, head_dim, value_dim):
         raise RuntimeError("PassManager::run failed\n(the rest of a long compiler message)")
     monkeypatch.setattr(triton_probe, "_BUILDS", {})
     monkeypatch.setitem(triton_probe.PROBES, "grape_ap", cannot_build)
-    assert auto_backend(torch.device("cuda"), torch.bfloat16, 64) == "chunked"
-    assert auto_backend(torch.device("cuda"), torch.bfloat16, 64) == "chunked"  # asked once per process
+    assert auto_backend(torch.device("cuda"), torch.bfloat16, 64, 64) == "chunked"
+    assert auto_backend(torch.device("cuda"), torch.bfloat16, 64, 64) == "chunked"  # asked once per process
     lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and "cannot build the grape_ap attention kernel for bf16" in lines[0], lines
+    assert len(lines) == 1 and "cannot run the grape_ap attention kernel for bf16 at head dim 64" in lines[0], lines
     assert "PassManager::run failed" in lines[0] and "portable" in lines[0]
-    monkeypatch.setitem(triton_probe.PROBES, "grape_ap", lambda dtype, device: None)
-    assert auto_backend(torch.device("cuda"), torch.float16, 64) == "triton"
-    assert auto_backend(torch.device("cpu"), torch.float16, 64) == "chunked"
+    monkeypatch.setitem(triton_probe.PROBES, "grape_ap", lambda dtype, device, head_dim, value_dim: None)
+    assert auto_backend(torch.device("cuda"), torch.float16, 64, 64) == "triton"
+    assert auto_backend(torch.device("cpu"), torch.float16, 64, 64) == "chunked"
 
+
+def test_auto_decides_per_head_dim_from_the_builds_shared_memory(monkeypatch, capsys):
+    # The probe built head dim 64 only, so "auto" chose kernels that cannot launch at head dim 256 (the separable
+    # forward needs 258 KiB of shared memory there, an H100/H200 block 227 KiB). Each (dtype, head dim) is probed
+    # at its own size; a build beyond the GPU's limit (Triton's OutOfResources: the build's report against the
+    # device's) sends that head dim to the portable path with one warning that says so.
+    pytest.importorskip("triton")
+    import attention
+    from positional import build_bias
+    from kernels import triton_probe
+    from kernels.grape_ap import auto_backend
+
+    class OutOfResources(Exception):  # what Triton raises at launch: required, limit, name
+        def __init__(self, required, limit, name):
+            super().__init__(f"out of resource: {name}, Required: {required}, Hardware limit: {limit}")
+            self.required, self.limit, self.name = required, limit, name
+
+    probed = []
+
+    def launch(dtype, device, head_dim, value_dim):
+        probed.append(head_dim)
+        if head_dim > 128:
+            raise OutOfResources(258 * 1024, 227 * 1024, "shared memory")
+    monkeypatch.setattr(triton_probe, "_BUILDS", {})
+    for family in ("grape_ap", "separable"):
+        monkeypatch.setitem(triton_probe.PROBES, family, launch)
+    monkeypatch.setattr(attention, "TRITON_AVAILABLE", True)
+    cuda = torch.device("cuda")
+    assert auto_backend(cuda, torch.bfloat16, 512, 64) == "triton"
+    assert auto_backend(cuda, torch.bfloat16, 512, 256) == "chunked"
+    assert auto_backend(cuda, torch.bfloat16, 512, 256) == "chunked"
+    bias = build_bias("fox", n_head=2, head_dim=8, n_embd=8, grape_a_omega_init=1.0, fox_gate_bias_init=0.0,
+                      p_head_dim=8)
+    assert attention.resolve_backend("auto", bias, cuda, torch.bfloat16, 128) == "tile"
+    assert attention.resolve_backend("auto", bias, cuda, torch.bfloat16, 256) == "lifted"
+    assert probed == [64, 256, 128, 256]  # once per family and head dim
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 2, lines
+    for family, line in zip(("grape_ap", "separable"), lines):
+        assert (f"cannot run the {family} attention kernel for bf16 at head dim 256 (its build needs 258 KiB of "
+                "shared memory per block, this GPU allows 227 KiB)") in line, line
 
 
 def test_probe_does_not_try_a_triton_older_than_proven(monkeypatch, capsys):
@@ -457,11 +703,11 @@ def test_probe_does_not_try_a_triton_older_than_proven(monkeypatch, capsys):
     from kernels import triton_probe
     probed = []
     monkeypatch.setattr(triton_probe, "_BUILDS", {})
-    monkeypatch.setitem(triton_probe.PROBES, "grape_ap", lambda dtype, device: probed.append(dtype))
+    monkeypatch.setitem(triton_probe.PROBES, "grape_ap", lambda dtype, *sizes: probed.append(dtype))
     monkeypatch.setattr(triton, "__version__", "3.1.0")
-    assert triton_probe.triton_builds("grape_ap", "bf16") is False and probed == []
+    assert triton_probe.triton_builds("grape_ap", "bf16", 64) is False and probed == []
     err = capsys.readouterr().err
-    assert "triton 3.1.0 cannot build the grape_ap attention kernel" in err and "need triton >= 3.2" in err, err
+    assert "triton 3.1.0 cannot run the grape_ap attention kernel" in err and "need triton >= 3.2" in err, err
 
 
 if __name__ == "__main__":

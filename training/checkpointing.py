@@ -79,9 +79,10 @@ def check_resume_compatible(ckpt: dict, model_cfg: dict, train_cfg: TrainConfig,
                             if older else "."))
     saved = {key: ckpt["train_config"].get(key, AS_TRAINED_BEFORE_KEY_EXISTED.get(key)) for key in TRAJECTORY_KEYS}
     current = {key: getattr(train_cfg, key) for key in TRAJECTORY_KEYS}
-    for values in (saved, current):
-        if values["grad_scale"] != "official" and values["sampler"] != "random_offsets":
-            values["reference_layout"] = ""  # unused, so not part of the trajectory
+    uses_layout = [values["grad_scale"] == "official" or values["sampler"] == "random_offsets"
+                   for values in (saved, current)]
+    if not all(uses_layout):  # unused on at least one side: the change of grad_scale or sampler is what counts
+        saved["reference_layout"] = current["reference_layout"] = ""
     changed = [key for key in TRAJECTORY_KEYS if saved[key] is not None and saved[key] != current[key]]
     refused = [key for key in changed if key not in allowed]
     if refused:

@@ -1,0 +1,584 @@
+"""Generated mutation testing: mutmut's mutants of the modules a wrong result would come from, a seeded sample of
+them (or all), each run against only the tests that reach its function, fastest test first, stopping at the first
+failure; resumable; the per-module table is written into docs/testing.md and the survivors into docs/mutants.md.
+
+    nice -n 10 python3 scripts/mutants.py            # the seeded sample (420 mutants); run it again to resume
+    python3 scripts/mutants.py --all --jobs 16       # every mutant, on a machine with more cores
+    python3 scripts/mutants.py --report              # rewrite the table from the results so far
+    python3 scripts/mutants.py --survivors           # each surviving mutant's diff, for triage
+    python3 scripts/mutants.py --fresh               # start over (after merging: the run on the final commit)
+
+The modules are pyproject.toml's [tool.mutmut] source_paths (only the report logic of scripts/study.py is
+sampled: REPORT_FUNCTIONS). mutmut 3 (docs/testing.md says why it and not cosmic-ray) copies the repository to
+mutants/, with every function of those modules replaced by a trampoline that calls the original or one of its
+mutants, chosen by the environment variable MUTANT_UNDER_TEST, which subprocesses inherit: a test that runs
+`python3 train.py` or torchrun tests the mutant too. mutmut first runs the whole suite once to record which tests
+reach each function ("stats"); it sees only calls in the test process, so a sitecustomize (scripts/mutants_site/)
+records the calls made in subprocesses during that run, and they are added to the tests of each function. Results
+are kept per mutant in mutants/ (mutmut's own .meta files): a stopped run resumes with the mutants it has not
+judged; a function that changed since is judged again. This script adds the sampling, the fastest-first test
+order, the subprocess calls and the report; it depends on mutmut's internals and is pinned to mutmut 3.8.
+
+Mutants that change only the text of a message (an exception's, a warning's, a printed line's) are left out of
+the population: they are listed as such in the report's counts, not sampled. Every other survivor must be killed
+by a test or listed in scripts/mutants_equivalent.toml with a one-line reason.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import datetime
+import difflib
+import glob
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+import tomllib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STATE = os.path.join("mutants", "sample.json")
+REPORT = os.path.join("docs", "testing.md")  # the table goes between its mutants:begin/end markers
+SURVIVORS = os.path.join("docs", "mutants.md")
+MARKERS = ("<!-- mutants:begin (scripts/mutants.py writes this part) -->", "<!-- mutants:end -->")
+EQUIVALENT = os.path.join("scripts", "mutants_equivalent.toml")
+SITE = os.path.join(ROOT, "scripts", "mutants_site")
+HITS = os.path.join("mutants", "subprocess_hits")
+FAILED_IN_STATS = os.path.join("mutants", "stats_failed.json")  # of the last recording run
+LEFT_OUT = os.path.join("mutants", "left_out_tests.json")  # of all of them
+DEFAULT_SAMPLE, DEFAULT_SEED, MIN_PER_MODULE = 420, 2026, 8
+
+# The report logic of scripts/study.py (the rest runs jobs; a wrong number in the report comes from these).
+REPORT_FUNCTIONS = {"read_records", "run_trained", "final_val_loss", "run_finished", "lost_records",
+                    "checkpoint_identity", "describe", "paired_difference", "verdict", "read_json", "run_row",
+                    "extrapolation_summary", "zero_shot_summary", "count_parameters", "setup_summary",
+                    "build_report", "fmt", "setup_lines", "paper_warning", "markdown"}
+# Rows of the table: the issue's modules (a package is one row).
+GROUPS = [("config.py", "config"), ("checkpoints.py", "checkpoints"), ("training/", "training."),
+          ("data/", "data."), ("hf/", "hf."), ("eval/", "eval."), ("positional.py", "positional"),
+          ("model.py", "model"), ("attention.py", "attention"), ("kernels/grape_ap.py", "kernels.grape_ap"),
+          ("scripts/study.py (report)", "scripts.study")]
+TEXT_KEYWORDS = {"help", "description", "epilog", "metavar", "usage"}  # argparse's texts for people
+MESSAGE_CALLS = {"print", "say", "warn", "warning", "write", "info", "note", "_write", "error", "fail", "exit"}
+STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no test", 33: "no test", 36: "timeout", 24: "timeout",
+          -24: "timeout", 152: "timeout", 255: "timeout", None: "not run"}
+
+
+# ----------------------------------------------------------------------------- mutants and their sources
+
+def module_of(name: str) -> str:
+    return name.split(".x", 1)[0] if ".x_" in name or ".xǁ" in name else name.rsplit(".", 1)[0]
+
+
+def function_of(name: str) -> str:
+    """'training.divergence.xǁDivergenceMonitorǁproblem__mutmut_3' -> 'DivergenceMonitor.problem'."""
+    tail = name[len(module_of(name)) + 1:].rsplit("__mutmut_", 1)[0]  # x_function or xǁClassǁmethod
+    return tail[2:].replace("ǁ", ".")
+
+
+def group_of(name: str) -> str | None:
+    module = module_of(name)
+    for label, prefix in GROUPS:
+        if module == prefix or (prefix.endswith(".") and module.startswith(prefix)):
+            return label
+    return None
+
+
+def mutated_files() -> list[str]:
+    return sorted(glob.glob("mutants/**/*.py.meta", recursive=True))
+
+
+def function_sources(meta_path: str) -> dict[str, str]:
+    """Source of every mutant and original function (by mutmut's mangled name) of one mutated file."""
+    path = meta_path[:-len(".meta")]
+    with open(path) as f:
+        text = f.read()
+    lines, sources = text.splitlines(True), {}
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and "__mutmut_" in node.name:
+            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            sources[node.name] = "".join(lines[first - 1:node.end_lineno])
+    return sources
+
+
+def mutants_with_sources() -> dict[str, tuple[str, str]]:
+    """{mutant name: (original function source, mutant source)} for every mutant mutmut generated."""
+    out = {}
+    for meta_path in mutated_files():
+        with open(meta_path) as f:
+            names = list(json.load(f)["exit_code_by_key"])
+        sources = function_sources(meta_path)
+        for name in names:
+            local = name[len(module_of(name)) + 1:]
+            original = sources.get(local.rsplit("__mutmut_", 1)[0] + "__mutmut_orig")
+            if original is not None and local in sources:
+                out[name] = (original, sources[local])
+    return out
+
+
+def changed_lines(original: str, mutant: str) -> tuple[str, str]:
+    """The first changed line, before and after (whitespace-trimmed), ignoring the def line's renaming."""
+    a, b = original.splitlines()[1:], mutant.splitlines()[1:]
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
+        if tag != "equal":
+            return " ".join(x.strip() for x in a[i1:i2]), " ".join(x.strip() for x in b[j1:j2])
+    return "", ""
+
+
+def only_message_text(original: str, mutant: str) -> bool:
+    """Whether the mutant changes nothing but string constants inside a raise, inside the arguments of a call that
+    prints or warns (MESSAGE_CALLS) or builds an ...Error, in an f-string, or in an argparse text (TEXT_KEYWORDS):
+    a message's wording."""
+    def body(source):
+        tree = ast.parse(textwrap.dedent(source)).body[0]  # (a method's source is indented)
+        tree.name = "f"
+        return tree
+
+    def walk(a, b, inside):
+        if type(a) is not type(b):
+            return False
+        if isinstance(a, ast.Constant):
+            return a.value == b.value or (isinstance(a.value, str) and isinstance(b.value, str) and inside)
+        if isinstance(a, ast.AST):
+            here = inside or isinstance(a, (ast.Raise, ast.JoinedStr)) or (
+                isinstance(a, ast.keyword) and a.arg in TEXT_KEYWORDS) or (
+                isinstance(a, ast.Call) and (getattr(a.func, "id", None) or getattr(a.func, "attr", None)) in
+                MESSAGE_CALLS) or (isinstance(a, ast.Call) and (getattr(a.func, "id", "") or "").endswith("Error"))
+            return all(walk(getattr(a, field, None), getattr(b, field, None), here) for field in a._fields)
+        if isinstance(a, list):
+            return len(a) == len(b) and all(walk(x, y, inside) for x, y in zip(a, b))
+        return a == b
+    try:
+        return walk(body(original), body(mutant), False)
+    except SyntaxError:
+        return False
+
+
+def population(sources: dict[str, tuple[str, str]]) -> tuple[dict[str, list[str]], dict[str, int]]:
+    """The sampled population per table row, and per row the number of mutants left out as message wording."""
+    rows, wording = {label: [] for label, _ in GROUPS}, {label: 0 for label, _ in GROUPS}
+    for name, (original, mutant) in sorted(sources.items()):
+        label = group_of(name)
+        if label is None:
+            continue
+        if module_of(name) == "scripts.study" and function_of(name).split(".")[-1] not in REPORT_FUNCTIONS:
+            continue
+        if only_message_text(original, mutant):
+            wording[label] += 1
+            continue
+        rows[label].append(name)
+    return rows, wording
+
+
+def draw_sample(rows: dict[str, list[str]], size: int, seed: int) -> list[str]:
+    """size mutants spread over the rows in proportion to their populations (at least MIN_PER_MODULE each, or all
+    of a smaller row), each row's drawn with random.Random(seed)."""
+    total = sum(len(v) for v in rows.values())
+    rng = random.Random(seed)
+    chosen = []
+    for label, names in rows.items():
+        n = min(len(names), max(MIN_PER_MODULE, round(size * len(names) / total)))
+        chosen += rng.sample(names, n)
+    return sorted(chosen)
+
+
+# ----------------------------------------------------------------------------- running mutmut
+
+def patch_mutmut(state: dict) -> None:
+    """Three changes to mutmut's flow: each mutant's tests run fastest first (pytest keeps the order of the ids
+    given); calls made in the test suite's subprocesses count towards the tests that reach a function; and the
+    clean-run of the selected tests is skipped when the stats run (the same tests, unmutated) passed."""
+    import mutmut.__main__ as main
+    from mutmut.runners import harness
+    from mutmut.state import state as mutmut_state
+
+    regular = harness.PytestRunner._pytest_args_regular_run
+
+    def fastest_first(self, tests):
+        """The tests in the order of their recorded durations; with a budget, only the fastest ones that fit in it
+        (at least one). An empty list means the whole suite to mutmut (its forced-fail check): kept as it is."""
+        durations = mutmut_state().duration_by_test
+        ordered = sorted(tests, key=lambda t: (durations.get(t, 1e9), t))
+        budget = state.get("budget_s") or 0
+        if budget and ordered:
+            kept, spent = [], 0.0
+            for test in ordered:
+                spent += durations.get(test, 0.0)
+                if kept and spent > budget:
+                    break
+                kept.append(test)
+            ordered = kept
+        return regular(self, ordered)
+    harness.PytestRunner._pytest_args_regular_run = fastest_first
+
+    class CurrentTest:
+        """Tells the subprocesses of the stats run which test started them, and notes the tests that fail."""
+        failed = []
+
+        @staticmethod
+        def pytest_runtest_setup(item):
+            os.environ["GRAPE_MUTMUT_TEST"] = item.nodeid
+            # also in a file: subprocesses whose environment a test module built at import time lack the variable
+            with open(os.path.join(os.environ["GRAPE_MUTMUT_HITS"], "current_test"), "w") as f:
+                f.write(item.nodeid)
+
+        @classmethod
+        def pytest_runtest_logreport(cls, report):
+            if report.failed:
+                cls.failed.append(report.nodeid.removeprefix("mutants/"))
+
+    execute = harness.PytestRunner.execute_pytest
+
+    def with_current_test(self, params, **kwargs):
+        """In the stats run (in the child process that runs the tests): the whole suite, not stopping at a failure;
+        a test that fails there is reported and left out of every mutant's tests (it could only kill mutants
+        falsely), and the run counts as collected."""
+        if os.environ.get("MUTANT_UNDER_TEST") != "stats":
+            return execute(self, params, **kwargs)
+        kwargs["plugins"] = [*kwargs.get("plugins", []), CurrentTest()]
+        outside_compiled_code()
+        code = execute(self, [p for p in params if p != "-x"], **kwargs)
+        with open(os.path.join(ROOT, FAILED_IN_STATS), "w") as f:
+            json.dump(CurrentTest.failed, f)
+        return 0 if code == 1 and CurrentTest.failed else code
+    harness.PytestRunner.execute_pytest = with_current_test
+
+    def outside_compiled_code():
+        """Code that torch.compile traces calls the original functions without recording the call: the recording
+        is Python that dynamo cannot trace (a fullgraph compile would fail); the same functions run eagerly too."""
+        import torch
+        from mutmut.mutation import trampoline
+        real = trampoline.get_mutant_under_test
+        if getattr(real, "outside_compiled_code", False):
+            return
+
+        def get():
+            name = real()
+            return "" if name == "stats" and torch.compiler.is_compiling() else name
+        get.outside_compiled_code = True
+        trampoline.get_mutant_under_test = get
+
+    main.copy_also_copy_files = copy_unmutated_files
+
+    collect = main.run_stats_collection
+
+    def stats_with_subprocesses(runner, tests=None):
+        os.makedirs(HITS, exist_ok=True)
+        for old in glob.glob(os.path.join(HITS, "*.json")):
+            os.remove(old)
+        os.environ["GRAPE_MUTMUT_HITS"] = os.path.abspath(HITS)
+        os.environ["PYTHONPATH"] = SITE + os.pathsep + os.environ.get("PYTHONPATH", "")
+        # also where tests set PYTHONPATH to the repository alone (it acts only during this run)
+        shutil.copy(os.path.join(SITE, "sitecustomize.py"), os.path.join("mutants", "sitecustomize.py"))
+        try:
+            collect(runner, tests)
+        finally:
+            os.environ.pop("GRAPE_MUTMUT_HITS", None)
+            os.environ["PYTHONPATH"] = os.environ["PYTHONPATH"].replace(SITE + os.pathsep, "", 1)
+        failed = []
+        if os.path.exists(FAILED_IN_STATS):
+            with open(FAILED_IN_STATS) as f:
+                failed = json.load(f)
+        if failed:
+            print(f"    {len(failed)} test(s) failed in the stats run and are left out of every mutant's tests: "
+                  + ", ".join(failed), flush=True)
+            for function, reaching in mutmut_state().tests_by_mangled_function_name.items():
+                reaching.difference_update(failed)
+            with open(LEFT_OUT, "w") as f:
+                json.dump(sorted(set(left_out_tests()) | set(failed)), f)
+        added = 0
+        for path in glob.glob(os.path.join(HITS, "*.json")):
+            with open(path) as f:
+                record = json.load(f)
+            test = record["test"].removeprefix("mutants/")
+            if not test:
+                continue  # (a subprocess that outlived its test)
+            for function in record["functions"]:
+                if test not in mutmut_state().tests_by_mangled_function_name[function]:
+                    mutmut_state().tests_by_mangled_function_name[function].add(test)
+                    added += 1
+        from mutmut.stats import save_stats
+        save_stats()
+        state["stats_ok"] = True
+        state["stats_fingerprint"] = fingerprint()
+        print(f"    {added} (test, function) pairs seen only in subprocesses added")
+    main.run_stats_collection = stats_with_subprocesses
+
+    clean = None
+
+    def get_runner(max_children):
+        nonlocal clean
+        runner = real_get_runner(max_children)
+        clean = runner.run_clean_tests
+        runner.run_clean_tests = lambda tests: 0 if state.get("stats_ok") else clean(tests)
+        return runner
+    real_get_runner = main.get_mutant_runner
+    main.get_mutant_runner = get_runner
+
+
+def copy_unmutated_files() -> None:
+    """mutmut's also_copy, without overwriting the mutated modules inside the folders it names (mutmut's own copy
+    would, and then regenerate every mutant of them on each start)."""
+    from mutmut.configuration import config
+    mutated = {os.path.normpath(str(p)) for p in config().source_paths}
+
+    def skip(folder, names):
+        return [n for n in names if os.path.normpath(os.path.join(folder, n)) in mutated or n == "__pycache__"]
+    for path in map(str, config().also_copy):
+        destination = os.path.join("mutants", path)
+        if not os.path.exists(path) or os.path.normpath(path) in mutated:
+            continue
+        if os.path.isfile(path):
+            os.makedirs(os.path.dirname(destination) or ".", exist_ok=True)
+            shutil.copy2(path, destination)
+        else:
+            shutil.copytree(path, destination, dirs_exist_ok=True, ignore=skip)
+
+
+def left_out_tests() -> list[str]:
+    if not os.path.exists(LEFT_OUT):
+        return []
+    with open(LEFT_OUT) as f:
+        return json.load(f)
+
+
+def fingerprint() -> str:
+    """A hash of the mutated modules and the tests: while it is the one of the last stats run (which ran all the
+    tests on the unmutated code and passed), mutmut's clean run of the same tests is skipped."""
+    import hashlib
+    from mutmut.configuration import config
+    digest = hashlib.sha256()
+    paths = [str(p) for p in config().source_paths] + ["tests"]
+    files = sorted(f for p in paths for f in ([p] if os.path.isfile(p) else glob.glob(f"{p}/**/*.py", recursive=True)))
+    for path in files:
+        with open(path, "rb") as f:
+            digest.update(path.encode() + b"\0" + f.read())
+    return digest.hexdigest()
+
+
+def results() -> dict[str, dict]:
+    """{mutant name: {"exit_code", "duration"}} from mutmut's .meta files."""
+    out = {}
+    for meta_path in mutated_files():
+        with open(meta_path) as f:
+            meta = json.load(f)
+        for name, code in meta["exit_code_by_key"].items():
+            out[name] = {"exit_code": code, "duration": meta.get("durations_by_key", {}).get(name)}
+    return out
+
+
+def load_equivalents() -> list[dict]:
+    if not os.path.exists(EQUIVALENT):
+        return []
+    with open(EQUIVALENT, "rb") as f:
+        return tomllib.load(f).get("equivalent", [])
+
+
+def equivalence(name: str, sources: dict, equivalents: list[dict]) -> str | None:
+    """The reason a mutant is listed as equivalent, or None: matched on its function and changed line."""
+    if name not in sources:
+        return None
+    before, after = changed_lines(*sources[name])
+    for entry in equivalents:
+        if entry["function"] == f"{module_of(name)}.{function_of(name)}" and entry["original"] == before \
+                and entry["mutant"] == after:
+            return entry["reason"]
+    return None
+
+
+def git(*args) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+
+def write_report(state: dict, sources: dict, wording: dict) -> dict:
+    outcome, equivalents = results(), load_equivalents()
+    rows = {label: {"killed": 0, "survived": 0, "equivalent": 0, "timeout": 0, "no test": 0, "not run": 0}
+            for label, _ in GROUPS}
+    survivors = []
+    for name in state["sample"]:
+        status = STATUS.get(outcome.get(name, {}).get("exit_code"), "other")
+        label = group_of(name)
+        reason = equivalence(name, sources, equivalents) if status in ("survived", "no test") else None
+        if reason:
+            status = "equivalent"
+        if status in ("survived", "no test"):
+            survivors.append(name)
+        rows[label][status if status in rows[label] else "not run"] += 1
+    table = [f"{state['command']} on commit `{state['commit']}`, {state['date']}: {len(state['sample'])} mutants "
+             f"drawn with seed {state['seed']} from {state['population']} (the modules' {state['generated']} "
+             f"generated mutants less {sum(wording.values())} that change only a message's text, and less the "
+             f"non-report functions of scripts/study.py), in proportion to each module's mutants (at least "
+             f"{MIN_PER_MODULE}). Wall time {state['wall_s'] / 60:.0f} min in {len(state['sittings'])} sitting(s), "
+             f"{state['machine']}, mean load {state['mean_load']:.1f} while it ran (other work shared the machine). "
+             f"Each mutant ran the tests that reach its function, fastest first, stopping at the first failure, up "
+             f"to {state.get('first_budget_s', 0):g} s of their recorded time; {len(state.get('rechecked', []))} "
+             "survivors of that ran again with all of them (`--recheck`).",
+             "", "| module | sampled | killed | survived | equivalent | timeout | no test reaches it | not run | "
+             "killed / non-equivalent |", "|---|---|---|---|---|---|---|---|---|"]
+    totals = {k: 0 for k in rows[GROUPS[0][0]]}
+    for label, row in rows.items():
+        for k, v in row.items():
+            totals[k] += v
+    for label, row in [*rows.items(), ("**all**", totals)]:
+        judged = row["killed"] + row["survived"] + row["timeout"] + row["no test"]
+        score = f"{100 * (row['killed'] + row['timeout']) / judged:.0f}%" if judged else "-"
+        table.append(f"| {label} | {sum(row.values())} | {row['killed']} | {row['survived']} | {row['equivalent']} | "
+                     f"{row['timeout']} | {row['no test']} | {row['not run']} | {score} |")
+    table += ["", f"A timeout counts as killed (the mutant made a test hang). Survivors: {len(survivors)}, listed in "
+              f"`{SURVIVORS}`; the equivalent mutants and their reasons are in `{EQUIVALENT}`."]
+    if left_out_tests():
+        table += ["", "Tests that failed on the unmutated code in mutmut's recording run, and so were left out of "
+                  "every mutant's tests: " + ", ".join(f"`{t}`" for t in left_out_tests()) + "."]
+    replace_between_markers(os.path.join(ROOT, REPORT), "\n".join(table))
+    listing = ["# Surviving generated mutants", "", f"From the run described in `{REPORT}` (`python3 "
+               "scripts/mutants.py --survivors` prints each one's diff). Each needs a test that kills it, or an "
+               f"entry in `{EQUIVALENT}` that says why no test can.", ""]
+    for name in survivors:
+        before, after = changed_lines(*sources[name]) if name in sources else ("?", "?")
+        listing.append(f"- `{name}`: `{before}` -> `{after}`")
+    if not survivors:
+        listing.append("None.")
+    with open(os.path.join(ROOT, SURVIVORS), "w") as f:
+        f.write("\n".join(listing) + "\n")
+    return {"rows": rows, "totals": totals, "survivors": survivors}
+
+
+def replace_between_markers(path: str, text: str) -> None:
+    with open(path) as f:
+        document = f.read()
+    begin, end = document.index(MARKERS[0]) + len(MARKERS[0]), document.index(MARKERS[1])
+    with open(path, "w") as f:
+        f.write(document[:begin] + "\n" + text + "\n" + document[end:])
+
+
+def load_average() -> float:
+    return os.getloadavg()[0]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sample", type=int, default=DEFAULT_SAMPLE, help="mutants to draw (default %(default)s)")
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="seed of the draw (default %(default)s)")
+    parser.add_argument("--all", action="store_true", help="every mutant instead of a sample")
+    parser.add_argument("--jobs", type=int, default=2, help="mutants run at once (default %(default)s)")
+    parser.add_argument("--fresh", action="store_true", help="delete mutants/ and start over")
+    parser.add_argument("--report", action="store_true", help="only rewrite the report from the results so far")
+    parser.add_argument("--survivors", action="store_true",
+                        help="print each survivor's diff and an entry for scripts/mutants_equivalent.toml to fill in")
+    parser.add_argument("--budget", type=float, default=60.0,
+                        help="run a mutant's tests fastest first only up to this many seconds of their recorded "
+                             "time (default %(default)s; 0 = all of them)")
+    parser.add_argument("--recheck", action="store_true",
+                        help="run the survivors again with all the tests that reach them (no budget)")
+    args = parser.parse_args(argv)
+    os.chdir(ROOT)
+    try:
+        import mutmut  # noqa: F401
+    except ImportError:
+        print("mutmut is not installed: python3 -m pip install -r requirements-dev.txt", file=sys.stderr)
+        return 2
+    if args.fresh and os.path.isdir("mutants"):
+        shutil.rmtree("mutants")
+    import mutmut.__main__ as main_module
+    from mutmut.configuration import config
+
+    state = {"sittings": []}
+    if os.path.exists(STATE):
+        with open(STATE) as f:
+            state = json.load(f)
+    if not os.path.isdir("mutants") or not mutated_files():
+        print("generating mutants (a few minutes) ...", flush=True)
+        os.makedirs("mutants", exist_ok=True)
+        from mutmut.utils.file_utils import copy_src_dir
+        main_module.set_mutant_under_test("mutant_generation")
+        copy_src_dir()
+        copy_unmutated_files()
+        main_module.create_mutants(max(1, args.jobs))
+        main_module.set_mutant_under_test("")
+    sources = mutants_with_sources()
+    rows, wording = population(sources)
+    eligible = {n for names in rows.values() for n in names}
+    if "sample" not in state or not set(state["sample"]) <= eligible or state.get("all") != args.all or (
+            not args.all and (state.get("seed"), state.get("size")) != (args.seed, args.sample)):
+        sample = sorted(n for names in rows.values() for n in names) if args.all else \
+            draw_sample(rows, args.sample, args.seed)
+        state = {"sample": sample, "seed": args.seed, "size": args.sample, "all": args.all, "sittings": [],
+                 "stats_fingerprint": state.get("stats_fingerprint")}
+    state.update(population=sum(len(v) for v in rows.values()), generated=len(sources),
+                 commit=git("rev-parse", "--short", "HEAD") + ("-dirty" if git("status", "--porcelain",
+                                                                               "--untracked-files=no") else ""),
+                 command="`nice -n 10 python3 scripts/mutants.py" + (" --all" if args.all else "") + "`",
+                 machine=f"{os.cpu_count()} cores, --jobs {args.jobs}")
+
+    if args.survivors:
+        equivalents = load_equivalents()
+        outcome = results()
+        for name in state["sample"]:
+            if STATUS.get(outcome.get(name, {}).get("exit_code")) in ("survived", "no test") and \
+                    not equivalence(name, sources, equivalents):
+                original, mutant = sources[name]
+                before, after = changed_lines(original, mutant)
+                print(f"# == {name} ({STATUS[outcome[name]['exit_code']]})")
+                print("".join("# " + line for line in difflib.unified_diff(
+                    original.splitlines(True)[1:], mutant.splitlines(True)[1:], n=1)))
+                print(f"[[equivalent]]  # or a test that kills it\nfunction = {json.dumps(f'{module_of(name)}.{function_of(name)}', ensure_ascii=False)}\n"
+                      f"original = {json.dumps(before, ensure_ascii=False)}\nmutant = {json.dumps(after, ensure_ascii=False)}\n"
+                      'reason = ""\n')
+        return 0
+    if not args.report:
+        outcome = results()
+        pending = [n for n in state["sample"] if outcome.get(n, {}).get("exit_code") is None]
+        state["budget_s"] = args.budget
+        if not args.recheck:
+            state["first_budget_s"] = args.budget
+        if args.recheck:
+            pending = [n for n in state["sample"] if STATUS.get(outcome.get(n, {}).get("exit_code")) == "survived"]
+            state["budget_s"] = 0
+            state.setdefault("rechecked", [])
+            state["rechecked"] = sorted(set(state["rechecked"]) | set(pending))
+        print(f"{len(state['sample']) - len(pending)} of {len(state['sample'])} sampled mutants judged; "
+              f"running {len(pending)} with {args.jobs} job(s)"
+              + (f", each with its fastest tests up to {state['budget_s']:g} s" if state["budget_s"] else
+                 ", each with all its tests"), flush=True)
+        started, loads = time.time(), [load_average()]
+        with open(STATE, "w") as f:  # the sample, before any work (a kill -9 keeps it)
+            json.dump(state, f)
+        if pending:
+            config()  # read [tool.mutmut] now, from the repository root
+            state["stats_ok"] = state.get("stats_fingerprint") == fingerprint()
+            patch_mutmut(state)
+            try:
+                main_module._run(pending, args.jobs)
+            except KeyboardInterrupt:
+                print("stopped: run the same command again to continue", file=sys.stderr)
+            except SystemExit as stop:
+                if stop.code not in (0, None):
+                    print(f"mutmut stopped ({stop.code}); see its output above", file=sys.stderr)
+                    return 1
+            finally:
+                loads.append(load_average())
+                state["sittings"].append({"start": started, "seconds": time.time() - started,
+                                          "load": sum(loads) / len(loads)})
+                state.pop("stats_ok", None)
+                with open(STATE, "w") as f:
+                    json.dump(state, f)
+    sittings = state["sittings"]
+    state["wall_s"] = sum(s["seconds"] for s in sittings)
+    state["mean_load"] = (sum(s["load"] * s["seconds"] for s in sittings) / state["wall_s"]) if state["wall_s"] else 0
+    state["date"] = datetime.date.today().isoformat()
+    summary = write_report(state, sources, wording)
+    with open(STATE, "w") as f:
+        json.dump(state, f)
+    t = summary["totals"]
+    print(f"{t['killed']} killed, {t['survived']} survived, {t['equivalent']} equivalent, {t['timeout']} timeout, "
+          f"{t['no test']} reached by no test, {t['not run']} not run; table in {REPORT}, survivors in {SURVIVORS}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,486 @@
+"""eval/long_context.py: RULER and BABILong through lm-eval's own task definitions and metrics, inputs longer than
+the training context through the adapter, position rescaling, local data and the offline messages.
+
+lm-eval's RULER module builds a 10-million-entry word list when it is imported (about 20 s of CPU); the tests that
+need it share one import.
+"""
+import dataclasses
+import json
+import os
+import re
+import shutil
+import zlib
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from data.tokenizer import get_tokenizer
+from eval import long_context
+from eval.lm_adapter import GrapeLM
+from eval.long_context_tasks import (BABILONG_TASKS, ESSAY_TASKS, LONG_CONTEXT_TASKS, RULER_TASKS, export_data,
+                                     local_sources, missing_files)
+from eval.tiny import save_run, tiny_model
+from model import GPT, GPTConfig
+from positional import ENCODINGS
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO / "tests" / "fixtures" / "long_context"
+
+
+def request(*args):
+    return SimpleNamespace(args=args)
+
+
+# ----------------------------------------------------------------------------- inputs longer than block_size
+
+def cached_forward_logprobs(model, tokens, first_target):
+    """log p(tokens[t] | tokens[:t]) for t >= first_target from one call of the model's own cached forward."""
+    cache = model.new_cache(1, len(tokens))
+    with torch.no_grad():
+        logits, _ = model(torch.tensor([tokens[:-1]]), cache=cache)
+    logprobs = F.log_softmax(logits[0, first_target - 1:].double(), dim=-1)
+    targets = torch.tensor(tokens[first_target:])
+    return logprobs.gather(-1, targets[:, None])[:, 0], (logits[0, first_target - 1:].argmax(-1) == targets).all()
+
+
+def cached_greedy(model, prompt, max_new, n_vocab, eot):
+    """Greedy continuation through the model's own KV cache (one prefill, then one token per step)."""
+    cache = model.new_cache(1, len(prompt) + max_new)
+    out = []
+    with torch.no_grad():
+        logits, _ = model(torch.tensor([prompt]), cache=cache)
+        for _ in range(max_new):
+            token = int(logits[0, -1, :n_vocab].argmax())
+            if token == eot:
+                break
+            out.append(token)
+            logits, _ = model(torch.tensor([[token]]), cache=cache)
+    return out
+
+
+@pytest.mark.parametrize("pos,kv_shift", [(pos, False) for pos in ENCODINGS] + [("rope+grape_ap", True),
+                                                                                 ("grape_m_ctx+fox", True)])
+def test_inputs_longer_than_block_size_match_the_models_cached_forward(pos, kv_shift, one_thread):
+    """Log-likelihoods and greedy tokens of inputs 4-6x the training context, through the adapter (in chunks of the
+    training context, batched and right-padded), equal the model's own cached forward; and no forward pass reads
+    more than a chunk (the old adapter read each input whole)."""
+    block = 16
+    model = tiny_model(pos=pos, block_size=block, seed=5, n_layer=2, n_embd=32, n_head=2, kv_shift=kv_shift)
+    tok = get_tokenizer("byte")
+    lm = GrapeLM(model=model, tokenizer=tok, batch_size=2, max_length=8 * block)
+    widths = []
+    hook = model.register_forward_pre_hook(lambda module, args: widths.append(args[0].shape[1]))
+    try:
+        pairs = [("In the long run the ship came home to port after", " many days"),
+                 ("A shorter context, still past the window", " ends here"),
+                 ("Weights and measures of the old town hall were kept in the cellar by", " the clerk")]
+        scored = lm.loglikelihood([request(c, x) for c, x in pairs])
+        prompts = [pairs[0][0], pairs[0][0][::-1], pairs[2][0]]
+        texts = lm.generate_until([request(p, {"until": [], "max_gen_toks": 12}) for p in prompts])
+    finally:
+        hook.remove()
+    assert widths and max(widths) <= block, f"a forward pass read {max(widths)} tokens"
+    for (context, continuation), (logprob, greedy) in zip(pairs, scored):
+        tokens = tok.encode(context) + tok.encode(continuation)
+        assert len(tokens) > 2 * block
+        reference, reference_greedy = cached_forward_logprobs(model, tokens, len(tok.encode(context)))
+        assert logprob == pytest.approx(reference.sum().item(), abs=1e-4, rel=1e-5)
+        assert greedy == bool(reference_greedy)
+    for prompt, text in zip(prompts, texts):
+        expected = cached_greedy(model, tok.encode(prompt), 12, tok.n_vocab, tok.eot_token)
+        assert text == tok.decode(expected)
+
+
+def test_loglikelihood_of_long_inputs_equals_the_full_forward_for_a_continuation_across_chunks(one_thread):
+    """A continuation that starts in one chunk and ends in another is scored whole (the kept logits span chunks)."""
+    model = tiny_model(pos="alibi", block_size=8, seed=2, n_layer=1, n_embd=32, n_head=2)
+    tok = get_tokenizer("byte")
+    lm = GrapeLM(model=model, tokenizer=tok, batch_size=1, max_length=64)
+    context, continuation = "abcdefghijklmn", "opqrstuvwxyz0123"
+    tokens = tok.encode(context + continuation)
+    with torch.no_grad():
+        logits, _ = model(torch.tensor([tokens[:-1]]))
+    logprobs = F.log_softmax(logits[0, len(context) - 1:].double(), dim=-1)
+    expected = logprobs.gather(-1, torch.tensor(tokens[len(context):])[:, None]).sum().item()
+    assert lm.loglikelihood([request(context, continuation)])[0][0] == pytest.approx(expected, abs=1e-4)
+
+
+def test_last_logits_are_the_full_forwards_last_positions():
+    model = tiny_model(pos="fox", block_size=16, seed=4, kv_shift=True)
+    idx = torch.randint(0, 257, (2, 20), generator=torch.Generator().manual_seed(0))
+    full = model(idx)[0]
+    for n in (0, 1, 7, 20):
+        torch.testing.assert_close(model(idx, last_logits=n)[0], full[:, 20 - n:], atol=1e-6, rtol=1e-5)
+    cache = model.new_cache(2, 20)
+    first = model(idx[:, :12], cache=cache, last_logits=0)[0]
+    rest = model(idx[:, 12:], cache=cache, last_logits=3)[0]
+    assert first.shape == (2, 0, 320)
+    torch.testing.assert_close(rest, full[:, 17:], atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="cannot be combined"):
+        model(idx, idx, last_logits=1)
+
+
+# ----------------------------------------------------------------------------- positions beyond the training context
+
+def test_rope_scaling_ntk_is_a_larger_base_and_linear_divides_every_frequency():
+    torch.manual_seed(0)
+    idx = torch.randint(0, 257, (1, 40))
+    model = tiny_model(pos="rope", block_size=16, seed=3)
+    before = model(idx)[0]
+    s, d = 4.0, model.config.head_dim
+    wider = GPT(GPTConfig(**dataclasses.asdict(model.config) | {"rope_base": model.config.rope_base * s ** (d / (d - 2))}))
+    wider.load_state_dict(model.state_dict())
+    with long_context.rescaled_rotations(model, s, "ntk"):
+        torch.testing.assert_close(model(idx)[0], wider(idx)[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(model(idx)[0], before, atol=0, rtol=0)  # restored exactly
+    positions = torch.arange(40)
+    for config in (dict(pos="grape_m"), dict(pos="grape_m", spectrum_scale=16.0), dict(pos="rope")):
+        m = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, head_dim=16, vocab_size=320, block_size=16, **config))
+        rotation = m.blocks[0].attn.rotation
+        plain = rotation.angles(None, positions, {})
+        with long_context.rescaled_rotations(m, s, "linear"):
+            torch.testing.assert_close(rotation.angles(None, positions, {}), plain / s, atol=1e-5, rtol=1e-5)
+        with long_context.rescaled_rotations(m, 1.0, "linear"), long_context.rescaled_rotations(m, s, "none"):
+            torch.testing.assert_close(rotation.angles(None, positions, {}), plain, atol=0, rtol=0)
+    alibi = tiny_model(pos="alibi", block_size=16, seed=3)
+    reference = alibi(idx)[0]
+    with long_context.rescaled_rotations(alibi, s, "linear"):  # nothing to rescale
+        torch.testing.assert_close(alibi(idx)[0], reference, atol=0, rtol=0)
+
+
+# ----------------------------------------------------------------------------- offline
+
+def test_offline_without_the_data_names_the_missing_files_in_one_sentence(tmp_path, monkeypatch, capsys):
+    import lm_eval.tasks
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", lambda *a, **k: pytest.fail("lm-eval was started"))
+    run = save_run(tiny_model(block_size=256), str(tmp_path / "run"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(SystemExit) as exit_info:
+        long_context.main(["--ckpt", run, "--lengths", "1x,8x"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1
+    expected = ["DIR/ruler/paul_graham_essays.jsonl", "DIR/nltk_data/tokenizers/punkt_tab", "DIR/ruler/dev-v2.0.json",
+                "DIR/ruler/hotpot_dev_distractor_v1.json"]
+    expected += [f"DIR/babilong/{split}/qa{k}.jsonl" for split in ("0k", "2k") for k in range(1, 6)]  # 256 and 2048
+    for path in expected:
+        assert path in err, path
+    assert "HF_HUB_OFFLINE" in err and "--export-data DIR" in err and "--skip-missing" in err
+    assert "niah_single_1,niah_multikey_2,niah_multikey_3,ruler_vt,ruler_cwe,ruler_fwe" in err
+    # a local folder with part of the data: the rest is named with its path
+    data = tmp_path / "data"
+    shutil.copytree(FIXTURES / "babilong", data / "babilong")
+    with pytest.raises(SystemExit):
+        long_context.main(["--ckpt", run, "--lengths", "1x,4x", "--tasks", "babilong,niah_single_1",
+                           "--data-dir", str(data)])
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{data}/babilong/1k/qa2.jsonl" in err and "qa1" not in err.replace("qa1,", "")
+    assert "5 task(s)" not in err and "4 task(s) (babilong_qa2, babilong_qa3, babilong_qa4, babilong_qa5)" in err
+
+
+def test_lm_eval_cli_hands_ruler_the_runs_tokenizer_and_refuses_what_cannot_run(tmp_path, monkeypatch):
+    from eval.checkpoint import UserError
+    from eval.lm_eval_cli import prepare_long_context
+    from eval.long_context_tasks import PROBE_TEXT
+    from transformers import AutoTokenizer
+
+    run = save_run(tiny_model(block_size=64), str(tmp_path / "run"))
+    args = SimpleNamespace(model="grape", model_args={"ckpt": run}, tasks=["niah_single_1,ruler_vt"],
+                           metadata={"max_seq_lengths": [512, 1024]})
+    prepare_long_context(args, None, str(tmp_path))
+    assert args.model_args["max_length"] == 1024
+    hf = AutoTokenizer.from_pretrained(args.model_args["tokenizer"])
+    assert hf(PROBE_TEXT, add_special_tokens=False).input_ids == get_tokenizer("byte").encode(PROBE_TEXT)
+    babilong = SimpleNamespace(model="grape", model_args={"ckpt": run}, tasks="babilong_longctx",
+                               metadata={"max_seq_lengths": "4k"})
+    with monkeypatch.context() as online:  # (lm-eval would download the data)
+        online.setattr(long_context, "hub_offline_reason", lambda: None)
+        prepare_long_context(babilong, None, str(tmp_path))
+    assert babilong.model_args == {"ckpt": run, "max_length": 8192}  # twice the split: its prompts are not cut
+    both = SimpleNamespace(model="grape", model_args={"ckpt": run}, tasks="niah_single_1,babilong_qa1",
+                           metadata={"max_seq_lengths": [512]})
+    with pytest.raises(UserError, match="BABILong reads one split"):
+        prepare_long_context(both, None, str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    offline = SimpleNamespace(model="grape", model_args={"ckpt": run}, tasks="ruler_qa_squad", metadata={})
+    with pytest.raises(UserError, match=r"offline .*DIR/ruler/dev-v2\.0\.json.*--export-data DIR") as error:
+        prepare_long_context(offline, None, str(tmp_path))
+    assert "--skip-missing" not in str(error.value)  # not an option of that command
+
+
+# ----------------------------------------------------------------------------- local data (made by --export-data)
+
+SQUAD = {"data": [{"title": "t", "paragraphs": [
+    {"context": "The river Elm flows north past the mill.",
+     "qas": [{"question": "Which way does the Elm flow?", "is_impossible": False, "answers": [{"text": "north"}]}]},
+    {"context": "The mill was built of grey stone in 1820.",
+     "qas": [{"question": "When was the mill built?", "is_impossible": False, "answers": [{"text": "1820"}]}]}]}]}
+HOTPOT = [{"question": "Who built the mill?", "answer": "Ada", "context": [["Mill", ["Ada built the mill."]],
+                                                                             ["Elm", ["The Elm is a river."]]]}]
+ESSAYS = [{"text": "First essay. It has two   sentences."}, {"text": "Second essay,\nwith a line break."}]
+
+
+def fake_downloads(monkeypatch):
+    """The network the export reads, answered from the constants above (and the BABILong fixtures)."""
+    import datasets
+    import nltk
+    import requests
+
+    def load_dataset(path, name=None, split=None, **kwargs):
+        if path == "baber/paul_graham_essays":
+            return list(ESSAYS)
+        if path == "RMT-team/babilong-1k-samples":
+            return [json.loads(line) for line in (FIXTURES / "babilong" / "0k" / "qa1.jsonl").open()]
+        raise AssertionError(path)
+
+    def get(url, timeout=None):
+        body = json.dumps(SQUAD if "squad" in url.lower() or "SQuAD" in url else HOTPOT).encode()
+        return SimpleNamespace(content=body, raise_for_status=lambda: None)
+
+    def download(name, download_dir=None, quiet=False):
+        os.makedirs(os.path.join(download_dir, "tokenizers", name), exist_ok=True)
+        return True
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    monkeypatch.setattr(requests, "get", get)
+    monkeypatch.setattr(nltk, "download", download)
+
+
+def test_exported_data_is_what_lm_evals_own_readers_get(tmp_path, monkeypatch):
+    """--export-data writes every file the tasks read; then lm-eval's own readers (RULER's essay haystack and QA
+    documents, BABILong's loader) return exactly that data, and only while the local sources are open."""
+    import importlib
+
+    data = tmp_path / "data"
+    with monkeypatch.context() as mp:
+        fake_downloads(mp)
+        written = export_data(str(data), ["0k", "1k"])
+    assert len(written) == 4 + 2 * len(BABILONG_TASKS)
+    assert missing_files(list(LONG_CONTEXT_TASKS), ["0k", "1k"], str(data)) == {}
+    assert set(missing_files(list(LONG_CONTEXT_TASKS), ["2k"], str(data))) == set(BABILONG_TASKS)
+
+    import datasets
+
+    niah_utils = importlib.import_module("lm_eval.tasks.ruler.niah_utils")
+    qa_utils = importlib.import_module("lm_eval.tasks.ruler.qa_utils")
+    babilong = importlib.import_module("lm_eval.tasks.babilong.common_utils")
+    download_json = qa_utils.download_json
+    with local_sources(niah_utils.niah_single_2, str(data)):
+        words = niah_utils.get_haystack("essay")
+    assert words == " ".join(e["text"] for e in ESSAYS).split()  # the essays, whitespace collapsed as lm-eval does
+    with local_sources(qa_utils.get_squad, str(data)):
+        qas, docs = qa_utils.read_squad()
+        hotpot_qas, hotpot_docs = qa_utils.read_hotpotqa()
+    assert sorted(docs) == sorted(p["context"] for p in SQUAD["data"][0]["paragraphs"])
+    assert [(q["query"], q["outputs"]) for q in qas] == [("Which way does the Elm flow?", ["north"]),
+                                                         ("When was the mill built?", ["1820"])]
+    assert [(q["query"], q["outputs"]) for q in hotpot_qas] == [("Who built the mill?", ["Ada"])]
+    assert sorted(hotpot_docs) == ["Elm\nThe Elm is a river.", "Mill\nAda built the mill."]
+    with local_sources(babilong.load_dataset, str(data)):
+        rows = babilong.load_dataset(max_seq_lengths="1k", qa_split="qa3")["qa3"]
+    assert [dict(r) for r in rows] == [json.loads(line) for line in (FIXTURES / "babilong/0k/qa1.jsonl").open()]
+    # afterwards the readers are lm-eval's again, and nothing local stays cached for a later run
+    assert qa_utils.download_json is download_json and babilong.datasets is datasets
+    assert niah_utils.get_haystack.__wrapped__.__globals__["datasets"] is datasets
+    assert niah_utils.get_haystack.cache_info().currsize == 0 and qa_utils.read_squad.cache_info().currsize == 0
+
+
+# ----------------------------------------------------------------------------- lm-eval's tasks end to end
+
+def gpt2_tokenizer_or_skip():
+    from data.shards import DataError
+    try:
+        return get_tokenizer("gpt2")
+    except DataError:
+        pytest.skip("no GPT-2 ranks on this machine (CI installs them)")
+
+
+def right_answer(prompt, babilong_rows):
+    """The reference answers of a RULER or BABILong prompt, read from the prompt itself (and the fixture)."""
+    query = re.search(r"The special magic number for (\S+) mentioned in the provided text is$", prompt)
+    if query:
+        needles = dict(re.findall(r"One of the special magic numbers for (\S+) is: (\d+)\.", prompt))
+        return [needles[query.group(1)]]
+    value = re.findall(r"are assgined the value (\d+), they are:$", prompt)
+    if value:
+        assigned = re.findall(r"VAR (\w+) = (VAR \w+|\d+)", prompt)
+        names, frontier = [], {value[0]}
+        while frontier:
+            new = [name for name, source in assigned if source.removeprefix("VAR ") in frontier and name not in names]
+            names += new
+            frontier = set(new)
+        return names
+    row = next(r for r in babilong_rows if r["input"].strip() in prompt and prompt.rstrip().endswith(r["question"]))
+    return [row["target"]]
+
+
+def string_match(answer, references):
+    """RULER's and BABILong's rule, from their papers: the share of the references found in the answer."""
+    return sum(r.lower() in answer.lower() for r in references) / len(references)
+
+
+def test_ruler_and_babilong_through_lm_eval_are_scored_by_its_metrics_and_tabled_as_it_reports(
+        tmp_path, monkeypatch, one_thread):
+    """niah_single_1 and variable tracking (RULER) and BABILong qa1, from local files, on a tiny GPT-2-tokenized
+    model trained at 256 tokens, at 512 and 1024: an oracle that answers some prompts fully, some partly and leaves
+    the rest to the model gives scores strictly between 0 and 100; each equals the string-match rule recomputed
+    from lm-eval's samples, lm-eval's own result, and the markdown table; the prompts are longer than block_size
+    and nothing is cut."""
+    import lm_eval
+
+    tok = gpt2_tokenizer_or_skip()
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, head_dim=16, vocab_size=50304, block_size=256))
+    run = tmp_path / "run"
+    run.mkdir()
+    import checkpoints
+    checkpoints.save(str(run / "ckpt.pt"), {"model": model.state_dict(), "model_config": dataclasses.asdict(model.config),
+                                            "tokenizer": "gpt2", "step": 7, "train_config": {}})
+    data = tmp_path / "data"
+    shutil.copytree(FIXTURES / "babilong", data / "babilong")
+    babilong_rows = [json.loads(line) for split in ("0k", "1k") for line in (data / "babilong" / split / "qa1.jsonl").open()]
+
+    original = GrapeLM.generate_batch
+
+    def oracle(self, prompts, **settings):
+        texts, counts = original(self, prompts, **{**settings, "return_counts": True})  # the model runs as usual
+        answers = []
+        for ids, text in zip(prompts, texts):
+            prompt = self.tok_decode(ids)
+            references, kind = right_answer(prompt, babilong_rows), zlib.crc32(prompt.encode()) % 3
+            answers.append(" " + ", ".join(references) if kind == 0 else
+                           " " + ", ".join(references[:2]) if kind == 1 and len(references) > 2 else text)
+        return (answers, counts) if settings.get("return_counts") else answers
+
+    returned = {}  # (task, length) -> what lm_eval.simple_evaluate returned
+    real_evaluate = lm_eval.simple_evaluate
+
+    def recording_evaluate(*args, **kwargs):
+        task, length = Path(kwargs["tasks"][0]).stem.rsplit("_", 1)  # long_context writes TASK_LENGTH.yaml
+        returned[task, int(length)] = real_evaluate(*args, **kwargs)
+        return returned[task, int(length)]
+
+    monkeypatch.setattr(GrapeLM, "generate_batch", oracle)
+    monkeypatch.setattr(lm_eval, "simple_evaluate", recording_evaluate)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    reports = long_context.main(["--ckpt", str(run), "--lengths", "2x,4x", "--tasks", "niah_single_1,ruler_vt,babilong_qa1",
+                                 "--limit", "6", "--data-dir", str(data), "--log-samples", "--batch-size", "2"])
+    report = reports[0]
+    saved = json.loads((run / "eval" / "long_context.json").read_text())
+    markdown = (run / "eval" / "long_context.md").read_text()
+    assert (run / "eval" / "long_context.png").stat().st_size > 0
+    assert saved["lengths"] == [512, 1024] and saved["train_context"] == 256 and saved["step"] == 7
+
+    # variable tracking cannot be built at 512 with GPT-2 (lm-eval's in-context example alone takes ~500)
+    assert saved["scores"]["ruler_vt"]["512"]["score"] is None and "not run: needs at least" in \
+        saved["scores"]["ruler_vt"]["512"]["status"]
+    assert sorted(returned) == [("babilong_qa1", 512), ("babilong_qa1", 1024), ("niah_single_1", 512),
+                                ("niah_single_1", 1024), ("ruler_vt", 1024)]
+    mixed = 0
+    for task, length in [("niah_single_1", 512), ("niah_single_1", 1024), ("ruler_vt", 1024), ("babilong_qa1", 512),
+                         ("babilong_qa1", 1024)]:
+        samples = [json.loads(line) for line in (run / "eval" / "long_context_samples" / f"{task}_{length}.jsonl").open()]
+        assert len(samples) == (6 if task != "babilong_qa1" else 5)
+        references = [s["target"] if isinstance(s["target"], list) else [s["target"]] for s in samples]
+        expected = 100 * sum(string_match(s["answer"].strip(), r) for s, r in zip(samples, references)) / len(samples)
+        cell = saved["scores"][task][str(length)]
+        assert cell["score"] == pytest.approx(expected, abs=1e-9) and cell["n"] == len(samples)
+        mixed += 0 < expected < 100
+        metric = str(length) if task in RULER_TASKS else "acc"
+        entry = returned[task, length]["results"][task]
+        assert cell["score"] == pytest.approx(100 * entry[f"{metric},none"], abs=1e-9)  # lm-eval's own number
+        row = next(line for line in markdown.splitlines() if line.startswith(f"| {task} |"))
+        cells = [c.strip() for c in row.strip("|").split("|")][1:]
+        assert cells[saved["lengths"].index(length)].split(" ")[0] == f"{100 * entry[f'{metric},none']:.1f}"
+        if task in RULER_TASKS:
+            for s in samples:  # longer than the training context, and not cut: prompt + answer fit the length
+                n = len(tok.encode(s["prompt"]))
+                assert 256 < n <= length
+    assert mixed >= 3
+    ruler_row = next(line for line in markdown.splitlines() if line.startswith("| **RULER average"))
+    assert "(1 of 13)" in ruler_row and "(2 of 13)" in ruler_row
+    assert saved["ruler_average"]["1024"] == pytest.approx(
+        (saved["scores"]["niah_single_1"]["1024"]["score"] + saved["scores"]["ruler_vt"]["1024"]["score"]) / 2)
+    assert saved["scores"]["babilong_qa1"]["512"]["split"] == "0k" and saved["scores"]["babilong_qa1"]["1024"]["split"] == "1k"
+    # the model read every prompt token: the counted tokens are the samples' prompts, encoded
+    for length in (512, 1024):
+        tasks = ["niah_single_1", "babilong_qa1"] + (["ruler_vt"] if length == 1024 else [])
+        prompts = [json.loads(line)["prompt"] for t in tasks
+                   for line in (run / "eval" / "long_context_samples" / f"{t}_{length}.jsonl").open()]
+        assert saved["speed"][str(length)]["prompt_tokens"] == sum(len(tok.encode(p)) for p in prompts)
+        assert saved["speed"][str(length)]["requests"] == len(prompts)
+    assert report["scores"] == saved["scores"]
+
+
+# ----------------------------------------------------------------------------- the study runner
+
+def test_a_study_reports_long_context_with_seeds_and_paired_intervals(tmp_path, monkeypatch, one_thread):
+    """A study of two encodings x two seeds with [eval.long_context] (niah_single_1 and BABILong qa1 at 512 tokens,
+    16x the tiny model's context): report.json's means, sample stds and paired t-intervals equal those computed here
+    from each run's eval/long_context.json, and report.md shows them. An oracle answers some prompts right, chosen
+    by the run's weights, so the runs differ."""
+    import math
+
+    from scripts import study
+    from tests.helpers import prepare_byte_corpus, synthetic_text, tiny_config
+
+    data = prepare_byte_corpus(tmp_path, [synthetic_text(doc, 600) for doc in range(20)])
+    (tmp_path / "base.toml").write_text(tiny_config(data, eval_interval=3, eval_windows=4))
+    local = tmp_path / "long_context_data"
+    shutil.copytree(FIXTURES / "babilong", local / "babilong")
+    (tmp_path / "study.toml").write_text(f'''base = "base.toml"
+encodings = ["rope", "alibi"]
+seeds = [1, 2]
+out_dir = "out"
+
+[eval.long_context]
+lengths = [512]
+tasks = ["niah_single_1", "babilong_qa1"]
+data_dir = "{local}"
+limit = 4
+''')
+    babilong_rows = [json.loads(line) for line in (local / "babilong" / "0k" / "qa1.jsonl").open()]
+    original = GrapeLM.generate_batch
+
+    def oracle(self, prompts, **settings):
+        texts, counts = original(self, prompts, **{**settings, "return_counts": True})
+        salt = self.model.config.pos + repr(self.model.wte.weight[0, 0].item())  # differs between runs
+        answers = [" " + right_answer(self.tok_decode(ids), babilong_rows)[0]
+                   if zlib.crc32((self.tok_decode(ids) + salt).encode()) % 2 else text for ids, text in zip(prompts, texts)]
+        return (answers, counts) if settings.get("return_counts") else answers
+
+    monkeypatch.setattr(GrapeLM, "generate_batch", oracle)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    report = study.main(["study.toml"])
+
+    runs = {(e, s): json.loads((tmp_path / "out" / e / f"seed{s}" / "eval" / "long_context.json").read_text())
+            for e in ("rope", "alibi") for s in (1, 2)}
+    for encoding in ("rope", "alibi"):
+        lc = report["encodings"][encoding]["long_context"]
+        for family, task in (("ruler", "niah_single_1"), ("babilong", "babilong_qa1")):
+            values = [runs[encoding, s]["scores"][task]["512"]["score"] for s in (1, 2)]
+            assert lc[f"{family}_average"]["512"]["values"] == values  # one task: the average is its score
+            assert lc[f"{family}_average"]["512"]["mean"] == pytest.approx(sum(values) / 2)
+            assert lc[f"{family}_average"]["512"]["std"] == pytest.approx(abs(values[0] - values[1]) / math.sqrt(2))
+            assert lc["tasks"][task]["512"]["values"] == values
+    spread = 0
+    for family, task in (("ruler", "niah_single_1"), ("babilong", "babilong_qa1")):
+        d = [runs["alibi", s]["scores"][task]["512"]["score"] - runs["rope", s]["scores"][task]["512"]["score"]
+             for s in (1, 2)]
+        diff = report["encodings"]["alibi"]["long_context"]["difference_to_reference"][family]["512"]
+        half_width = math.tan(math.pi * 0.475) * abs(d[0] - d[1]) / math.sqrt(2) / math.sqrt(2)  # t with 1 dof
+        assert diff["values"] == pytest.approx(d) and diff["seeds"] == [1, 2]
+        assert diff["interval"] == pytest.approx([sum(d) / 2 - half_width, sum(d) / 2 + half_width], abs=1e-9)
+        spread += d[0] != d[1]
+        markdown = (tmp_path / "out" / "report.md").read_text()
+        label = "RULER" if family == "ruler" else "BABILong"
+        row = next(line for line in markdown.splitlines() if line.startswith(f"| alibi − rope | {label} |"))
+        assert f"{sum(d) / 2:+.2f} [{sum(d) / 2 - half_width:+.2f}, {sum(d) / 2 + half_width:+.2f}]" in row
+    assert spread >= 1  # the oracle made the seeds differ somewhere
+    assert "- Long context: RULER and BABILong through lm-eval at 512 (16×) tokens; 2 tasks, the first 4 documents" \
+        in markdown
+    assert "| rope | RULER | " in markdown and "(1 of 13)" in markdown
+    assert (tmp_path / "out" / "long_context.png").read_bytes()[:4] == b"\x89PNG"

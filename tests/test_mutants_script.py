@@ -1,0 +1,73 @@
+"""scripts/mutants.py's own logic: which mutants count as a message's wording, the proportional seeded sample, the
+names of mutmut's mutants, and the equivalence entries (mutmut itself is not needed for these)."""
+import textwrap
+from collections import Counter
+
+from scripts import mutants
+
+
+def pair(original_body, mutant_body, name="f"):
+    return (f"def x_{name}__mutmut_orig(a):\n{original_body}", f"def x_{name}__mutmut_3(a):\n{mutant_body}")
+
+
+def test_only_a_messages_text_is_wording():
+    wording = [
+        pair('    raise ValueError(f"bad {a}: fix it")\n', '    raise ValueError(f"XXbad {a}: fix itXX")\n'),
+        pair('    raise ConfigError("a" + str(a))\n', '    raise ConfigError("XXaXX" + str(a))\n'),
+        pair('    print("done", a)\n', '    print("DONE", a)\n'),
+        pair('    ddp.say(f"note: {a}")\n', '    ddp.say(f"NOTE: {a}")\n'),
+        pair('    return TrainError("diverged")\n', '    return TrainError("XXdivergedXX")\n'),
+        pair('    p.add_argument("--x", default=1, help="the x")\n', '    p.add_argument("--x", default=1, help="THE X")\n'),
+    ]
+    behaviour = [
+        pair('    path = a + "ckpt.pt"\n', '    path = a + "XXckpt.ptXX"\n'),  # what is saved
+        pair('    return {"loss": a}\n', '    return {"XXlossXX": a}\n'),  # what is reported
+        pair('    raise ValueError(f"bad {a}")\n', '    raise ValueError(f"bad {a + 1}")\n'),
+        pair('    if a > 1:\n        raise ValueError("x")\n', '    if a >= 1:\n        raise ValueError("x")\n'),
+        pair('    print("done", a)\n', '    print("done", None)\n'),
+        pair('    raise ValueError("x")\n', '    raise TypeError("x")\n'),
+        pair('    p.add_argument("--x", default="auto", help="h")\n', '    p.add_argument("--x", default="AUTO", help="h")\n'),
+    ]
+    assert all(mutants.only_message_text(*p) for p in wording)
+    method = [textwrap.indent(source, "    ") for source in wording[0]]  # a method's source, as mutmut writes it
+    assert mutants.only_message_text(*method)
+    assert not any(mutants.only_message_text(*p) for p in behaviour)
+
+
+def test_the_sample_is_proportional_seeded_and_covers_every_module():
+    rows = {"a": [f"a{i}" for i in range(1000)], "b": [f"b{i}" for i in range(300)], "c": [f"c{i}" for i in range(5)],
+            "d": [f"d{i}" for i in range(40)]}
+    sample = mutants.draw_sample(rows, 100, seed=3)
+    counts = Counter(name[0] for name in sample)
+    total = 1345
+    assert counts["a"] == round(100 * 1000 / total) and counts["b"] == round(100 * 300 / total)
+    assert counts["c"] == 5  # all of a row smaller than the minimum
+    assert counts["d"] == mutants.MIN_PER_MODULE  # 3 by proportion, raised to the minimum
+    assert len(set(sample)) == len(sample) and set(sample) <= {n for v in rows.values() for n in v}
+    assert mutants.draw_sample(rows, 100, seed=3) == sample
+    assert mutants.draw_sample(rows, 100, seed=4) != sample
+
+
+def test_mutant_names_and_their_rows():
+    method = "training.divergence.xǁDivergenceMonitorǁ__init____mutmut_12"
+    function = "data.loader.x_permute__mutmut_7"
+    assert mutants.module_of(method) == "training.divergence" and mutants.function_of(method) == \
+        "DivergenceMonitor.__init__"
+    assert mutants.module_of(function) == "data.loader" and mutants.function_of(function) == "permute"
+    assert mutants.group_of(method) == "training/" and mutants.group_of(function) == "data/"
+    assert mutants.group_of("kernels.grape_ap.x_f__mutmut_1") == "kernels/grape_ap.py"
+    assert mutants.group_of("kernels.grape_ap_triton.x_f__mutmut_1") is None
+    assert mutants.group_of("config.x_resolve__mutmut_1") == "config.py"
+
+
+def test_an_equivalence_entry_matches_its_function_and_lines_only():
+    name = "training.divergence.xǁDivergenceMonitorǁproblem__mutmut_3"
+    local = "xǁDivergenceMonitorǁproblem"
+    sources = {name: (f"def {local}__mutmut_orig(self):\n    x = 1\n    if a > 1:\n        return 2\n",
+                      f"def {local}__mutmut_3(self):\n    x = 1\n    if a >= 1:\n        return 2\n")}
+    assert mutants.changed_lines(*sources[name]) == ("if a > 1:", "if a >= 1:")
+    entry = {"function": "training.divergence.DivergenceMonitor.problem", "original": "if a > 1:",
+             "mutant": "if a >= 1:", "reason": "r"}
+    assert mutants.equivalence(name, sources, [entry]) == "r"
+    assert mutants.equivalence(name, sources, [{**entry, "mutant": "if a < 1:"}]) is None
+    assert mutants.equivalence(name, sources, [{**entry, "function": "training.divergence.problem"}]) is None
