@@ -419,6 +419,9 @@ def run(argv: list[str]) -> dict:
     try:
         return train(args, model_cfg, cfg, ckpt, changes, init_state, ddp)
     finally:
+        if ddp.device.type == "cpu":
+            torch.set_flush_denormal(False)  # back to the default for whatever runs next in this process, also
+                                             # after a set-up error (precision() sets it before the loop's try)
         ddp.release()
 
 
@@ -495,8 +498,6 @@ def train(args: Arguments, model_cfg, cfg: TrainConfig, ckpt: dict | None, chang
         return {"losses": losses, "val_losses": val_losses, "step": step, "stopped": stopped, "out_dir": cfg.out_dir,
                 "grad_accum": grad_accum, "peak_memory_gb": memory["peak_memory_gb"]}
     finally:
-        if ddp.device.type == "cpu":
-            torch.set_flush_denormal(False)  # back to the default for whatever runs next in this process
         metrics.close()
 
 
