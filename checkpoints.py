@@ -3,17 +3,26 @@
 A checkpoint is a dict saved with torch.save. save() adds the key "checksum": the sha256 of every other entry
 (tensors by dtype, shape and bytes; everything else by repr), so a flipped byte inside a tensor, which
 torch.load reads without complaint, is caught by load() on every use (resume, sample, eval).
+
+A sharded checkpoint (train.parallel = "fsdp") is the same file without "model" and "optimizer": those are in
+the directory its "shards" entry names (RUN_DIR/ckpt.shards/<step>-<id>/, written by every process through
+torch.distributed.checkpoint), with the sha256 of each file there. The small file is written last, atomically,
+so it always names a complete set of shards; load() checks every shard against its checksum and, where "model" is
+asked for, assembles the full weights from the shards, so every reader takes a sharded run directory as it is.
 """
 import errno
 import hashlib
 import os
 import pickle
 import shutil
+import warnings
 import zipfile
 
 import torch
 
 CHECKSUM_KEY = "checksum"
+SHARDS_DIR = "ckpt.shards"  # beside ckpt.pt: the sharded checkpoints' directories (the one ckpt.pt names is live)
+SHARDED_KEYS = ("model", "optimizer")  # what a sharded checkpoint keeps in its shards
 
 
 class CheckpointError(ValueError):
@@ -123,9 +132,11 @@ def _free_space_note(directory: str) -> str:
 
 
 def load(path: str, required=("model", "model_config"), map_location="cpu",
-         restore="restore it from a backup, or train again") -> dict:
+         restore="restore it from a backup, or train again", assemble: bool = True) -> dict:
     """torch.load(weights_only=True), then the checksum; every kind of damage is one CheckpointError sentence
-    that ends with `restore`."""
+    that ends with `restore`. A sharded checkpoint's shards are checked against their checksums and, when
+    `assemble` and "model" is required, its full weights are read from them into "model" (`assemble` False: the
+    shards are neither checked nor read, for a caller that does both itself, train.py's processes)."""
     if not os.path.isfile(path):
         raise CheckpointError(f"no checkpoint at {path}")
     if os.path.getsize(path) == 0:
@@ -151,7 +162,7 @@ def load(path: str, required=("model", "model_config"), map_location="cpu",
     if not isinstance(ckpt, dict):
         raise CheckpointError(f"{path} holds a {type(ckpt).__name__}, not a checkpoint dict; it was not written by "
                               "this project's train.py")
-    missing = [k for k in required if k not in ckpt]
+    missing = [k for k in required if k not in ckpt and not (k in SHARDED_KEYS and "shards" in ckpt)]
     if missing:
         raise CheckpointError(f"checkpoint {path} is incomplete (missing {', '.join(missing)}); it was not written by "
                               f"this project's train.py or is damaged: {restore}")
@@ -159,4 +170,81 @@ def load(path: str, required=("model", "model_config"), map_location="cpu",
     if saved is not None and saved != payload_checksum(ckpt):
         raise CheckpointError(f"checkpoint {path} is damaged: its contents do not match the checksum written with "
                               f"them (flipped bytes on disk or in transfer); {restore}")
+    if "shards" in ckpt and assemble:
+        verify_shards(path, ckpt, restore=restore)
+        if "model" in required:
+            ckpt["model"] = load_sharded_model(path, ckpt)
     return ckpt
+
+
+# ----------------------------------------------------------------------------- sharded checkpoints
+
+def shard_directory(path: str, ckpt: dict) -> str:
+    """The directory of a sharded checkpoint's shards (its "shards" entry is relative to the file's directory)."""
+    return os.path.join(os.path.dirname(os.path.abspath(path)), ckpt["shards"]["dir"])
+
+
+def file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def damaged_shards(path: str, ckpt: dict, names=None) -> list[str]:
+    """The shard files (of `names`, default all) that are missing or do not match their checksums, each as
+    "name (what is wrong)"."""
+    directory, expected = shard_directory(path, ckpt), ckpt["shards"]["files"]
+    problems = []
+    for name in sorted(expected) if names is None else names:
+        file = os.path.join(directory, name)
+        if not os.path.isfile(file):
+            problems.append(f"{name} (missing)")
+        elif file_sha256(file) != expected[name]:
+            problems.append(f"{name} (its contents do not match its checksum)")
+    return problems
+
+
+def shard_damage_error(path: str, ckpt: dict, problems: list[str], restore: str) -> CheckpointError:
+    shown = ", ".join(problems[:3]) + (f" and {len(problems) - 3} more" if len(problems) > 3 else "")
+    return CheckpointError(f"checkpoint {path} is damaged: {len(problems)} of the {len(ckpt['shards']['files'])} "
+                           f"shard files in {shard_directory(path, ckpt)} are not as written ({shown}); {restore}")
+
+
+def verify_shards(path: str, ckpt: dict, restore: str = "restore it from a backup, or train again") -> None:
+    problems = damaged_shards(path, ckpt)
+    if problems:
+        raise shard_damage_error(path, ckpt, problems, restore)
+
+
+def load_sharded_model(path: str, ckpt: dict) -> dict:
+    """The full (unsharded) model state_dict of a sharded checkpoint, read on this process alone."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+    reader = dcp.FileSystemReader(shard_directory(path, ckpt))
+    prefix = "model."
+    model = {key[len(prefix):]: torch.empty(meta.size, dtype=meta.properties.dtype)
+             for key, meta in reader.read_metadata().state_dict_metadata.items()
+             if key.startswith(prefix) and isinstance(meta, TensorStorageMetadata)}
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load({"model": model}, storage_reader=reader, no_dist=True)
+    return model
+
+
+def unreferenced_shard_directories(run_dir: str) -> list[str]:
+    """The directories under RUN_DIR/ckpt.shards that RUN_DIR/ckpt.pt does not name: sharded checkpoints that a
+    kill cut short, or that a newer checkpoint replaced."""
+    root = os.path.join(run_dir, SHARDS_DIR)
+    if not os.path.isdir(root):
+        return []
+    live = None
+    try:
+        saved = torch.load(os.path.join(run_dir, "ckpt.pt"), map_location="cpu", weights_only=True)
+        live = saved.get("shards", {}).get("dir") if isinstance(saved, dict) else None
+    except Exception:  # no ckpt.pt, or one that cannot be read: its own load says so; nothing is removed then
+        if os.path.exists(os.path.join(run_dir, "ckpt.pt")):
+            return []
+    return [os.path.join(root, name) for name in sorted(os.listdir(root))
+            if os.path.join(SHARDS_DIR, name) != live]

@@ -31,6 +31,7 @@ import typing
 from dataclasses import dataclass
 
 SECTIONS = ("model", "train")
+LOSSES = ("auto", "chunked", "plain", "liger", "cce")  # train.loss (lm_loss.py)
 
 def official_spectrum_scale(model: dict) -> float:
     """The authors' non-contextual GRAPE-M learns log_freq = 16·log θ; their contextual one learns log θ itself
@@ -111,7 +112,27 @@ class TrainConfig:
     # system
     device: str = "auto"             # auto | cpu | cuda
     dtype: str = "auto"              # auto (bf16 autocast on GPU, fp32 on CPU) | bf16 | fp32
-    compile: bool = False            # torch.compile the model
+    compile: bool = False            # torch.compile the model (under fsdp: each block)
+    # memory: past one GPU (docs/train.md, "Memory"; python -m training.memory CONFIG plans a run)
+    parallel: str = "ddp"            # ddp: every process holds the whole model, its gradients and Adam state (the
+                                     # paper's sizes) | fsdp: all three sharded over the processes (FSDP2; 1.3B and up)
+    fsdp_reshard_after_forward: bool = True  # fsdp: free each block's gathered weights after its forward (gathered
+                                     # again for its backward); false keeps them: one all-gather less, more memory
+    fsdp_bf16: str = "params"        # fsdp with bf16: params (the weight matrices gathered in bf16 and computed in
+                                     # bf16, gradients reduced in fp32; norms and positional parameters stay fp32) |
+                                     # autocast (fp32 weights, bf16 autocast, as ddp)
+    fsdp_reduce_each_micro_batch: bool = False  # fsdp with accumulation: reduce-scatter every micro-batch's
+                                     # gradients (they accumulate sharded) instead of only the last one's (they
+                                     # accumulate unsharded: 4 bytes a parameter on every GPU until the step's end)
+    activation_checkpointing: str = "none"  # none | blocks (recompute every block's activations in the backward) |
+                                     # every_k (every activation_checkpointing_every-th block)
+    activation_checkpointing_every: int = 2  # every_k: recompute blocks k-1, 2k-1, ...
+    loss: str = "auto"               # auto (liger, then cce, where installed on CUDA, else chunked) | chunked (LM head
+                                     # + cross-entropy in chunks of tokens: never the full logits) | plain (full
+                                     # logits) | liger | cce (fused CUDA kernels: pip install liger-kernel /
+                                     # cut-cross-entropy)
+    loss_chunk_tokens: int = 256     # chunked: tokens per chunk of the LM head and loss (its logits are
+                                     # 256 x vocabulary x 4 bytes; larger chunks may run faster on a GPU)
     dist_timeout_s: int = 600        # with several processes: a process that waits this long for another (dead
                                      # or frozen) ends the job with a message instead of blocking forever
     # wandb (disabled unless asked; offline by default, so no account is needed)
@@ -169,6 +190,17 @@ class TrainConfig:
              f"sampler must be windows or random_offsets, not {self.sampler!r}", "sampler"),
             (self.grad_scale in ("mean", "official"), f"grad_scale must be mean or official, not {self.grad_scale!r}",
              "grad_scale"),
+            (self.parallel in ("ddp", "fsdp"), f"parallel must be ddp or fsdp, not {self.parallel!r}", "parallel"),
+            (self.fsdp_bf16 in ("params", "autocast"), f"fsdp_bf16 must be params or autocast, not {self.fsdp_bf16!r}",
+             "fsdp_bf16"),
+            (self.activation_checkpointing in ("none", "blocks", "every_k"),
+             f"activation_checkpointing must be none, blocks or every_k, not {self.activation_checkpointing!r}",
+             "activation_checkpointing"),
+            (self.activation_checkpointing_every >= 1, "activation_checkpointing_every must be at least 1, not "
+             f"{self.activation_checkpointing_every}", "activation_checkpointing_every"),
+            (self.loss in LOSSES, f"loss must be one of {', '.join(LOSSES)}, not {self.loss!r}", "loss"),
+            (self.loss_chunk_tokens >= 1, f"loss_chunk_tokens must be at least 1, not {self.loss_chunk_tokens}",
+             "loss_chunk_tokens"),
         ]
         for ok, message, key in checks:
             if not ok:

@@ -16,8 +16,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 import checkpoints
+from lm_loss import DEFAULT_CHUNK_TOKENS, compute_dtype, lm_loss
 from attention import attend, describe_backend, lift_qk, resolve_backend
 from positional import BIASES, SKEW_EXP_MAX_NORM, KVShift, Rotation, build_bias, parse_pos
 
@@ -221,6 +223,18 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # tied
         self._init_weights()
+        # How training runs (set by train.py; the defaults are what every other caller expects): the loss from
+        # targets (lm_loss.py: "plain" also returns the logits, the others return None for them and never
+        # hold all of them), and the blocks whose activations are recomputed in the backward pass instead of
+        # kept (activation checkpointing).
+        self.loss_impl = "plain"
+        self.loss_chunk_tokens = DEFAULT_CHUNK_TOKENS
+        self.checkpointed_blocks: frozenset[int] = frozenset()
+
+    def set_activation_checkpointing(self, mode: str, every: int = 2) -> None:
+        """none: keep every block's activations; blocks: recompute every block's in the backward pass (only its
+        input is kept); every_k: recompute blocks every-1, 2·every-1, ... (every `every`-th block)."""
+        self.checkpointed_blocks = frozenset(checkpointed_blocks(mode, self.config.n_layer, every))
 
     def _init_weights(self):
         # The official init; positional modules (rotation, bias, kv_shift) keep their own.
@@ -285,7 +299,8 @@ class GPT(nn.Module):
                 last_logits: int | None = None):
         """idx (B, T) token ids; start_pos is the absolute position of idx[:, 0] (taken from the cache
         when one is given). Returns fp32 logits (B, T, vocab) and the mean cross-entropy over targets
-        that are not -1 (None without targets). last_logits=n returns the logits of the last n positions only
+        that are not -1 (None without targets); with targets and a loss_impl other than "plain", the logits
+        are None (they are never held in full). last_logits=n returns the logits of the last n positions only
         (B, n, vocab; 0 for none): a prefill that needs only its end skips the output layer elsewhere."""
         T = idx.shape[1]
         k_positions = None
@@ -294,15 +309,22 @@ class GPT(nn.Module):
             k_positions = torch.arange(cache.start_pos, start_pos + T, device=idx.device)
         positions = torch.arange(start_pos, start_pos + T, device=idx.device)
         x = self.wte(idx)
+        recompute = cache is None and torch.is_grad_enabled()
         for i, block in enumerate(self.blocks):
-            x = block(x, positions, cache.layers[i] if cache is not None else None, k_positions)
+            if recompute and i in self.checkpointed_blocks:
+                x = torch.utils.checkpoint.checkpoint(block, x, positions, None, k_positions, use_reentrant=False)
+            else:
+                x = block(x, positions, cache.layers[i] if cache is not None else None, k_positions)
         if cache is not None:
             cache.pos += T
         if last_logits is not None:
             if targets is not None:
                 raise ValueError("last_logits and targets cannot be combined: the loss needs every position's logits")
             x = x[:, T - last_logits:]
-        logits = self.lm_head(self.norm(x)).float()
+        if targets is not None and self.loss_impl != "plain":
+            return None, lm_loss(self.loss_impl, self.norm(x), self.lm_head.weight, targets, self.loss_chunk_tokens)
+        # (the head's input in the weight's dtype: under FSDP's bf16 parameters there is no autocast to cast it)
+        logits = self.lm_head(self.norm(x).to(compute_dtype(self.lm_head.weight))).float()
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-1)
@@ -333,6 +355,20 @@ class GPT(nn.Module):
         model = cls(GPTConfig.from_dict(ckpt["model_config"]))
         model.load_state_dict(ckpt["model"])
         return model, ckpt
+
+
+def checkpointed_blocks(mode: str, n_layer: int, every: int = 2) -> list[int]:
+    """The blocks whose activations train.activation_checkpointing = mode recomputes (see
+    GPT.set_activation_checkpointing)."""
+    if mode == "none":
+        return []
+    if mode == "blocks":
+        return list(range(n_layer))
+    if mode == "every_k":
+        if every < 1:
+            raise ValueError(f"activation_checkpointing_every must be at least 1, not {every}")
+        return [i for i in range(n_layer) if (i + 1) % every == 0]
+    raise ValueError(f"activation_checkpointing must be none, blocks or every_k, not {mode!r}")
 
 
 def sample_next(logits, temperature=0.0, top_k=None, generator=None):

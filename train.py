@@ -25,6 +25,7 @@ import dataclasses
 import functools
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -37,15 +38,18 @@ if __name__ == "__main__":  # a Ctrl-C while torch and the rest import (seconds)
 import torch
 import torch.distributed as dist
 
+from checkpoints import unreferenced_shard_directories
 from config import ConfigError, TrainConfig, describe_keys, resolve
 from data.prefetch import DamagedBatch
 from data.shards import DataError
 from hf.init_from import initial_state
+from lm_loss import describe_loss
 from training.checkpointing import (FIXED_FOR_A_RUN, TRAJECTORY_KEYS, Checkpointer, check_resume_compatible,
                                     load_checkpoint, restore)
 from training.distributed import Distributed, is_collective_failure
 from training.metrics import (Metrics, Throughput, atomic_write_text, code_version, duration, gpu_peak_flops,
                               peak_memory, provenance, start_wandb, trim_metrics)
+from training.layout import bf16_parameters, lay_out
 from training.divergence import DivergenceMonitor, divergence_error
 from training.optimizer import lr_at, make_optimizer, set_lr
 from training.step import StepResult, confirmation, evaluate, train_step
@@ -136,14 +140,16 @@ def accumulation_steps(cfg: TrainConfig, ddp: Distributed, resumed: bool) -> int
 
 
 def precision(cfg: TrainConfig, device: torch.device):
-    """(whether the forward pass runs under bf16 autocast, a factory of its context manager)."""
+    """(whether the run computes in bf16, a factory of the forward pass's context manager: bf16 autocast, or
+    nothing for fp32 and for FSDP's bf16 parameters, which compute in bf16 without it)."""
     use_bf16 = cfg.dtype == "bf16" or (cfg.dtype == "auto" and device.type == "cuda")
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     else:
         torch.set_flush_denormal(True)  # decaying attention makes denormals, which are slow on CPUs
-    return use_bf16, (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if use_bf16 else contextlib.nullcontext
+    autocast = use_bf16 and not bf16_parameters(cfg, use_bf16)
+    return use_bf16, (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if autocast else contextlib.nullcontext
 
 
 def training_data(cfg: TrainConfig, vocab_size: int, block_size: int, ddp: Distributed):
@@ -194,28 +200,54 @@ def prepare_command_for(data_dir: str) -> str:
             f"`python -m data.prepare --dataset fineweb-edu --version 10B --out {data_dir}")
 
 
-def check_model_fits(model_cfg, cfg: TrainConfig, ddp: Distributed, use_bf16: bool) -> None:
-    """Before any work: the attention backend runs on this device, and the weights, their gradients and Adam
-    state (16 bytes a parameter) plus one micro-batch's fp32 logits fit in its free memory."""
-    from model import GPT, Block
+def check_model_fits(model_cfg, cfg: TrainConfig, ddp: Distributed, use_bf16: bool, grad_accum: int) -> None:
+    """Before any work: the attention backend runs on this device, and a training step fits in its free memory
+    (shared by the processes on this machine where they share its memory, the CPU). First a lower bound from the
+    parameter count alone (so an absurd size is refused at once), then the memory planner's peak (training/memory.py,
+    on fake tensors: no memory is taken and the time does not grow with the model)."""
+    from model import Block
+    from training.memory import GiB, generous_bound, largest_micro_batch, parameter_counts, plan
     # Shapes only (nothing is allocated), and one block for all n_layer: the check takes no longer for 10^5 layers.
+    params, _, _ = parameter_counts(model_cfg)
     with torch.device("meta"):
-        one_layer = GPT(dataclasses.replace(model_cfg, n_layer=1))
-        per_layer = sum(p.numel() for p in Block(model_cfg).parameters())
-    params = one_layer.num_params() + (model_cfg.n_layer - 1) * per_layer
+        block = Block(model_cfg)
     try:
-        one_layer.blocks[0].attn.backend(ddp.device, torch.bfloat16 if use_bf16 else torch.float32)
+        block.attn.backend(ddp.device, torch.bfloat16 if use_bf16 else torch.float32)
     except ValueError as error:
         raise ConfigError(f"model.attn_backend = {model_cfg.attn_backend!r}: {error}.") from None
-    state_gb = 16 * params / 2**30
-    logits_gb = 4 * cfg.batch_size * model_cfg.block_size * model_cfg.vocab_size / 2**30
     free_gb = free_memory_gb(ddp.device)
-    if free_gb is not None and state_gb + logits_gb > free_gb:
-        raise ConfigError(f"this model ({params / 1e6:,.0f}M parameters) needs about {state_gb:,.1f} GB for "
-                          f"its weights, gradients and Adam state, and a micro-batch of {cfg.batch_size} x "
-                          f"{model_cfg.block_size} tokens at least {logits_gb:,.1f} GB for its logits, more than the "
-                          f"{free_gb:,.1f} GB free on {ddp.device}; lower vocab_size, the model size, batch_size or "
-                          "block_size.")
+    if free_gb is None:
+        return
+    sharing = int(os.environ.get("LOCAL_WORLD_SIZE", 1)) if ddp.device.type == "cpu" else 1
+    free_gb /= sharing
+    shards = ddp.world_size if ddp.sharded else 1
+    state_gb = 16 * params / shards / GiB
+    tokens, V, C = cfg.batch_size * model_cfg.block_size, model_cfg.vocab_size, model_cfg.n_embd
+    logits = tokens if cfg.loss == "plain" else min(tokens, cfg.loss_chunk_tokens)
+    least_gb = 4 * (model_cfg.n_layer * tokens * C + logits * V) / GiB  # each block's input, one loss chunk
+    where = f"free on {ddp.device}" + (f" for each of its {sharing} processes" if sharing > 1 else "")
+    if state_gb + least_gb > free_gb:
+        raise ConfigError(f"this model ({params / 1e6:,.0f}M parameters) needs about {state_gb:,.1f} GB for its "
+                          f"weights, gradients and Adam state{' (sharded)' if shards > 1 else ''}, and a micro-batch "
+                          f"of {cfg.batch_size} x {model_cfg.block_size} tokens at least {least_gb:,.1f} GB for its "
+                          f"activations and logits, more than the {free_gb:,.1f} GB {where}; lower vocab_size, the "
+                          "model size, batch_size or block_size.")
+    if generous_bound(model_cfg, cfg, ddp.world_size) <= free_gb * GiB:
+        return  # certainly fits: the planner's probes (a second or two) are not needed
+    need = plan(model_cfg, cfg, ddp.world_size, use_bf16=use_bf16, grad_accum=grad_accum)
+    if need.total > free_gb * GiB:
+        fits = largest_micro_batch(model_cfg, cfg, ddp.world_size, free_gb * GiB, cfg.parallel, use_bf16)
+        remedies = ([f"--batch_size={fits} (the largest micro-batch that fits)"] if fits else []) \
+            + (["--activation_checkpointing=blocks"] if cfg.activation_checkpointing != "blocks" else []) \
+            + (["--parallel=fsdp"] if not ddp.sharded and ddp.world_size > 1 else []) \
+            + (["--loss=chunked"] if cfg.loss == "plain" else [])
+        raise ConfigError(f"a training step needs about {need.total / GiB:,.1f} GB per process at its peak (weights, "
+                          f"gradients and Adam state {(need.weights + need.gradients + need.optimizer) / GiB:,.1f}, "
+                          f"activations {need.activations / GiB:,.1f}, loss {need.loss / GiB:,.1f}, the rest "
+                          f"{(need.total - need.weights - need.gradients - need.optimizer - need.activations - need.loss) / GiB:,.1f}), "
+                          f"more than the {free_gb:,.1f} GB {where}; "
+                          + (f"try {' or '.join(remedies)}" if remedies else "use a smaller model or block_size")
+                          + "; python -m training.memory CONFIG --gpus N --gpu-memory GB shows the whole plan.")
 
 
 def free_memory_gb(device: torch.device) -> float | None:
@@ -229,15 +261,17 @@ def free_memory_gb(device: torch.device) -> float | None:
 
 
 def build_model(model_cfg, cfg: TrainConfig, ddp: Distributed, ckpt: dict | None, init_state: dict | None,
-                grad_accum: int):
+                grad_accum: int, use_bf16: bool = False):
     """(model, optimizer, the step to start from, the divergence monitor), restored from ckpt on a resume, or
-    starting from init_state's weights. The seed is the same on every process, so every replica starts equal."""
+    starting from init_state's weights. The seed is the same on every process, so every replica starts equal
+    (under FSDP each process then keeps its shard)."""
     from model import GPT
     torch.manual_seed(cfg.seed)
     raw_model = GPT(model_cfg).to(ddp.device)
     if init_state is not None:
         raw_model.load_state_dict(init_state)
         ddp.say(f"initialised the weights from {cfg.init_from}")
+    lay_out(raw_model, cfg, ddp, use_bf16)
     optimizer = make_optimizer(raw_model, cfg, ddp.device)
     step = resume_from(ckpt, raw_model, optimizer, cfg, ddp, grad_accum) if ckpt else 0
     monitor = DivergenceMonitor(model_cfg.vocab_size, cfg.spike_factor, ckpt.get("divergence") if ckpt else None)
@@ -245,8 +279,9 @@ def build_model(model_cfg, cfg: TrainConfig, ddp: Distributed, ckpt: dict | None
 
 
 def resume_from(ckpt: dict, model, optimizer, cfg: TrainConfig, ddp: Distributed, grad_accum: int) -> int:
-    step = restore(ckpt, model, optimizer, cfg, ddp.device)
-    ddp.say(f"resuming {os.path.join(cfg.out_dir, 'ckpt.pt')} at iteration {step} (saved by code "
+    path = os.path.join(cfg.out_dir, "ckpt.pt")
+    step = restore(ckpt, model, optimizer, cfg, ddp.device, ddp, path)
+    ddp.say(f"resuming {path} at iteration {step} ({'sharded, ' if 'shards' in ckpt else ''}saved by code "
             f"{ckpt.get('code_version', 'unknown')})")
     saved_world = ckpt.get("world_size", ddp.world_size)
     if saved_world != ddp.world_size:
@@ -284,6 +319,13 @@ def open_run_directory(cfg: TrainConfig, resolved: dict, step: int, resumed: boo
         if os.path.exists(partial):  # a checkpoint write that a kill cut short; ckpt.pt itself is whole
             os.remove(partial)
             ddp.say(f"note: removed {partial}, a checkpoint write cut short by an earlier kill (ckpt.pt is intact).")
+        stale = unreferenced_shard_directories(cfg.out_dir)
+        for directory in stale:  # sharded writes that a kill cut short before ckpt.pt named them
+            shutil.rmtree(directory, ignore_errors=True)
+        if stale:
+            ddp.say(f"note: removed {len(stale)} sharded checkpoint director{'y' if len(stale) == 1 else 'ies'} that "
+                    f"ckpt.pt does not name ({', '.join(os.path.basename(d) for d in stale)}): writes cut short by an "
+                    "earlier kill; the checkpoint is intact.")
         if resumed:
             if trim_metrics(metrics_path, step):
                 ddp.say(f"note: dropped the lines of {metrics_path} that were not records (binary garbage or lines "
@@ -309,8 +351,15 @@ def open_run_directory(cfg: TrainConfig, resolved: dict, step: int, resumed: boo
 def describe(raw_model, cfg: TrainConfig, ddp: Distributed, use_bf16: bool, grad_accum: int, data_dir: str,
              tokenizer_name: str) -> None:
     model_cfg, scale = raw_model.config, cfg.loss_scale
+    precision_name = ("bf16 weight matrices (fp32 reduction)" if bf16_parameters(cfg, use_bf16) else
+                      "bf16 autocast" if use_bf16 else "fp32")
+    checkpointed = len(raw_model.checkpointed_blocks)
     ddp.say(f"model: {raw_model.num_params() / 1e6:.2f}M parameters, pos={model_cfg.pos}, kv_shift={model_cfg.kv_shift} | "
-            f"{ddp.world_size} process(es) on {ddp.device.type}, {'bf16 autocast' if use_bf16 else 'fp32'}, "
+            f"{ddp.world_size} process(es) on {ddp.device.type}, "
+            f"{'FSDP (sharded)' if ddp.sharded else 'DDP' if ddp.world_size > 1 else 'one replica'}, {precision_name}, "
+            f"loss {describe_loss(raw_model.loss_impl, raw_model.loss_chunk_tokens)}, "
+            + (f"activation checkpointing on {checkpointed} of {model_cfg.n_layer} blocks, " if checkpointed else "")
+            + 
             f"batch {cfg.global_batch_size} x {model_cfg.block_size} tokens = {cfg.batch_size} x {grad_accum} accum x "
             f"{ddp.world_size} | {cfg.sampler} sampler, seed {cfg.seed}"
             + (f", gradient {scale} x the mean (grad_scale official)" if scale != 1 else "")
@@ -366,18 +415,30 @@ def run(argv: list[str]) -> dict:
     args = parse_args(argv)
     model_cfg, cfg = resolve(args.config_path, args.overrides, GPTConfig, resume=args.resume)
     ckpt, changes, init_state = open_checkpoint(args, cfg, dataclasses.asdict(model_cfg))
-    ddp = Distributed(cfg.device, cfg.dist_timeout_s)
+    ddp = Distributed(cfg.device, cfg.dist_timeout_s, cfg.parallel)
+    try:
+        return train(args, model_cfg, cfg, ckpt, changes, init_state, ddp)
+    finally:
+        if ddp.device.type == "cpu":
+            torch.set_flush_denormal(False)  # back to the default for whatever runs next in this process, also
+                                             # after a set-up error (precision() sets it before the loop's try)
+        ddp.release()
+
+
+def train(args: Arguments, model_cfg, cfg: TrainConfig, ckpt: dict | None, changes: list[dict],
+          init_state: dict | None, ddp: Distributed) -> dict:
+    """run() from the processes' set-up on."""
     grad_accum = accumulation_steps(cfg, ddp, resumed=ckpt is not None)
     use_bf16, autocast = precision(cfg, ddp.device)
-    check_model_fits(model_cfg, cfg, ddp, use_bf16)
+    check_model_fits(model_cfg, cfg, ddp, use_bf16, grad_accum)
     T = model_cfg.block_size
     data_dir, tokenizer_name, batches = training_data(cfg, model_cfg.vocab_size, T, ddp)
-    raw_model, optimizer, step, monitor = build_model(model_cfg, cfg, ddp, ckpt, init_state, grad_accum)
+    raw_model, optimizer, step, monitor = build_model(model_cfg, cfg, ddp, ckpt, init_state, grad_accum, use_bf16)
     resolved = resolved_config(args, model_cfg, cfg, ckpt, changes, ddp, grad_accum, data_dir, tokenizer_name)
     wandb_id = ckpt.get("wandb_id") if ckpt else None
     metrics = open_run_directory(cfg, resolved, step, ckpt is not None, changes, ddp, wandb_id)
     del ckpt
-    model = ddp.wrap(torch.compile(raw_model) if cfg.compile else raw_model)
+    model = ddp.wrap(torch.compile(raw_model) if cfg.compile and not ddp.sharded else raw_model)
     tokens_per_step = cfg.global_batch_size * T
     throughput = Throughput(step, tokens_per_step, raw_model.flops_per_token(T), gpu_peak_flops(ddp.device),
                             ddp.world_size)
@@ -437,8 +498,6 @@ def run(argv: list[str]) -> dict:
         return {"losses": losses, "val_losses": val_losses, "step": step, "stopped": stopped, "out_dir": cfg.out_dir,
                 "grad_accum": grad_accum, "peak_memory_gb": memory["peak_memory_gb"]}
     finally:
-        if ddp.device.type == "cpu":
-            torch.set_flush_denormal(False)  # back to the default for whatever runs next in this process
         metrics.close()
 
 

@@ -8,6 +8,10 @@ import random
 TINY_MODEL = dict(n_layer=2, n_head=2, n_embd=32, head_dim=16, vocab_size=320, block_size=32)
 TINY_TRAIN = dict(batch_size=4, global_batch_size=4, max_iters=6, lr=1e-2, min_lr=1e-3, warmup_iters=2,
                   log_interval=1, eval_interval=0, eval_windows=8, ckpt_interval=0, device="cpu")
+# A small model whose training step's memory the planner is checked against (tests/test_memory.py, test_fsdp.py):
+# overrides of configs/quickstart.toml.
+SMALL = ["--n_layer=3", "--n_head=2", "--n_embd=64", "--head_dim=32", "--block_size=128", "--batch_size=4",
+         "--global_batch_size=8", "--vocab_size=512", "--device=cpu"]
 
 
 def tiny_config(data_dir, model=None, **train) -> str:

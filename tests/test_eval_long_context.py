@@ -444,11 +444,15 @@ limit = 4
     babilong_rows = [json.loads(line) for line in (local / "babilong" / "0k" / "qa1.jsonl").open()]
     original = GrapeLM.generate_batch
 
+    runs_seen = {}  # each run's model, numbered in the order the study evaluates them
+
     def oracle(self, prompts, **settings):
         texts, counts = original(self, prompts, **{**settings, "return_counts": True})
-        salt = self.model.config.pos + repr(self.model.wte.weight[0, 0].item())  # differs between runs
-        answers = [" " + right_answer(self.tok_decode(ids), babilong_rows)[0]
-                   if zlib.crc32((self.tok_decode(ids) + salt).encode()) % 2 else text for ids, text in zip(prompts, texts)]
+        run = runs_seen.setdefault(self.model.config.pos + repr(self.model.wte.weight[0, 0].item()), len(runs_seen))
+        # run k answers the first k² prompts of each call right: the runs' scores differ whatever their weights
+        # (a hash of the prompt and the weights made them differ or not by chance)
+        answers = [" " + right_answer(self.tok_decode(ids), babilong_rows)[0] if i < run * run else text
+                   for i, (ids, text) in enumerate(zip(prompts, texts))]
         return (answers, counts) if settings.get("return_counts") else answers
 
     monkeypatch.setattr(GrapeLM, "generate_batch", oracle)

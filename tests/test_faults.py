@@ -621,7 +621,7 @@ def test_nan_advice_works_when_followed(config_file, tmp_path, monkeypatch):
     ("--max_iters=6 --warmup_iters=20", "warmup_iters \\(20\\) must be between 0 and max_iters - 1 \\(5\\)"),
     ("--pos=alibi --attn_backend=tile", "model.attn_backend = 'tile': .*needs a CUDA device.*use attn_backend='auto'"),
     ("--vocab_size=1000000000", "needs about [0-9,.]+ GB for its weights, gradients and Adam state.*lower vocab_size"),
-    ("--batch_size=100000000 --global_batch_size=100000000", "a micro-batch of 100000000 x 32 tokens at least"),
+    ("--batch_size=100000000 --global_batch_size=100000000", "a micro-batch of 100000000 x 32 tokens at least [0-9,.]+ GB for its activations"),
 ])
 def test_mistaken_settings_are_one_sentence_before_anything_is_written(config_file, tmp_path, override, message):
     with pytest.raises(ConfigError, match=message):

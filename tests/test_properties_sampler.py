@@ -7,6 +7,8 @@ compared with the definition: sequence o of step s is sample s·G + o of the run
 perm_e(n mod W) of epoch e = n div W; the official sampler: row o mod R of the authors' micro-batch o div R,
 drawn as their script draws it, with SplitMix64 seeds written out below).
 """
+import contextlib
+
 import numpy as np
 import pytest
 import torch
@@ -47,6 +49,7 @@ class Recorder(torch.nn.Module):
 class Process:
     """One process of a data-parallel job, without the communication (each process is run in turn)."""
     enabled = False
+    sharded = False
     device = torch.device("cpu")
 
     def __init__(self, rank, world_size):
@@ -54,6 +57,12 @@ class Process:
 
     def all_reduce_sum(self, tensor):
         return tensor
+
+    def gradient_sync(self, model, sync):
+        return contextlib.nullcontext()
+
+    def reshard(self, model):
+        pass
 
 
 class NoStops:

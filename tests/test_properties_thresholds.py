@@ -269,20 +269,29 @@ def test_adopt_accepts_gpt2_ids_only(tmp_path, largest, accepted):
 
 @given(batch=st.integers(1, 64), slack=st.sampled_from([-1e-9, 0.0, 1e-9]))
 def test_memory_check_at_the_free_memory_limit(monkeypatch, batch, slack):
-    """Weights + gradients + Adam state (16 bytes a parameter) + one micro-batch's fp32 logits must fit in the free
-    memory; exactly enough is enough."""
+    """Two limits, each exact: a lower bound (16 bytes a parameter, each block's fp32 input and one loss chunk's
+    fp32 logits) refuses at once; past it, the memory planner's peak of a step (training/memory.py, checked
+    against measured steps in test_memory.py) must fit. Exactly enough is enough."""
     import train
     from model import GPT, GPTConfig
+    from training import memory
     from training.distributed import Distributed
     model_cfg = GPTConfig(n_layer=1, n_head=2, n_embd=32, head_dim=16, vocab_size=97, block_size=16)
     params = sum(p.numel() for p in GPT(model_cfg).parameters())
-    need_gb = (16 * params + 4 * batch * 16 * 97) / 2**30
-    monkeypatch.setattr(train, "free_memory_gb", lambda device: need_gb + slack * need_gb)
-    ddp = Distributed.__new__(Distributed)
-    ddp.device = torch.device("cpu")
     cfg = valid(batch_size=batch, global_batch_size=batch)
-    if slack < 0:
-        with pytest.raises(ConfigError, match="more than the"):
-            train.check_model_fits(model_cfg, cfg, ddp, use_bf16=False)
-    else:
-        train.check_model_fits(model_cfg, cfg, ddp, use_bf16=False)
+    tokens = batch * 16
+    lower_gb = (16 * params + 4 * (tokens * 32 + min(tokens, cfg.loss_chunk_tokens) * 97)) / 2**30
+    need_gb = memory.plan(model_cfg, cfg, 1, grad_accum=1).total / 2**30
+    assert need_gb > lower_gb
+    ddp = Distributed.__new__(Distributed)
+    ddp.device, ddp.world_size, ddp.sharded = torch.device("cpu"), 1, False
+    for limit_gb, refusal in ((lower_gb, "for its activations and logits"), (need_gb, "a training step needs about")):
+        monkeypatch.setattr(train, "free_memory_gb", lambda device: limit_gb + slack * limit_gb)
+        if slack < 0:
+            with pytest.raises(ConfigError, match=refusal):
+                train.check_model_fits(model_cfg, cfg, ddp, use_bf16=False, grad_accum=1)
+        elif limit_gb == lower_gb:  # past the lower bound, the planner's larger peak refuses
+            with pytest.raises(ConfigError, match="a training step needs about"):
+                train.check_model_fits(model_cfg, cfg, ddp, use_bf16=False, grad_accum=1)
+        else:
+            train.check_model_fits(model_cfg, cfg, ddp, use_bf16=False, grad_accum=1)

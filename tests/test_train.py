@@ -245,6 +245,33 @@ def test_paper_configs_have_the_paper_sizes():
         assert n == pytest.approx({"medium": 353e6, "large": 770e6}[size], rel=0.01)
 
 
+def test_configs_beyond_the_paper_have_the_gpt3_shapes_with_the_papers_recipe():
+    """1.3B and 2.7B: GPT-3 XL / 2.7B widths and depths with head_dim 128, every encoding of the medium table, and
+    the paper's batch, schedule and tokens (49.2B, as for both of the paper's sizes)."""
+    medium = sorted(os.listdir(os.path.join(REPO, "configs", "medium")))
+    _, paper = resolve(os.path.join(REPO, "configs", "medium", "rope.toml"), [], GPTConfig)
+    shapes = {"1.3b": (24, 16, 2048, 1.31e9, "ddp"), "2.7b": (32, 20, 2560, 2.65e9, "fsdp")}
+    for size, (layers, heads, width, params, parallel) in shapes.items():
+        assert sorted(os.listdir(os.path.join(REPO, "configs", size))) == medium
+        for name in medium:
+            model_cfg, cfg = resolve(os.path.join(REPO, "configs", size, name), [], GPTConfig)
+            encoding, _, shift = name.removesuffix(".toml").partition("+")
+            assert (model_cfg.pos, model_cfg.kv_shift) == (encoding, bool(shift))
+            assert (model_cfg.n_layer, model_cfg.n_head, model_cfg.n_embd, model_cfg.head_dim) == \
+                (layers, heads, width, 128)
+            assert (model_cfg.block_size, model_cfg.vocab_size) == (4096, 50304)
+            recipe = ("global_batch_size", "lr", "min_lr", "warmup_iters", "max_iters", "weight_decay", "beta1",
+                      "beta2", "grad_clip", "recipe", "lr_schedule", "grad_scale", "sampler", "data_dir")
+            assert [getattr(cfg, k) for k in recipe] == [getattr(paper, k) for k in recipe]
+            assert cfg.reference_layout == "8x4" and cfg.parallel == parallel
+            assert cfg.global_batch_size % (cfg.batch_size * 8) == 0  # whole accumulation steps on 8 GPUs
+            tokens = cfg.num_steps * cfg.global_batch_size * model_cfg.block_size
+            assert tokens == pytest.approx(49.2e9, rel=1e-3)
+        with torch.device("meta"):
+            n = GPT(resolve(os.path.join(REPO, "configs", size, "rope.toml"), [], GPTConfig)[0]).num_params()
+        assert n == pytest.approx(params, rel=0.01)
+
+
 def test_lr_schedule_matches_warmup_and_cosine_formula():
     cfg = TrainConfig(lr=1.0, min_lr=0.1, warmup_iters=10, max_iters=110)
     assert lr_at(0, cfg) == pytest.approx(0.1)            # linear warm-up: (step+1)/warmup

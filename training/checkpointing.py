@@ -2,18 +2,29 @@
 
 RUN_DIR/ckpt.pt is written by the main process through checkpoints.save (a temp file, fsync, rename, and a
 checksum of the contents), so a kill at any moment leaves the old or the new checkpoint, never a mix.
+
+Under train.parallel = "fsdp" the weights and Adam moments are sharded: every process writes its part with
+torch.distributed.checkpoint into a new directory RUN_DIR/ckpt.shards/<step>-<id>/, the processes hash the files
+(a share each), and only then does the main process write ckpt.pt, naming that directory and every file's
+sha256, and remove the older directories. ckpt.pt is the commit: a kill before it leaves the previous checkpoint
+whole (the unnamed directory is removed at the next start), a kill after it the new one. Either kind of
+checkpoint resumes under either mode and on any number of processes (torch.distributed.checkpoint reshards).
 """
 from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
+import uuid
+import warnings
 
 import torch
+import torch.distributed as dist
 
 import checkpoints
 from config import AS_TRAINED_BEFORE_KEY_EXISTED, TrainConfig
 from training.errors import TrainError
-from training.optimizer import load_optimizer_state
+from training.optimizer import load_optimizer_state, set_optimizer_settings
 
 # Settings that shape the loss sequence: a resumed run must use the checkpoint's values unless --allow_changes
 # names them. (batch_size and the number of processes may change: a step reads the same windows however the
@@ -30,16 +41,23 @@ FIXED_FOR_A_RUN = {
 CHECKPOINT_KEYS = ("model", "model_config", "tokenizer", "train_config", "step", "optimizer", "rng")
 
 
+RESTORE_ADVICE = "restore it from a backup, or delete the run directory and start again"
+
+
 def load_checkpoint(path: str) -> dict:
-    """The checkpoint at path, its checksum verified; every kind of damage is one TrainError sentence."""
+    """The checkpoint at path, its checksum verified; every kind of damage is one TrainError sentence. A sharded
+    checkpoint's shards are checked later, by all processes together (restore)."""
     if not os.path.isfile(path):
         raise TrainError(f"no checkpoint at {path}; run without --resume to start this run, "
                          "or point --out_dir at the run directory to continue.")
     try:
-        return checkpoints.load(path, required=CHECKPOINT_KEYS,
-                                restore="restore it from a backup, or delete the run directory and start again")
+        ckpt = checkpoints.load(path, required=CHECKPOINT_KEYS, restore=RESTORE_ADVICE, assemble=False)
     except checkpoints.CheckpointError as error:
         raise TrainError(f"{error}.") from None
+    if "shards" in ckpt and not os.path.isdir(checkpoints.shard_directory(path, ckpt)):
+        raise TrainError(f"checkpoint {path} is sharded, but its shard directory {checkpoints.shard_directory(path, ckpt)} "
+                         f"is missing; {RESTORE_ADVICE}.")
+    return ckpt
 
 
 def check_resume_compatible(ckpt: dict, model_cfg: dict, train_cfg: TrainConfig, path: str,
@@ -85,14 +103,67 @@ def flags(keys, values: dict) -> str:
 
 
 def restore(ckpt: dict, model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg: TrainConfig,
-            device: torch.device) -> int:
-    """Weights, optimizer moments and random state from ckpt; returns its step."""
-    model.load_state_dict(ckpt["model"])
-    load_optimizer_state(optimizer, ckpt["optimizer"], cfg)
+            device: torch.device, ddp=None, path: str = "") -> int:
+    """Weights, optimizer moments and random state from ckpt (read from `path`); returns its step. `ddp`: the
+    run's Distributed, for a sharded checkpoint or a sharded model (FSDP); None for neither."""
+    if "shards" in ckpt:
+        restore_from_shards(ckpt, model, optimizer, ddp, path)
+        set_optimizer_settings(optimizer, cfg)
+    elif ddp is not None and ddp.sharded:
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
+                                                             set_optimizer_state_dict)
+        full = StateDictOptions(full_state_dict=True)  # every process holds the whole file and keeps its shard
+        set_model_state_dict(model, ckpt["model"], options=full)
+        set_optimizer_state_dict(model, optimizer, by_parameter_name(ckpt["optimizer"], model, optimizer), options=full)
+        set_optimizer_settings(optimizer, cfg)
+    else:
+        model.load_state_dict(ckpt["model"])
+        load_optimizer_state(optimizer, ckpt["optimizer"], cfg)
     torch.set_rng_state(ckpt["rng"]["torch"])
     if device.type == "cuda" and ckpt["rng"].get("cuda") is not None:
         torch.cuda.set_rng_state(ckpt["rng"]["cuda"], device)
     return ckpt["step"]
+
+
+def by_parameter_name(state: dict, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """An optimizer state_dict keyed by parameter number (torch's, as ckpt.pt holds it) keyed by parameter name
+    instead, as torch.distributed.checkpoint.state_dict takes it."""
+    names = {id(p): name for name, p in model.named_parameters()}
+    ordered = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    return {"state": {ordered[i]: value for i, value in state["state"].items()},
+            "param_groups": [{**group, "params": [ordered[i] for i in group["params"]]}
+                             for group in state["param_groups"]]}
+
+
+def sharded_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """{"model", "optimizer"} as torch.distributed.checkpoint saves and loads them: keyed by parameter name, each
+    process's shards as DTensors under FSDP, whole tensors otherwise."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    return {"model": model_state, "optimizer": optimizer_state}
+
+
+def restore_from_shards(ckpt: dict, model, optimizer, ddp, path: str) -> None:
+    """Check the shards (the processes share the reading) and load them into this run's model and optimizer,
+    whatever the number of processes that wrote them and whether this run shards."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+    rank, world = (ddp.rank, ddp.world_size) if ddp is not None and ddp.enabled else (0, 1)
+    names = sorted(ckpt["shards"]["files"])
+    problems = checkpoints.damaged_shards(path, ckpt, names[rank::world])
+    if world > 1:
+        found = [None] * world
+        dist.all_gather_object(found, problems)
+        problems = sorted(p for share in found for p in share)
+    if problems:
+        raise TrainError(f"{checkpoints.shard_damage_error(path, ckpt, problems, RESTORE_ADVICE)}.")
+    state = sharded_state(model, optimizer)
+    alone = world == 1 and not dist.is_initialized()
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is, when alone
+        if alone:
+            warnings.simplefilter("ignore", UserWarning)
+        dcp.load(state, checkpoint_id=checkpoints.shard_directory(path, ckpt), no_dist=alone)
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
 
 class Checkpointer:
@@ -106,21 +177,83 @@ class Checkpointer:
 
     def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, divergence: dict) -> None:
         """`divergence`: the divergence monitor's state (the recent losses), so a resume checks from its first step."""
-        if self.ddp.is_main:
-            device, run = self.ddp.device, self.resolved
-            rng = {"torch": torch.get_rng_state(),
-                   "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
-            state = {"model": model.state_dict(), "model_config": run["model"], "tokenizer": run["tokenizer"],
-                     "train_config": run["train"], "step": step, "optimizer": optimizer.state_dict(), "rng": rng,
-                     "world_size": run["world_size"], "grad_accum": run["grad_accum"],
-                     "windows_seen": step * run["train"]["global_batch_size"],
-                     "tokens_seen": step * run["train"]["global_batch_size"] * run["model"]["block_size"],
-                     "code_version": run["code_version"], "wandb_id": self.wandb_id, "changes": run["resume_changes"],
-                     "divergence": divergence}
-            with self.stops.writing_checkpoint():  # a second Ctrl-C now waits for the write instead of discarding it
-                try:
-                    checkpoints.save(self.path, state)
-                except checkpoints.CheckpointError as error:
-                    raise TrainError(str(error)) from None
+        with self.stops.writing_checkpoint():  # a second Ctrl-C now waits for the write instead of discarding it
+            if self.ddp.sharded:
+                self.save_sharded(step, model, optimizer, divergence)
+            elif self.ddp.is_main:
+                self.write({**self.description(step, divergence), "model": model.state_dict(),
+                            "optimizer": optimizer.state_dict()})
+                remove_unreferenced_shards(self.path)  # a sharded run resumed without FSDP: its last shards
         self.saved_step = step
         self.ddp.barrier()
+
+    def description(self, step: int, divergence: dict) -> dict:
+        """Everything a checkpoint holds beside the weights and the optimizer state."""
+        device, run = self.ddp.device, self.resolved
+        rng = {"torch": torch.get_rng_state(),
+               "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
+        return {"model_config": run["model"], "tokenizer": run["tokenizer"], "train_config": run["train"],
+                "step": step, "rng": rng, "world_size": run["world_size"], "grad_accum": run["grad_accum"],
+                "windows_seen": step * run["train"]["global_batch_size"],
+                "tokens_seen": step * run["train"]["global_batch_size"] * run["model"]["block_size"],
+                "code_version": run["code_version"], "wandb_id": self.wandb_id, "changes": run["resume_changes"],
+                "divergence": divergence}
+
+    def write(self, state: dict) -> None:
+        try:
+            checkpoints.save(self.path, state)
+        except checkpoints.CheckpointError as error:
+            raise TrainError(str(error)) from None
+
+    def save_sharded(self, step: int, model, optimizer, divergence: dict) -> None:
+        """Every process writes its shards into a new directory and hashes a share of its files; then the main
+        process commits them by writing ckpt.pt, and removes the directories it no longer names."""
+        import torch.distributed.checkpoint as dcp
+        run_dir, ddp = os.path.dirname(os.path.abspath(self.path)), self.ddp
+        name = os.path.join(checkpoints.SHARDS_DIR,
+                            ddp.from_main(f"{step:08d}-{uuid.uuid4().hex[:8]}" if ddp.is_main else None))
+        directory = os.path.join(run_dir, name)
+        try:
+            dcp.save(sharded_state(model, optimizer), checkpoint_id=directory)
+        except Exception as error:  # raised on every process (torch.distributed.checkpoint gathers the failures)
+            raise TrainError(f"could not write the sharded checkpoint {directory} ({first_line(error)}); the previous "
+                             f"checkpoint {self.path} is intact. Free space or make the directory writable (or "
+                             "choose another --out_dir), then run again (with --resume if a checkpoint exists).") \
+                from None
+        ddp.barrier()
+        files = sorted(os.listdir(directory))
+        hashes = {file: checkpoints.file_sha256(os.path.join(directory, file))
+                  for file in files[ddp.rank::ddp.world_size]}
+        shares = [None] * ddp.world_size
+        dist.all_gather_object(shares, hashes)
+        if ddp.is_main:
+            fsync_directory(directory)
+            shards = {"dir": name, "files": {f: h for share in shares for f, h in share.items()},
+                      "world_size": ddp.world_size}
+            self.write({**self.description(step, divergence), "shards": shards})
+            remove_unreferenced_shards(self.path)
+
+
+def remove_unreferenced_shards(path: str) -> None:
+    """After ckpt.pt at `path` is written: the shard directories beside it that it does not name (the previous
+    sharded checkpoint's) are no longer needed."""
+    for stale in checkpoints.unreferenced_shard_directories(os.path.dirname(os.path.abspath(path))):
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def fsync_directory(directory: str) -> None:
+    """The directory's entries on disk (the files' own contents are synced by their writer)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0][:200]

@@ -45,6 +45,11 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict, cfg: Tra
     """The saved moments, with this run's weight decay and betas (load_state_dict restores the saved ones, but a
     change allowed on resume must take effect)."""
     optimizer.load_state_dict(state)
+    set_optimizer_settings(optimizer, cfg)
+
+
+def set_optimizer_settings(optimizer: torch.optim.Optimizer, cfg: TrainConfig) -> None:
+    """This run's weight decay and betas over the ones restored with the moments."""
     for group, decay in zip(optimizer.param_groups, (cfg.weight_decay, 0.0)):
         group["weight_decay"], group["betas"] = decay, (cfg.beta1, cfg.beta2)
 

@@ -7,7 +7,6 @@ batch is split (1 process x 2 micro-batches reads what 2 processes x 1 read), an
 """
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import dataclass
 
@@ -40,11 +39,11 @@ def train_step(model, raw_model, batches, step: int, grad_accum: int, cfg: Train
     for micro in range(grad_accum):
         x, y = batches.batch((step * grad_accum + micro) * ddp.world_size + ddp.rank)
         x, y = x.to(ddp.device, non_blocking=True), y.to(ddp.device, non_blocking=True)
-        # Gradients are all-reduced only on the last micro-batch.
-        sync = contextlib.nullcontext() if not ddp.enabled or micro == grad_accum - 1 else model.no_sync()
-        with sync:
+        # Gradients are reduced over the processes only on the last micro-batch (under FSDP optionally on each,
+        # so that they accumulate sharded).
+        with ddp.gradient_sync(model, micro == grad_accum - 1 or ddp.sharded and cfg.fsdp_reduce_each_micro_batch):
             with autocast():
-                _, loss = model(x, targets=y)
+                loss = model(x, targets=y)[1]  # (not holding the logits through the backward pass)
             # The mean over the global batch (1/grad_accum here, DDP's mean over processes), times loss_scale.
             (loss * cfg.loss_scale / grad_accum).backward()
         loss_sum += loss.detach().float()
@@ -52,21 +51,47 @@ def train_step(model, raw_model, batches, step: int, grad_accum: int, cfg: Train
             for p in params:
                 p.grad = None
             return None
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
+    grad_norm = clip_gradients(params, cfg.grad_clip, ddp.sharded)
     return gather(loss_sum / grad_accum, raw_model, ddp, stops, grad_norm)
 
 
+def clip_gradients(params: list, max_norm: float, sharded: bool) -> torch.Tensor:
+    """The norm of all gradients, before clipping them to max_norm (0: no clipping). Under FSDP each process
+    holds a shard of each gradient: the norm is that of the whole gradient (the shards' squares summed over the
+    processes), the same on every process."""
+    if not sharded:
+        return torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
+    from torch.distributed.tensor import DTensor
+    norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+    if isinstance(norm, DTensor):
+        norm = norm.full_tensor()
+    if max_norm > 0:
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+    return norm
+
+
 def gather(loss: torch.Tensor, raw_model, ddp, stops, grad_norm: torch.Tensor | None = None) -> StepResult:
-    """One small all-reduce: the mean loss over the processes, the weights' health (the same on every process)
-    and whether any process was asked to stop (all must stop at the same step)."""
-    with torch.no_grad():
-        param_norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.detach().float())
-                                                           for p in raw_model.parameters()]))
-        stats = torch.stack([loss.float(), param_norm, raw_model.basis_overflow(), stops.vote(ddp.device)])
-    loss_sum, param_norm_sum, overflow_sum, votes = ddp.all_reduce_sum(stats).tolist()
+    """One small all-reduce: the mean loss over the processes, the weights' health (under DDP the same on every
+    process; under FSDP each process adds its shards' squares) and whether any process was asked to stop (all
+    must stop at the same step)."""
     world = ddp.world_size
+    with torch.no_grad():
+        if ddp.sharded:
+            from torch.distributed.tensor import DTensor
+            local = [p.to_local() if isinstance(p, DTensor) else p for p in raw_model.parameters()]
+            weights = sum(torch.linalg.vector_norm(p.detach().float()) ** 2 for p in local if p.numel())
+        else:
+            weights = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.detach().float())
+                                                            for p in raw_model.parameters()]))
+        overflow = raw_model.basis_overflow()
+        if hasattr(overflow, "full_tensor"):  # computed from sharded generators: a DTensor
+            overflow = overflow.full_tensor()
+        stats = torch.stack([loss.float(), torch.as_tensor(weights, device=ddp.device).float(), overflow.float(),
+                             stops.vote(ddp.device)])
+    loss_sum, weights_sum, overflow_sum, votes = ddp.all_reduce_sum(stats).tolist()
+    param_norm = weights_sum ** 0.5 if ddp.sharded else weights_sum / world
     return StepResult(loss=loss_sum / world, grad_norm=None if grad_norm is None else grad_norm.item(),
-                      param_norm=param_norm_sum / world, overflow=overflow_sum / world, stop=votes > 0)
+                      param_norm=param_norm, overflow=overflow_sum / world, stop=votes > 0)
 
 
 @torch.no_grad()
@@ -75,7 +100,8 @@ def confirmation(raw_model, batches, step: int, grad_accum: int, ddp, autocast, 
     checked before they are saved: a checkpoint never holds weights that no check has seen."""
     x, y = batches.batch(step * grad_accum * ddp.world_size + ddp.rank)
     with autocast():
-        _, loss = raw_model(x.to(ddp.device), targets=y.to(ddp.device))
+        loss = raw_model(x.to(ddp.device), targets=y.to(ddp.device))[1]
+    ddp.reshard(raw_model)
     return gather(loss, raw_model, ddp, stops)
 
 
@@ -96,11 +122,17 @@ def evaluate(model, data_dir: str, cfg: TrainConfig, block_size: int, ddp, autoc
     model.eval()
     total = torch.zeros(3, dtype=torch.float64, device=ddp.device)  # loss x windows, windows, stopped
     started = last_said = time.perf_counter()
-    for i, (x, y) in enumerate(validation_batches(data_dir, batch_size=cfg.batch_size, block_size=block_size,
-                                                  max_windows=cfg.eval_windows)):
-        if stops is not None and stops.requested:
-            total[2] = 1
-            break
+    batches = validation_batches(data_dir, batch_size=cfg.batch_size, block_size=block_size,
+                                 max_windows=cfg.eval_windows)
+    # (x, y, whether it counts): under FSDP every forward gathers weights from all processes, so all of them run
+    # the same number of forwards (the last round padded with uncounted repeats) and stop at the same round
+    batches = in_lockstep(list(batches), ddp.world_size) if ddp.sharded else ((x, y, True) for x, y in batches)
+    for i, (x, y, counted) in enumerate(batches):
+        if stops is not None:
+            stop = (i % ddp.world_size == 0 and stops.any_process(ddp)) if ddp.sharded else stops.requested
+            if stop:
+                total[2] = 1
+                break
         now = time.perf_counter()
         if i and now - last_said > PROGRESS_EVERY_S:  # a long validation says how far it is
             done = i * cfg.batch_size
@@ -110,10 +142,12 @@ def evaluate(model, data_dir: str, cfg: TrainConfig, block_size: int, ddp, autoc
         if i % ddp.world_size != ddp.rank:
             continue
         with autocast():
-            _, loss = model(x.to(ddp.device), targets=y.to(ddp.device))
-        total[0] += loss.double() * len(x)
-        total[1] += len(x)
+            loss = model(x.to(ddp.device), targets=y.to(ddp.device))[1]
+        if counted:
+            total[0] += loss.double() * len(x)
+            total[1] += len(x)
     model.train()
+    ddp.reshard(model)
     ddp.all_reduce_sum(total)
     if total[2].item() > 0:
         return None
@@ -121,3 +155,13 @@ def evaluate(model, data_dir: str, cfg: TrainConfig, block_size: int, ddp, autoc
         raise TrainError(f"{data_dir} has no validation windows of length {block_size}; prepare a larger "
                          "validation split or lower block_size.")
     return (total[0] / total[1]).item()
+
+
+def in_lockstep(batches: list, world_size: int) -> list:
+    """The batches as (x, y, counted), padded to a whole number of rounds of world_size with uncounted repeats of
+    the last round's first batch."""
+    padded = [(x, y, True) for x, y in batches]
+    while len(padded) % world_size:
+        x, y, _ = padded[len(padded) // world_size * world_size]
+        padded.append((x, y, False))
+    return padded

@@ -1,0 +1,263 @@
+"""train.parallel = "fsdp" against DDP, and sharded checkpoints: a kill -9 between the shard writes and the commit,
+resume on another number of processes, damage, and the readers of a sharded run directory.
+
+Two torchrun launches (4 and 2 gloo processes on the CPU, tests/distributed_runs.py) hold every multi-process run;
+the references run in this process. The tiny model trains 20 steps with gradient accumulation (2 micro-batches a
+step under FSDP, 8 in the 1-process reference) and clipping active at every step (grad_clip 0.3, below every
+step's norm).
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import checkpoints
+import train
+from data.loader import validation_batches
+from model import GPT
+from tests.helpers import SMALL, prepare_byte_corpus, synthetic_text, tiny_config
+from training.errors import TrainError
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.usefixtures("one_thread")
+ENCODINGS = ("rope", "fox", "grape_ap")
+TRAIN = dict(max_iters=20, warmup_iters=4, global_batch_size=8, batch_size=1, grad_clip=0.3, eval_interval=10,
+             eval_windows=8)
+FP32_ROUNDING = 1e-5  # relative: what summing the same gradients in another order changes over 20 steps
+QUICKSTART = os.path.join(REPO, "configs", "quickstart.toml")
+# planned against measured under FSDP with 2 processes (the 1-process cases are in test_memory.py)
+PLANNED_FSDP = [
+    (["--parallel=fsdp"], "fsdp rope"),
+    (["--parallel=fsdp", "--pos=fox", "--activation_checkpointing=blocks"], "fsdp fox, every block recomputed"),
+    (["--parallel=fsdp", "--pos=grape_ap", "--fsdp_reshard_after_forward=false"], "fsdp grape_ap, kept gathered"),
+    (["--parallel=fsdp", "--vocab_size=8192", "--loss=plain", "--fsdp_reduce_each_micro_batch"],
+     "fsdp plain loss, sharded accumulation"),
+    (["--parallel=ddp", "--pos=fox", "--kv_shift"], "ddp fox+kv_shift"),
+]
+
+
+def launch(processes: int, plan: dict, root) -> subprocess.CompletedProcess:
+    path = root / f"plan{processes}.json"
+    path.write_text(json.dumps(plan))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           f"--nproc_per_node={processes}", os.path.join(REPO, "tests", "distributed_runs.py"),
+                           str(path)], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fsdp")
+    data_dir = prepare_byte_corpus(root, [synthetic_text(doc, 800) for doc in range(40)])
+    config = root / "tiny.toml"
+    config.write_text(tiny_config(data_dir, **TRAIN))
+    config = str(config)
+    torch.set_num_threads(1)
+    # the reference: DDP's code path on one process, 8 micro-batches a step
+    reference = {pos: train.run([config, f"--pos={pos}", f"--out_dir={root / 'ddp1' / pos}"]) for pos in ENCODINGS}
+    # a DDP checkpoint at step 10, resumed under FSDP by 2 processes below
+    train.run([config, "--pos=fox", f"--out_dir={root / 'ddp_then_fsdp'}", "--stop_iter=10"])
+
+    def fsdp(pos, out, *more):
+        return [config, f"--pos={pos}", "--parallel=fsdp", f"--out_dir={root / out}", *more]
+
+    four = launch(4, {"runs": [fsdp(pos, f"fsdp4/{pos}") for pos in ENCODINGS], "results": str(root / "four.json"),
+                      "kill_run": fsdp("fox", "killed", "--ckpt_interval=4"), "kill_at_save": 2}, root)
+    killed = root / "killed"
+    shutil.copytree(killed, root / "killed_as_left")
+    shutil.copytree(killed, root / "resumed_by_1")
+    two = launch(2, {"runs": [fsdp(pos, f"fsdp2/{pos}", "--batch_size=2") for pos in ENCODINGS]
+                     + [fsdp("fox", "killed", "--batch_size=2", "--resume"),
+                        fsdp("fox", "fsdp2_checkpointed", "--batch_size=2", "--activation_checkpointing=blocks"),
+                        fsdp("rope", "fsdp2_reduce_each", "--batch_size=2", "--fsdp_reduce_each_micro_batch"),
+                        fsdp("fox", "ddp_then_fsdp", "--batch_size=2", "--resume")],
+                     "measure": [[QUICKSTART, *SMALL, *overrides] for overrides, _ in PLANNED_FSDP],
+                     "results": str(root / "two.json")}, root)
+    assert two.returncode == 0, two.stderr[-3000:]
+    # one process under DDP: the shards of 4 processes resumed by a model that is not sharded
+    by_1 = train.run([config, "--pos=fox", "--parallel=ddp", f"--out_dir={root / 'resumed_by_1'}", "--resume"])
+    with open(root / "four.json") as f:
+        four_results = dict(zip(ENCODINGS, json.load(f)["runs"]))
+    with open(root / "two.json") as f:
+        two_results = json.load(f)
+    runs = two_results["runs"]
+    return {"root": root, "config": config, "data_dir": data_dir, "reference": reference, "four": four,
+            "fsdp4": four_results, "fsdp2": dict(zip(ENCODINGS, runs[:3])), "resumed_by_2": runs[3],
+            "checkpointed": runs[4], "reduce_each": runs[5], "ddp_then_fsdp": runs[6], "resumed_by_1": by_1,
+            "memory": two_results["memory"]}
+
+
+def logged(run_dir, kind="train", key="loss"):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [r[key] for r in map(json.loads, f) if r["type"] == kind]
+
+
+@pytest.mark.parametrize("processes", [2, 4])
+def test_fsdp_gives_the_losses_and_grad_norms_of_ddp(runs, processes):
+    for pos in ENCODINGS:
+        reference, fsdp = runs["reference"][pos], runs[f"fsdp{processes}"][pos]
+        assert reference["grad_accum"] == 8 and fsdp["grad_accum"] == 2
+        ref_norms = logged(runs["root"] / "ddp1" / pos, key="grad_norm")
+        assert min(ref_norms) > TRAIN["grad_clip"]  # clipping acts at every step
+        assert len(fsdp["losses"]) == 20
+        assert fsdp["losses"] == pytest.approx(reference["losses"], rel=FP32_ROUNDING), pos
+        # the logged norm is the whole gradient's, not a shard's (a shard's would be ~1/sqrt(processes) of it)
+        assert fsdp["grad_norms"] == pytest.approx(ref_norms, rel=1e-4), pos
+    # validation, its windows shared out in lockstep, scores what one process scores
+    fox_val = logged(runs["root"] / f"fsdp{processes}" / "fox", "val", "val_loss")
+    assert fox_val == pytest.approx([v for _, v in runs["reference"]["fox"]["val_losses"]], rel=FP32_ROUNDING)
+    assert len(fox_val) == 3
+
+
+@pytest.mark.parametrize("case", range(len(PLANNED_FSDP)), ids=[case for _, case in PLANNED_FSDP])
+def test_planned_peak_of_fsdp_with_2_processes_is_within_15_percent_of_the_measured(runs, case):
+    peak = runs["memory"][case]
+    assert peak["planned"] == pytest.approx(peak["measured"], rel=0.15), PLANNED_FSDP[case]
+
+
+def test_reducing_each_micro_batch_gives_the_same_losses(runs):
+    """FSDP's sharded accumulation (a reduce-scatter per micro-batch) against its default (one per step)."""
+    assert runs["reduce_each"]["losses"] == pytest.approx(runs["fsdp2"]["rope"]["losses"], rel=FP32_ROUNDING)
+    assert runs["reduce_each"]["grad_norms"] == pytest.approx(runs["fsdp2"]["rope"]["grad_norms"], rel=1e-4)
+
+
+def test_activation_checkpointing_under_fsdp_gives_the_same_losses(runs):
+    assert runs["checkpointed"]["losses"] == pytest.approx(runs["fsdp2"]["fox"]["losses"], rel=1e-6)
+    assert runs["checkpointed"]["grad_norms"] == pytest.approx(runs["fsdp2"]["fox"]["grad_norms"], rel=1e-6)
+
+
+def test_a_kill_before_the_commit_leaves_the_previous_checkpoint_whole(runs):
+    assert runs["four"].returncode != 0  # the main process died by SIGKILL at its second checkpoint
+    left = runs["root"] / "killed_as_left"
+    ckpt = checkpoints.load(str(left / "ckpt.pt"), required=("model_config",), assemble=False)
+    assert ckpt["step"] == 4 and ckpt["shards"]["world_size"] == 4
+    # both steps' shards are on disk, all of step 8's written, but ckpt.pt names only step 4's
+    directories = sorted(os.listdir(left / checkpoints.SHARDS_DIR))
+    assert [d.split("-")[0] for d in directories] == ["00000004", "00000008"]
+    assert ckpt["shards"]["dir"] == os.path.join(checkpoints.SHARDS_DIR, directories[0])
+    assert {"__0_0.distcp", "__3_0.distcp", ".metadata"} <= set(ckpt["shards"]["files"])
+    assert checkpoints.unreferenced_shard_directories(str(left)) == [str(left / checkpoints.SHARDS_DIR / directories[1])]
+    checkpoints.verify_shards(str(left / "ckpt.pt"), ckpt)  # every shard of step 4 is as written
+
+
+@pytest.mark.parametrize("processes", [2, 1])
+def test_resume_on_another_number_of_processes_continues_the_losses(runs, processes):
+    """Saved by 4 processes at step 4 (then killed at step 8), resumed by 2 under FSDP and by 1 under DDP."""
+    resumed = runs[f"resumed_by_{processes}"]
+    uninterrupted = runs["fsdp4"]["fox"]["losses"]
+    assert len(resumed["losses"]) == 16 and resumed["step"] == 20
+    assert resumed["losses"] == pytest.approx(uninterrupted[4:], rel=FP32_ROUNDING)
+    run_dir = runs["root"] / ("killed" if processes == 2 else "resumed_by_1")
+    # the uncommitted step-8 shards were removed at the start; the last save's are the only ones left (under DDP
+    # the last save is one file, and the step-4 shards it replaced are gone too)
+    assert [d.split("-")[0] for d in os.listdir(run_dir / checkpoints.SHARDS_DIR)] == \
+        (["00000020"] if processes == 2 else [])
+    assert ("shards" in checkpoints.load(str(run_dir / "ckpt.pt"), required=(), assemble=False)) == (processes == 2)
+    assert logged(run_dir, key="iter") == list(range(1, 21))  # metrics.jsonl trimmed to the checkpoint
+
+
+def test_a_ddp_checkpoint_resumes_under_fsdp(runs):
+    """One process under DDP saved a single-file checkpoint at step 10; 2 processes under FSDP continue it with
+    the uninterrupted 1-process run's losses, and their checkpoint is sharded."""
+    resumed = runs["ddp_then_fsdp"]
+    assert resumed["step"] == 20 and len(resumed["losses"]) == 10
+    assert resumed["losses"] == pytest.approx(runs["reference"]["fox"]["losses"][10:], rel=FP32_ROUNDING)
+    ckpt = checkpoints.load(str(runs["root"] / "ddp_then_fsdp" / "ckpt.pt"), required=(), assemble=False)
+    assert ckpt["shards"]["world_size"] == 2
+
+
+def test_readers_take_a_sharded_run_directory_as_it_is(runs):
+    """GPT.from_checkpoint (sample.py, the evaluations, export_hf.py, init_from) assembles the weights that 4
+    processes saved in shards; their validation loss, computed here by a plain forward pass, is the one the run
+    logged at its last step."""
+    run_dir = runs["root"] / "fsdp4" / "fox"
+    model, ckpt = GPT.from_checkpoint(str(run_dir))
+    assert ckpt["step"] == 20 and "shards" in ckpt
+    with torch.no_grad():
+        total = windows = 0
+        for x, y in validation_batches(runs["data_dir"], batch_size=1, block_size=32, max_windows=8):
+            total += model(x, y)[1].item() * len(x)
+            windows += len(x)
+    assert total / windows == pytest.approx(logged(run_dir, "val", "val_loss")[-1], rel=1e-6)
+    # the same weights as the 1-process run's single file, to fp32 rounding
+    single, _ = GPT.from_checkpoint(str(runs["root"] / "ddp1" / "fox"))
+    for (name, a), b in zip(model.state_dict().items(), single.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_export_hf_takes_a_sharded_run_directory(runs, tmp_path):
+    """scripts/export_hf.py's export of the 4-process sharded run against its export of the 1-process run's
+    single file: the same tensors to fp32 rounding."""
+    from safetensors.torch import load_file
+    from hf.export import export
+    exported = {}
+    for name, run_dir in (("sharded", runs["root"] / "fsdp4" / "fox"), ("single", runs["root"] / "ddp1" / "fox")):
+        export(str(run_dir), str(tmp_path / name), "remote")
+        exported[name] = load_file(str(tmp_path / name / "model.safetensors"))
+    assert exported["sharded"].keys() == exported["single"].keys() and len(exported["single"]) > 10
+    for key, tensor in exported["single"].items():
+        torch.testing.assert_close(exported["sharded"][key], tensor, rtol=1e-4, atol=1e-5, msg=key)
+
+
+def test_a_damaged_or_missing_shard_is_refused_in_one_sentence(runs, tmp_path):
+    run_dir = tmp_path / "damaged"
+    shutil.copytree(runs["root"] / "fsdp2" / "rope", run_dir)
+    ckpt = checkpoints.load(str(run_dir / "ckpt.pt"), required=(), assemble=False)
+    shard = os.path.join(checkpoints.shard_directory(str(run_dir / "ckpt.pt"), ckpt), "__1_0.distcp")
+    with open(shard, "r+b") as f:  # one flipped byte inside a tensor
+        f.seek(os.path.getsize(shard) // 2)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(checkpoints.CheckpointError, match=r"1 of the \d+ shard files .* are not as written "
+                                                          r"\(__1_0\.distcp \(its contents do not match"):
+        GPT.from_checkpoint(str(run_dir))
+    with pytest.raises(TrainError, match=r"__1_0\.distcp \(its contents do not match its checksum\)"):
+        train.run([runs["config"], "--pos=rope", "--parallel=fsdp", f"--out_dir={run_dir}", "--resume"])
+    os.remove(shard)
+    with pytest.raises(checkpoints.CheckpointError, match=r"__1_0\.distcp \(missing\)"):
+        GPT.from_checkpoint(str(run_dir))
+    shutil.rmtree(checkpoints.shard_directory(str(run_dir / "ckpt.pt"), ckpt))
+    with pytest.raises(TrainError, match="is sharded, but its shard directory .* is missing"):
+        train.run([runs["config"], "--pos=rope", "--parallel=fsdp", f"--out_dir={run_dir}", "--resume"])
+
+
+def test_bf16_policy_gathers_the_matrices_in_bf16_and_keeps_positional_parameters_fp32():
+    """FSDP's bf16 mixed precision: the weight matrices and the embedding compute in bf16, the norms and the
+    encodings' own parameters (here GRAPE-AP's path projection and KV-shift's gates) in fp32, as under autocast;
+    the master weights and the reduced gradients stay fp32. A group of one process, made by Distributed."""
+    from model import GPTConfig
+    from training.distributed import Distributed
+    config = GPTConfig(n_layer=2, n_head=2, n_embd=32, head_dim=16, vocab_size=64, block_size=16, pos="grape_ap",
+                       kv_shift=True)
+    idx = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    fp32_loss = GPT(config)(idx, idx)[1].item()
+    ddp = Distributed("cpu", 60, "fsdp")
+    try:
+        torch.manual_seed(0)
+        model = GPT(config)
+        ddp.shard(model, bf16_params=True, reshard_after_forward=True, compile_blocks=False)
+        block, seen = model.blocks[1], {}
+        watched = {"qkv": block.attn.qkv, "mlp.up": block.mlp.up, "embedding": model.wte,
+                   "path": block.attn.bias.path, "kv_shift": block.attn.kv_shift.gate, "attn_norm": block.attn_norm,
+                   "q_norm": block.attn.q_norm, "final norm": model.norm}
+        def record(name):
+            def hook(module, args):
+                seen.setdefault(name, module.weight.dtype)
+            return hook
+        for name, module in watched.items():
+            module.register_forward_pre_hook(record(name))
+        loss = model(idx, idx)[1]
+        loss.backward()
+        bf16, fp32 = torch.bfloat16, torch.float32
+        assert seen == {"qkv": bf16, "mlp.up": bf16, "embedding": bf16, "path": fp32, "kv_shift": fp32,
+                        "attn_norm": fp32, "q_norm": fp32, "final norm": bf16}
+        assert {p.dtype for p in model.parameters()} == {fp32} and {p.grad.dtype for p in model.parameters()} == {fp32}
+        assert 0 < abs(loss.item() - fp32_loss) < 1e-2 * fp32_loss  # bf16 rounding, nothing more
+    finally:
+        ddp.release()
