@@ -324,22 +324,10 @@ def _bwd_query(Q, K, V, PZ, RZ, SLOPES, DO, LSE, DELTA, DQ, DS_TOTAL, CARRY_PSI,
 
 
 @triton.jit
-def _path_dot(x, y, acc, SPLIT: tl.constexpr):
-    """acc + x·y for the path gradients, y as [hi | lo] bf16 columns from the host (SPLIT; see _path_parts):
-    x's own hi and lo parts times y, so that the two halves of acc's columns, summed on the host, hold
-    x·y to 16 bits of each operand in two dots. Else one fp32 dot."""
-    if SPLIT:
-        x_hi, x_lo = _parts(x, tl.bfloat16)
-        acc = tl.dot(x_hi, y, acc)
-        acc = tl.dot(x_lo, y, acc)
-    else:
-        acc = tl.dot(x, y, acc, input_precision="ieee")
-    return acc
-
-
-@triton.jit
 def _path_dot_left(y, x, acc, SPLIT: tl.constexpr):
-    """acc + y·x for the path gradients, y as [hi | lo] bf16 rows from the host (see _path_dot)."""
+    """acc + y·x for the path gradients, y as [hi | lo] bf16 rows from the host (_path_parts): x's own hi and lo
+    parts times y, so that the two halves of acc's rows, summed on the host, hold y·x to 16 bits of each operand
+    in two dots (x·y the same way is _split_dot with y's bf16 columns). Else one fp32 dot."""
     if SPLIT:
         x_hi, x_lo = _parts(x, tl.bfloat16)
         acc = tl.dot(y, x_hi, acc)
@@ -388,7 +376,7 @@ def _bwd_key_tiles(dk, dv_acc, dr, k, v, rz, rr, cols, Q, PP, PZ, DO, LSE, DELTA
         # the path gradient weight·dψ, dψ(i, ℓ) = Σ_{j<ℓ} dS(i, j) = E_i - (carry_ds_i + suffix)
         dz = weight * ((row_total - carry_ds)[:, None] - suffix)
         dz = tl.trans(dz)  # both products take dz with the keys first (one layout: no recomputation for another)
-        dr = _path_dot(dz, load_tile(PP, bh, Tq, rows, row_ok, BLOCK_DP, BLOCK_DP), dr, SPLIT)
+        dr = _split_dot(dz, load_tile(PP, bh, Tq, rows, row_ok, BLOCK_DP, BLOCK_DP), dr, SPLIT)
         # this key tile's share of dp_i = Σ_ℓ dz(i, ℓ)·r_ℓ, summed over the key tiles by _sum_path_partials
         part = _path_dot_left(rr, dz, tl.zeros([BLOCK_DP, BLOCK_M], tl.float32), SPLIT)
         if SPLIT:  # ·r_hi and ·r_lo rows added here: the shares take half the scratch
