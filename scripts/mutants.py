@@ -30,6 +30,7 @@ import ast
 import datetime
 import difflib
 import glob
+import hashlib
 import json
 import os
 import random
@@ -176,13 +177,14 @@ def population(sources: dict[str, tuple[str, str]]) -> tuple[dict[str, list[str]
 
 def draw_sample(rows: dict[str, list[str]], size: int, seed: int) -> list[str]:
     """size mutants spread over the rows in proportion to their populations (at least MIN_PER_MODULE each, or all
-    of a smaller row), each row's drawn with random.Random(seed)."""
+    of a smaller row). Each row's mutants are ranked by a seeded hash of their names and the first ones taken, so a
+    mutant stays in the sample while its row's population hardly changes: a sitting after a merge judges again only
+    the mutants of the functions that changed (mutmut forgets their results) and the few that entered the sample."""
     total = sum(len(v) for v in rows.values())
-    rng = random.Random(seed)
     chosen = []
     for label, names in rows.items():
         n = min(len(names), max(MIN_PER_MODULE, round(size * len(names) / total)))
-        chosen += rng.sample(names, n)
+        chosen += sorted(names, key=lambda name: hashlib.sha256(f"{seed}:{name}".encode()).hexdigest())[:n]
     return sorted(chosen)
 
 
@@ -350,7 +352,6 @@ def left_out_tests() -> list[str]:
 def fingerprint() -> str:
     """A hash of the mutated modules and the tests: while it is the one of the last stats run (which ran all the
     tests on the unmutated code and passed), mutmut's clean run of the same tests is skipped."""
-    import hashlib
     from mutmut.configuration import config
     digest = hashlib.sha256()
     paths = [str(p) for p in config().source_paths] + ["tests"]
@@ -503,13 +504,11 @@ def main(argv=None) -> int:
         main_module.set_mutant_under_test("")
     sources = mutants_with_sources()
     rows, wording = population(sources)
-    eligible = {n for names in rows.values() for n in names}
-    if "sample" not in state or not set(state["sample"]) <= eligible or state.get("all") != args.all or (
-            not args.all and (state.get("seed"), state.get("size")) != (args.seed, args.sample)):
-        sample = sorted(n for names in rows.values() for n in names) if args.all else \
-            draw_sample(rows, args.sample, args.seed)
-        state = {"sample": sample, "seed": args.seed, "size": args.sample, "all": args.all, "sittings": [],
-                 "stats_fingerprint": state.get("stats_fingerprint")}
+    sample = sorted(n for names in rows.values() for n in names) if args.all else \
+        draw_sample(rows, args.sample, args.seed)
+    if (state.get("seed"), state.get("size"), state.get("all")) != (args.seed, args.sample, args.all):
+        state = {"sittings": [], "stats_fingerprint": state.get("stats_fingerprint")}  # another run: its own time
+    state.update(sample=sample, seed=args.seed, size=args.sample, all=args.all)
     state.update(population=sum(len(v) for v in rows.values()), generated=len(sources),
                  commit=git("rev-parse", "--short", "HEAD") + ("-dirty" if git("status", "--porcelain",
                                                                                "--untracked-files=no") else ""),

@@ -48,6 +48,19 @@ def test_the_sample_is_proportional_seeded_and_covers_every_module():
     assert mutants.draw_sample(rows, 100, seed=4) != sample
 
 
+
+def test_the_sample_keeps_its_mutants_when_a_row_grows():
+    """After a merge adds mutants to one row, the sample of the other rows is the same and that row's changes by
+    about the added share: a new sitting judges only what changed (a fresh random draw would replace most of it)."""
+    rows = {"a": [f"a{i}" for i in range(1000)], "b": [f"b{i}" for i in range(300)]}
+    before = mutants.draw_sample(rows, 100, seed=3)
+    grown = {"a": rows["a"] + [f"a_new{i}" for i in range(20)], "b": rows["b"]}
+    after = mutants.draw_sample(grown, 100, seed=3)
+    assert [n for n in after if n[0] == "b"] == [n for n in before if n[0] == "b"]
+    old_a, new_a = {n for n in before if n[0] == "a"}, {n for n in after if n[0] == "a"}
+    assert len(new_a) == round(100 * 1020 / 1320) and len(old_a) == round(100 * 1000 / 1300)
+    assert len(old_a - new_a) <= 3, "more than the added names and the row's one extra place pushed out"
+
 def test_mutant_names_and_their_rows():
     method = "training.divergence.xǁDivergenceMonitorǁ__init____mutmut_12"
     function = "data.loader.x_permute__mutmut_7"
