@@ -61,7 +61,8 @@ REPORT_FUNCTIONS = {"read_records", "run_trained", "final_val_loss", "run_finish
 # Rows of the table: the issue's modules (a package is one row).
 GROUPS = [("config.py", "config"), ("checkpoints.py", "checkpoints"), ("training/", "training."),
           ("data/", "data."), ("hf/", "hf."), ("eval/", "eval."), ("positional.py", "positional"),
-          ("model.py", "model"), ("attention.py", "attention"), ("kernels/grape_ap.py", "kernels.grape_ap"),
+          ("model.py", "model"), ("attention.py", "attention"), ("lm_loss.py", "lm_loss"),
+          ("kernels/grape_ap.py", "kernels.grape_ap"),
           ("scripts/study.py (report)", "scripts.study")]
 TEXT_KEYWORDS = {"help", "description", "epilog", "metavar", "usage"}  # argparse's texts for people
 MESSAGE_CALLS = {"print", "say", "warn", "warning", "write", "info", "note", "_write", "error", "fail", "exit"}

@@ -1,5 +1,6 @@
 """scripts/mutants.py's own logic: which mutants count as a message's wording, the proportional seeded sample, the
 names of mutmut's mutants, and the equivalence entries (mutmut itself is not needed for these)."""
+import os
 import textwrap
 from collections import Counter
 
@@ -84,3 +85,19 @@ def test_an_equivalence_entry_matches_its_function_and_lines_only():
     assert mutants.equivalence(name, sources, [entry]) == "r"
     assert mutants.equivalence(name, sources, [{**entry, "mutant": "if a < 1:"}]) is None
     assert mutants.equivalence(name, sources, [{**entry, "function": "training.divergence.problem"}]) is None
+
+
+def test_every_module_of_the_repository_reaches_the_mutants_copy():
+    """mutmut runs the tests in its copy mutants/, which holds only source_paths and also_copy: a new top-level
+    module missing from both breaks every test's import there (lm_loss.py did, after the FSDP merge)."""
+    import tomllib
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "pyproject.toml"), "rb") as f:
+        settings = tomllib.load(f)["tool"]["mutmut"]
+    copied = {p.split("/")[0] for p in settings["source_paths"] + settings["also_copy"]} | {"tests"}
+    needed = {name for name in os.listdir(root) if name.endswith(".py") or (
+        os.path.isdir(os.path.join(root, name)) and not name.startswith(".") and name != "mutants" and any(
+            f.endswith(".py") for _, _, files in os.walk(os.path.join(root, name)) for f in files))}
+    assert needed <= copied, f"not in [tool.mutmut] source_paths or also_copy: {sorted(needed - copied)}"
+    missing = [p for p in settings["source_paths"] if not os.path.exists(os.path.join(root, p))]
+    assert not missing, f"source_paths that do not exist: {missing}"
