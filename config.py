@@ -512,10 +512,12 @@ def missing_config(path: str, resume: bool) -> ConfigError:
     if resume and not path.endswith(".toml"):
         run_dir = path.removesuffix("config.json").rstrip(os.sep) or "."
         return ConfigError(f"run directory {run_dir} does not exist; {existing_runs(run_dir)}.")
-    siblings = sorted(glob.glob(os.path.join(os.path.dirname(path) or ".", "*.toml")))
-    close = difflib.get_close_matches(path, siblings, n=1, cutoff=0.6)
-    return ConfigError(f"config file {path} does not exist; "
-                       + (f"did you mean {close[0]}?" if close else "pick one of the files under configs/."))
+    folder = os.path.dirname(path)
+    siblings = sorted(os.path.basename(p) for p in glob.glob(os.path.join(folder or ".", "*.toml")))
+    # by file name: whole paths share their folder, so any sibling looked close to any name
+    close = difflib.get_close_matches(os.path.basename(path), siblings, n=1, cutoff=0.6)
+    return ConfigError(f"config file {path} does not exist; " + (
+        f"did you mean {os.path.join(folder, close[0])}?" if close else "pick one of the files under configs/."))
 
 
 def resolve(config_path: str, overrides: list[str], model_config_cls, resume: bool = False

@@ -1,0 +1,139 @@
+"""Behaviour that generated mutants (scripts/mutants.py, docs/testing.md) showed no test pinned down: each test
+here fails under at least one surviving mutant of the run on the final commit."""
+import errno
+import json
+import os
+import socket
+
+import pytest
+import torch
+
+import config
+from data import prepare, verify
+from data.shards import DataError
+from helpers import write_position_shards
+
+
+def test_an_unknown_key_with_no_close_match_lists_every_valid_key():
+    assert config.closest_hint("zzzz", ["beta", "alpha"]) == "valid keys: alpha, beta"
+    assert config.closest_hint("alpah", ["beta", "alpha"]) == "did you mean 'alpha'?"
+
+
+def test_a_missing_config_file_names_its_closest_sibling(tmp_path):
+    (tmp_path / "tiny.toml").write_text("")
+    (tmp_path / "other.toml").write_text("")
+    error = config.missing_config(str(tmp_path / "tinny.toml"), resume=False)
+    assert str(error) == f"config file {tmp_path / 'tinny.toml'} does not exist; did you mean {tmp_path / 'tiny.toml'}?"
+    far = config.missing_config(str(tmp_path / "zzzzzz.toml"), resume=False)
+    assert str(far).endswith("does not exist; pick one of the files under configs/.")
+
+
+@pytest.mark.parametrize("endpoint, address", [("https://hub.example", ("hub.example", 443)),
+                                               ("http://mirror.example", ("mirror.example", 80)),
+                                               ("http://mirror.example:8080", ("mirror.example", 8080))])
+def test_the_hub_check_connects_to_the_endpoints_port(monkeypatch, endpoint, address):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", endpoint)
+    tried = []
+
+    def refuse(target, timeout):
+        tried.append(target)
+        raise ConnectionRefusedError(errno.ECONNREFUSED, "refused")
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    with pytest.raises(DataError, match=f"cannot reach the Hugging Face hub at {address[0]}:{address[1]} "):
+        prepare._check_hub()
+    assert tried == [address]
+
+
+def test_adopting_a_directory_that_has_a_manifest_points_to_verify(tmp_path):
+    folder = tmp_path / "data"
+    folder.mkdir()
+    write_position_shards(folder, [40], val_first=100, val_tokens=16)
+    with pytest.raises(DataError) as info:
+        prepare.adopt(str(folder))
+    assert str(info.value) == (f"{folder} already has a manifest.json; `python -m data.prepare --verify {folder}` "
+                               "checks its shards against it")
+
+
+def test_verify_all_reports_a_damaged_header_in_the_shards_own_words(tmp_path, monkeypatch):
+    monkeypatch.setattr(verify, "_checked", {})
+    folder = tmp_path / "data"
+    folder.mkdir()
+    write_position_shards(folder, [40, 30], val_first=100, val_tokens=16)
+    damaged = folder / "train_000002.bin"
+    damaged.write_bytes(damaged.read_bytes()[:100])  # shorter than the header
+    count, _, problems = verify.verify_all(str(folder))
+    assert count == 3
+    assert problems == [f"{damaged}: file has 100 bytes, less than the 1024-byte shard header; it is truncated or "
+                        "not a token shard: see the command below"]
+
+
+def test_export_hub_data_writes_each_tasks_evaluation_split_as_json_lines(tmp_path, monkeypatch, capsys):
+    """--export-data on a machine with internet: no test reached it (it downloads); with the hub replaced by rows
+    in memory, each task's stock YAML decides the dataset, its name and the split, and every row is written."""
+    import datasets
+
+    from eval import tasks
+    (tmp_path / "base.yaml").write_text("dataset_path: org/base\nvalidation_split: validation\n")
+    (tmp_path / "task_a.yaml").write_text("include: base.yaml\ndataset_name: sub\ntest_split: test\n")
+    (tmp_path / "task_b.yaml").write_text("dataset_path: org/b\nvalidation_split: dev\n")
+    manager = type("Manager", (), {"task_index": {"a": {"yaml_path": str(tmp_path / "task_a.yaml")},
+                                                  "b": {"yaml_path": str(tmp_path / "task_b.yaml")}}})()
+    hub = {("org/base", "sub", "test"): [{"q": "é?", "label": 1}, {"q": "two", "label": 0}],
+           ("org/b", None, "dev"): [{"text": "x"}]}
+    monkeypatch.setattr(datasets, "load_dataset", lambda path, name, split: hub[(path, name, split)])
+    out = tmp_path / "out"
+    tasks.export_hub_data(manager, ["a", "b"], str(out))
+    for task, key in (("a", ("org/base", "sub", "test")), ("b", ("org/b", None, "dev"))):
+        lines = (out / f"{task}.jsonl").read_text(encoding="utf-8").splitlines()
+        assert [json.loads(line) for line in lines] == hub[key]
+    assert sorted(os.listdir(out)) == ["a.jsonl", "b.jsonl"]  # no .tmp left behind
+    assert f"wrote 2 rows to {out / 'a.jsonl'}" in capsys.readouterr().out
+
+
+def test_the_native_export_sets_every_qwen3_field_under_its_own_name():
+    """A renamed or dropped key of config.json falls back to Qwen3's default silently (attention_bias: False
+    today, but a loader's default is not ours to rely on): every Qwen3 field is written, and nothing else but
+    rope_theta (older loaders' spelling of rope_parameters' base)."""
+    import transformers
+
+    from hf.qwen3 import qwen3_config
+    cfg = dict(n_layer=2, vocab_size=100, n_embd=64, n_head=4, head_dim=16, block_size=64, norm_eps=1e-5,
+               rope_base=10000.0)
+    ours = qwen3_config(cfg, eot=0)
+    qwen3_fields = set(transformers.Qwen3Config().to_dict()) - set(transformers.PretrainedConfig().to_dict())
+    assert qwen3_fields - set(ours) == set() and ours["model_type"] == "qwen3"
+    assert set(ours) - qwen3_fields - {"architectures", "model_type", "dtype", "bos_token_id", "eos_token_id",
+                                        "pad_token_id", "tie_word_embeddings"} == {"rope_theta"}
+    assert ours["attention_bias"] is False and ours["attention_dropout"] == 0.0
+
+
+@pytest.mark.parametrize("pos", ["alibi", "grape_a_q", "grape_a_k", "grape_a_qk", "fox"])
+def test_the_bf16_lift_splits_exactly_the_query_columns_bf16_cannot_hold(pos):
+    """exact_query_columns marks the lifted query columns that need no bf16 split (a constant 1): one marked
+    inexact costs the fused kernel extra columns of zeros, one marked exact loses digits. Checked against the
+    columns themselves at positions bf16 cannot hold (1000 on)."""
+    from model import CausalSelfAttention, GPTConfig
+    torch.manual_seed(0)
+    H, D, C, T = 2, 8, 16, 12
+    attn = CausalSelfAttention(GPTConfig(n_layer=1, n_head=H, n_embd=C, head_dim=D, vocab_size=8, block_size=2048,
+                                         pos=pos))
+    with torch.no_grad():
+        q, k = torch.randn(1, H, T, D), torch.randn(1, H, T, D)
+        qf, kf = attn.bias.features(torch.randn(1, T, C), q, k, torch.arange(1000, 1000 + T), {})
+        q_cols = attn.bias.lift(qf, kf)[0]
+    held = [bool((q_cols[..., c] == q_cols[..., c].bfloat16().float()).all()) for c in range(q_cols.shape[-1])]
+    assert tuple(held) == tuple(attn.bias.exact_query_columns())
+
+
+def test_the_default_corpus_never_rebuilds_over_a_directory_it_did_not_make(tmp_path):
+    """A directory whose manifest has no preparation config (an adopted llm.c copy) is someone's data: refused in
+    one sentence and left as it was, not deleted as a stale cache of the embedded corpus."""
+    folder = tmp_path / "adopted"
+    folder.mkdir()
+    write_position_shards(folder, [40], val_first=100, val_tokens=16)
+    before = {name: (folder / name).read_bytes() for name in os.listdir(folder)}
+    with pytest.raises(DataError, match="already holds data prepared with other arguments; use another --out"):
+        prepare.ensure_default_corpus(str(folder), progress_bar=False)
+    assert {name: (folder / name).read_bytes() for name in os.listdir(folder)} == before
