@@ -35,6 +35,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -547,6 +548,11 @@ def main(argv=None) -> int:
               + (f", each with its fastest tests up to {state['budget_s']:g} s" if state["budget_s"] else
                  ", each with all its tests"), flush=True)
         started, loads = time.time(), [load_average()]
+
+        def stop(signum, frame):
+            raise KeyboardInterrupt  # to the handler below, which records the sitting
+        # a run started in the background (`... &`) ignores Ctrl-C's SIGINT; `kill PID` then stops it the same way
+        signal.signal(signal.SIGTERM, stop)
         with open(STATE, "w") as f:  # the sample, before any work (a kill -9 keeps it)
             json.dump(state, f)
         if pending:
