@@ -26,6 +26,9 @@ def test_a_missing_config_file_names_its_closest_sibling(tmp_path):
     assert str(error) == f"config file {tmp_path / 'tinny.toml'} does not exist; did you mean {tmp_path / 'tiny.toml'}?"
     far = config.missing_config(str(tmp_path / "zzzzzz.toml"), resume=False)
     assert str(far).endswith("does not exist; pick one of the files under configs/.")
+    (tmp_path / "a.toml").write_text("")  # named without .toml: the file itself, though "a" is not close to "a.toml"
+    bare = config.missing_config(str(tmp_path / "a"), resume=False)
+    assert str(bare) == f"config file {tmp_path / 'a'} does not exist; did you mean {tmp_path / 'a'}.toml?"
 
 
 @pytest.mark.parametrize("endpoint, address", [("https://hub.example", ("hub.example", 443)),
