@@ -126,9 +126,9 @@ class LayerCache:
     (FoX's log-gate sum, the contextual phase, KV-shift's previous k and v), which covers every earlier token
     whatever the window.
 
-    A layer with a window keeps min(window, max_len) slots, a ring buffer (slot = token index mod window) once it
-    holds `window` tokens: a query at t needs keys t - window + 1 ... t only, and every encoding's key side is per
-    token (rotated keys, gates, running sums taken from position 0, GRAPE-AP's r, whose path sums lie inside the
+    A layer with a window keeps min(window - 1, max_len) slots, a ring buffer (slot = token index mod (window - 1))
+    once it is full: a query at t needs keys t - window + 1 ... t only, the new tokens and the window - 1 before
+    them, and every encoding's key side is per token (rotated keys, gates, running sums taken from position 0, GRAPE-AP's r, whose path sums lie inside the
     window), so the ring and the running state reproduce the full forward exactly. A ring never fills."""
 
     def __init__(self, max_len: int, start_pos: int = 0, window: int | None = None):
@@ -141,14 +141,19 @@ class LayerCache:
 
     @property
     def capacity(self) -> int:
-        return self.max_len if self.window is None else min(self.window, self.max_len)
+        return self.max_len if self.window is None else min(self.window - 1, self.max_len)
+
+    @property
+    def is_ring(self) -> bool:
+        """Whether the buffers hold all the window needs (they wrap around and never fill)."""
+        return self.window is not None and self.capacity == self.window - 1
 
     def append(self, tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """Store the new tokens' tensors; return the keys attention reads, in position order and ending with the new
         ones (every cached token, or a ring's last `window` before the new ones), and their absolute positions."""
         new = next(iter(tensors.values())).shape[2]
         end, capacity = self.length + new, self.capacity
-        if end > capacity and capacity != self.window:
+        if end > capacity and not self.is_ring:
             raise ValueError(f"KV cache is full: {end} positions needed, {self.max_len} allocated; "
                              f"create it with model.new_cache(batch_size, max_len={end}) or larger")
         for name, t in tensors.items():
@@ -160,13 +165,13 @@ class LayerCache:
             for name, t in tensors.items():
                 self.buffers[name][:, :, self.length:end] = t
                 views[name] = self.buffers[name][:, :, :end]
-        else:  # a ring of `window` slots: the last `window` tokens in order, then the new ones
+        else:  # a ring of window - 1 slots: the last window - 1 tokens in order, then the new ones
             first = max(0, self.length - capacity)
-            held = torch.arange(first, self.length, device=device) % capacity
+            held = torch.arange(first, self.length, device=device) % max(capacity, 1)  # (window 1: none held)
             views = {name: torch.cat((self.buffers[name].index_select(2, held), t), dim=2)
                      for name, t in tensors.items()}
             kept = min(new, capacity)  # a chunk longer than the ring leaves only its last tokens
-            slots = torch.arange(end - kept, end, device=device) % capacity
+            slots = torch.arange(end - kept, end, device=device) % max(capacity, 1)
             for name, t in tensors.items():
                 self.buffers[name].index_copy_(2, slots, t[:, :, new - kept:])
         self.length = end

@@ -8,7 +8,7 @@ encoding, composition and KV-shift:
 * a window as wide as the sequence or wider is full attention, one key narrower is not;
 * KV-cache decoding (one token at a time, and chunks wider than the window) equals the full forward with windows
   narrower and wider than the prompt, grouped keys and a local/global pattern;
-* the cache holds n_kv_head heads and a local layer min(window, max_len) slots: its bytes against hand counts.
+* the cache holds n_kv_head heads and a local layer min(window - 1, max_len) slots: its bytes against hand counts.
 """
 import pytest
 import torch
@@ -221,7 +221,8 @@ def test_cache_at_the_window_boundaries(pos, window, prefill, chunks):
 
 def test_cache_holds_n_kv_head_heads_and_window_slots():
     """Bytes of the cache tensors against hand counts: k and v of n_kv_head heads × head_dim, fp32; a local layer
-    holds window slots, a global one max_len; ALiBi adds no per-head key feature (positions only, shared)."""
+    holds window - 1 slots (the keys before a new token that its window reaches), a global one max_len; ALiBi
+    adds no per-head key feature (positions only, shared)."""
     B, T, d = 2, 20, 8
     idx = tokens(B=B, T=T)
     sizes = {}
@@ -240,7 +241,7 @@ def test_cache_holds_n_kv_head_heads_and_window_slots():
         for t in range(9, T):
             model(idx[:, t:t + 1], cache=cache)
     local, full = (layer.nbytes() for layer in cache.layers)
-    assert local == 2 * B * 2 * 6 * d * 4 + 6 * 4  # k, v of 6 slots, and 6 shared positions
+    assert local == 2 * B * 2 * 5 * d * 4 + 5 * 4  # k, v of 5 slots, and 5 shared positions
     assert full == 2 * B * 2 * T * d * 4 + T * 4
 
 

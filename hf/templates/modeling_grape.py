@@ -36,7 +36,7 @@ class GrapeCache:
     def reserve(self, new_tokens: int) -> None:
         needed = self.get_seq_length() + new_tokens
         for layer in self.kv.layers:
-            if layer.max_len < needed and layer.capacity != layer.window:  # (a full ring never grows)
+            if layer.max_len < needed and not layer.is_ring:  # (a ring never grows)
                 layer.max_len = max(needed, 2 * layer.max_len)
                 for name, buffer in layer.buffers.items():
                     grown = buffer.new_zeros(*buffer.shape[:2], layer.capacity, *buffer.shape[3:])
