@@ -178,8 +178,8 @@ class LayerCache:
         return views, torch.arange(self.start_pos + first, self.start_pos + end, device=device)
 
     def nbytes(self) -> int:
-        """Bytes of the cached tensors (the buffers; the running state is a few numbers per head)."""
-        return sum(t.numel() * t.element_size() for t in self.buffers.values())
+        """Bytes of the cached tensors: the buffers and the running state."""
+        return sum(t.numel() * t.element_size() for t in (*self.buffers.values(), *self.state.values()))
 
 
 class KVCache:
