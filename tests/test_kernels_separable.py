@@ -95,8 +95,7 @@ MODEL_CASES = [(pos, False) for pos in SEPARABLE] + [("rope+grape_a_qk", True), 
 # 32): a window of one tile, of a tile and a key, of 5 keys with one key head (multi-query)
 GROUPED_WINDOW_CASES = [("fox", dict(n_head=4, n_kv_head=2, window=16)),
                         ("rope+grape_a_k", dict(n_head=4, n_kv_head=2, window=17)),
-                        ("grape_a_qk", dict(n_head=4, n_kv_head=1, window=5)),
-                        ("alibi", dict(n_head=4, n_kv_head=2, window=5))]
+                        ("grape_a_qk", dict(n_head=4, n_kv_head=1, window=5))]
 DECODE_GROUPED_WINDOW = dict(n_head=4, n_kv_head=2, window=6, global_every=2)
 
 
