@@ -273,3 +273,30 @@ def test_bad_grouping_or_window_is_one_sentence(values, message):
     with pytest.raises(ValueError) as error:
         GPTConfig.from_dict({"n_head": 4, **values})
     assert message in str(error.value)
+
+
+RELATIVE = ["nope", "rope", "grape_m", "grape_m_basis", "grape_m_ctx", "alibi", "grape_a_q", "grape_a_k",
+            "grape_a_qk", "fox", "grape_m+alibi", "grape_m_ctx+fox"]
+
+
+@pytest.mark.parametrize("pos", RELATIVE)
+def test_grouped_windowed_models_keep_start_position_invariance(pos):
+    model = model_with(pos, True, n_kv_head=2, window=4, global_every=2)
+    idx = tokens(T=10)
+    with torch.no_grad():
+        torch.testing.assert_close(model(idx, start_pos=0)[0], model(idx, start_pos=333)[0], atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("window", [7, 8, 9])
+def test_grape_ap_window_at_a_block_boundary_of_the_chunked_path(monkeypatch, window):
+    """The chunked GRAPE-AP path in blocks of 8 query rows (the model's blocks are wider than these sequences
+    otherwise): windows one key short of a block, a block, a block and a key; the definitions and cached decoding."""
+    import kernels.grape_ap
+    monkeypatch.setattr(kernels.grape_ap, "default_block_size", lambda batch_heads, key_len: 8)
+    model = model_with("rope+grape_ap", True, n_kv_head=2, window=window)
+    idx = tokens(T=30)
+    with torch.no_grad():
+        full = model(idx, start_pos=3)[0]
+        torch.testing.assert_close(full.double(), reference_logits(model, idx, start_pos=3), atol=2e-4, rtol=1e-4)
+        got, _ = cached_steps(model, idx, 16, chunks=(9,))
+    torch.testing.assert_close(got, full, atol=1e-5, rtol=1e-5)
