@@ -39,7 +39,7 @@ class GPTConfig:
                        # rope+grape_ap (positional.ROTATIONS, BIASES; the README's table says what each computes)
     window: int | None = None  # sliding window: a query at t sees keys t - window + 1 ... t; none = every key up to t
     global_every: int | None = None  # with a window: layers global_every, 2·global_every, ... (counting from 1) attend
-                                     # to every key, the others are local (4: 3 local : 1 global, as Gemma 3 uses 6);
+                                     # to every key, the others are local (4: 3 local : 1 global; Gemma 3's 5 : 1 is 6);
                                      # none = every layer local
     kv_shift: bool = False  # KV-shift: each key and value mixed with the previous token's by a learned gate
     attn_backend: str = "auto"  # separable biases: "auto" (tile on CUDA in bf16/fp16, else lifted), "lifted", "tile"; or "dense"
@@ -128,8 +128,9 @@ class LayerCache:
 
     A layer with a window keeps min(window - 1, max_len) slots, a ring buffer (slot = token index mod (window - 1))
     once it is full: a query at t needs keys t - window + 1 ... t only, the new tokens and the window - 1 before
-    them, and every encoding's key side is per token (rotated keys, gates, running sums taken from position 0, GRAPE-AP's r, whose path sums lie inside the
-    window), so the ring and the running state reproduce the full forward exactly. A ring never fills."""
+    them, and every encoding's key side is per token (rotated keys, gates, running sums taken from position 0,
+    GRAPE-AP's r, whose path sums lie inside the window), so the ring and the running state reproduce the full
+    forward exactly. A ring never fills."""
 
     def __init__(self, max_len: int, start_pos: int = 0, window: int | None = None):
         self.max_len = max_len
@@ -150,7 +151,7 @@ class LayerCache:
 
     def append(self, tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """Store the new tokens' tensors; return the keys attention reads, in position order and ending with the new
-        ones (every cached token, or a ring's last `window` before the new ones), and their absolute positions."""
+        ones (every cached token, or a ring's last window - 1 before the new ones), and their absolute positions."""
         new = next(iter(tensors.values())).shape[2]
         end, capacity = self.length + new, self.capacity
         if end > capacity and not self.is_ring:

@@ -1,6 +1,6 @@
 """KV-cache memory under grouped-query attention and sliding windows, measured from the cache tensors themselves.
 
-    python scripts/bench_kv_cache.py                        # writes docs/kv_cache.md (about 3 minutes on a busy 2-core CPU)
+    python scripts/bench_kv_cache.py                  # writes docs/kv_cache.md (about 3 minutes on a busy 2-core CPU)
     python scripts/bench_kv_cache.py --tokens 512 --out /tmp/kv_cache.md
 
 For each encoding a model of the given shape reads a prompt of --tokens tokens into a fresh cache, then decodes
@@ -107,10 +107,11 @@ four variants).
 {chr(10).join(lines)}
 
 What sets the ratios: keys and values shrink by the group factor, so GQA ÷ MHA is 0.25 wherever nothing else is
-cached per head. FoX caches its running log-gate sum c per query head (one number per token and head beside 2·{args.head_dim} for
-k and v per key head: docs/derivations.md, grouped-query attention), so its ratio sits slightly above 0.25; GRAPE-A's
+cached per head. FoX caches its running log-gate sum c per query head (one number per token and head beside
+2·{args.head_dim} for k and v per key head: docs/derivations.md §7), so its ratio sits slightly above 0.25; GRAPE-A's
 key gate λ_k and GRAPE-AP's path vector r belong to the key head and shrink with it; the positions ALiBi, GRAPE-A
-and GRAPE-AP cache (one number per token, shared by all heads) do not shrink (0.2507). A local layer holds {args.window - 1} of the {args.tokens + args.decode} tokens, so 3:1 keeps
+and GRAPE-AP cache (one number per token, shared by all heads) do not shrink (0.2507). A local layer holds
+{args.window - 1} of the {args.tokens + args.decode} tokens, so 3:1 keeps
 (3·{args.window - 1} + {args.tokens + args.decode}) / (4·{args.tokens + args.decode}) of the full cache.
 The windowed kernels' static cost (work ∝ T·window) is in [kernel_resources.md](kernel_resources.md).
 """
