@@ -300,3 +300,19 @@ def test_grape_ap_window_at_a_block_boundary_of_the_chunked_path(monkeypatch, wi
         torch.testing.assert_close(full.double(), reference_logits(model, idx, start_pos=3), atol=2e-4, rtol=1e-4)
         got, _ = cached_steps(model, idx, 16, chunks=(9,))
     torch.testing.assert_close(got, full, atol=1e-5, rtol=1e-5)
+
+
+def test_flops_per_token_counts_each_layers_visible_keys():
+    """MFU's attention term: a layer attends to min(T, its window) keys per query, so a window at least T counts
+    as full attention and each local layer of a narrower window saves 12·H·d·(T - window); grouping changes only
+    the parameters (6N)."""
+    T, H, d = 64, 4, 8
+    base = dict(n_layer=4, n_head=H, n_embd=32, head_dim=d, vocab_size=64, block_size=T)
+    full = GPT(GPTConfig(**base)).flops_per_token(T)
+    for window in (T, T + 1, 4 * T):
+        assert GPT(GPTConfig(**base, window=window)).flops_per_token(T) == full, window
+    local_layers = 2  # global_every=2: layers 2 and 4 full
+    assert GPT(GPTConfig(**base, window=16, global_every=2)).flops_per_token(T) == \
+        full - 12 * H * d * (T - 16) * local_layers
+    grouped = GPT(GPTConfig(**base, n_kv_head=1))
+    assert full - grouped.flops_per_token(T) == 6 * (GPT(GPTConfig(**base)).num_params() - grouped.num_params())

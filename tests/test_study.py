@@ -633,6 +633,17 @@ def test_gqa_window_studies_cross_encodings_with_grouping_and_windows():
             assert (m["n_head"] // m["n_kv_head"], m["window"], m["global_every"]) == expected[variant]
 
 
+
+def test_a_variants_values_are_applied_after_the_overrides(workspace, tmp_path):
+    """[variants] refine [overrides]: a key set by both takes the variant's value, and a variant that does not set
+    it keeps the override's."""
+    shutil.copy(workspace / "base.toml", tmp_path / "base.toml")
+    extra = '[overrides]\nn_kv_head = 2\nwindow = 16\n[variants]\nplain = {}\nmqa = {n_kv_head = 1}\n'
+    s = study.load_study(study_file(tmp_path, ["rope"], [1], "", extra))
+    models = {run.encoding: run.model for run in s.runs}
+    assert (models["rope@plain"]["n_kv_head"], models["rope@plain"]["window"]) == (2, 16)
+    assert (models["rope@mqa"]["n_kv_head"], models["rope@mqa"]["window"]) == (1, 16)
+
 def test_a_study_with_variants_runs_each_encoding_per_variant(workspace, tmp_path, monkeypatch):
     """grape_ap as multi-head full attention and as multi-query with a window of 8 in its first layer: each run
     trains its own model (its config.json) and the report has one row per encoding@variant."""
