@@ -11,6 +11,11 @@
 * ``dense``: the readable reference that materialises the (B, H, Tq, Tk) logits exactly as the
   formulas read. Tests compare every fast path against it.
 
+Every backend takes keys and values with fewer heads than the queries (grouped-query attention: query head h
+reads key/value head h // (H / H_kv)) and an optional sliding ``window``: a query at absolute position t sees keys
+t - window + 1 ... t. One decoding query of a separable bias ("lifted", "tile") takes the dense row: O(Tk) in fp32,
+with no lifted copy of the cache.
+
 ``attn_backend`` in the model config picks how a separable bias is applied ("lifted", "tile", or
 "auto": tile on CUDA with bf16/fp16 attention inputs when Triton builds the kernel, else lifted) or asks for
 "dense"; encodings without a bias always run fused SDPA and GRAPE-AP always its own kernel.
@@ -81,42 +86,66 @@ def lift_qk(q, k, qf, kf, bias: AdditiveBias, scale: float):
     bf16 column would be off by whole logits at T = 4096). On CUDA the width is padded to a multiple of
     8, which the fused (Flash / memory-efficient) SDPA kernels require. The caller zero-pads v to the
     lifted width: the fused kernels want one head dim for q, k and v (on the CPU a narrower v falls back
-    to the O(T²) math path, measured 4x slower at T = 2048)."""
+    to the O(T²) math path, measured 4x slower at T = 2048).
+
+    Grouped keys (k with fewer heads than q) stay shared when every lifted key column is the key head's; where
+    one carries a query head's factor (ALiBi's slope, GRAPE-A's ω_h, FoX's per-head gates), the lifted keys are
+    one per query head: k is repeated per group here (the caller repeats v to match)."""
     q_cols, k_cols = bias.lift(qf, kf)
     k_cols = k_cols / scale
     if q.dtype in (torch.bfloat16, torch.float16):
         q_cols, k_cols = split_lifted_columns(
             q_cols, k_cols, q.dtype, [1 if exact else PARTS for exact in bias.exact_query_columns()])
     B, H = q.shape[:2]
+    if k_cols.shape[1] not in (1, k.shape[1]):
+        k = k.repeat_interleave(H // k.shape[1], dim=1)
     q_cols = q_cols.expand(B, H, *q_cols.shape[2:]).to(q.dtype)
-    k_cols = k_cols.expand(B, H, *k_cols.shape[2:]).to(k.dtype)
+    k_cols = k_cols.expand(B, k.shape[1], *k_cols.shape[2:]).to(k.dtype)
     pad = (-(q.shape[-1] + q_cols.shape[-1]) % 8) if q.is_cuda else 0
     if pad:
         q_cols, k_cols = F.pad(q_cols, (0, pad)), F.pad(k_cols, (0, pad))
     return torch.cat((q, q_cols), dim=-1), torch.cat((k, k_cols), dim=-1)
 
 
-def causal_mask(q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
-    return k_pos[None, :] <= q_pos[:, None]  # (Tq, Tk), True = may attend
+def causal_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None = None) -> torch.Tensor:
+    """(Tq, Tk), True = may attend: keys at or before the query, and with a window at most window - 1 before it."""
+    distance = q_pos[:, None] - k_pos[None, :]
+    visible = distance >= 0
+    return visible if window is None else visible & (distance < window)
 
 
-def attend(q, k, v, *, backend: str, scale: float, q_pos, k_pos, bias=None, qf=None, kf=None):
-    """q (B,H,Tq,·), k (B,H,Tk,·), v (B,H,Tk,Dv) -> (B,H,Tq,Dv). q_pos/k_pos are absolute positions:
-    query q_pos[i] may attend to keys with k_pos <= q_pos[i]."""
-    if backend == "path_integral":  # queries are the last Tq of the Tk cached keys (training: Tq == Tk)
-        return grape_ap_attention(q, k, v, qf["p"], kf["r"], bias.slopes, scale).to(v.dtype)
-    if backend == "tile" and q.shape[2] > 1:  # one decoding query takes the dense row below: O(Tk), fp32
+def attend(q, k, v, *, backend: str, scale: float, q_pos, k_pos, bias=None, qf=None, kf=None,
+           window: int | None = None):
+    """q (B,H,Tq,·), k (B,H_kv,Tk,·), v (B,H_kv,Tk,Dv) -> (B,H,Tq,Dv), H_kv dividing H. q_pos/k_pos are absolute
+    positions: query q_pos[i] may attend to keys with q_pos[i] - window < k_pos <= q_pos[i] (window None: no lower
+    bound). The queries are the last Tq of the Tk keys, in order (the kernels' contract; the cache keeps it)."""
+    n_queries, grouped = q.shape[2], k.shape[1] != q.shape[1]
+    if backend == "path_integral":
+        return grape_ap_attention(q, k, v, qf["p"], kf["r"], bias.slopes, scale, window=window).to(v.dtype)
+    if backend == "tile" and n_queries > 1:
         q_features, k_features = bias.tile_features(qf, kf)
         return separable_attention(q, k, v, q_features, k_features, scale, has_rate=bias.has_rate,
-                                   has_sum=bias.has_sum)
-    if backend in ("sdpa", "lifted"):
-        if q.shape[2] == k.shape[2]:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
-        if q.shape[2] == 1:  # one new token sees the whole cache
-            return F.scaled_dot_product_attention(q, k, v, scale=scale)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(q_pos, k_pos), scale=scale)
+                                   has_sum=bias.has_sum, window=window)
+    if backend == "sdpa" or (backend == "lifted" and n_queries > 1):
+        head_dim = v.shape[-1]
+        if backend == "lifted":
+            q, k = lift_qk(q, k, qf, kf, bias, scale)
+            # v zero-padded to the lifted width (see lift_qk) and repeated if the lifted keys are per query head
+            v = F.pad(v, (0, q.shape[-1] - head_dim)).repeat_interleave(k.shape[1] // v.shape[1], dim=1)
+            grouped = k.shape[1] != q.shape[1]
+        if window is None and n_queries == k.shape[2]:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=grouped)
+        elif window is None and n_queries == 1:  # one new token sees the whole cache
+            y = F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=grouped)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(q_pos, k_pos, window), scale=scale,
+                                               enable_gqa=grouped)
+        return y[..., :head_dim]  # without the zero-padded lifted value columns
+    # the dense reference, and the O(Tk) row of one decoding query
+    H = q.shape[1]
+    k, v = (x.repeat_interleave(H // x.shape[1], dim=1) for x in (k, v))
     logits = scale * (q.float() @ k.float().transpose(-1, -2))
     if bias is not None:
         logits = logits + bias.dense(qf, kf)
-    logits = logits.masked_fill(~causal_mask(q_pos, k_pos), float("-inf"))
+    logits = logits.masked_fill(~causal_mask(q_pos, k_pos, window), float("-inf"))
     return (torch.softmax(logits, dim=-1) @ v.float()).to(v.dtype)

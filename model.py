@@ -20,7 +20,7 @@ import torch.utils.checkpoint
 
 import checkpoints
 from lm_loss import DEFAULT_CHUNK_TOKENS, compute_dtype, lm_loss
-from attention import attend, describe_backend, lift_qk, resolve_backend
+from attention import attend, describe_backend, resolve_backend
 from positional import BIASES, SKEW_EXP_MAX_NORM, KVShift, Rotation, build_bias, parse_pos
 
 
@@ -28,6 +28,8 @@ from positional import BIASES, SKEW_EXP_MAX_NORM, KVShift, Rotation, build_bias,
 class GPTConfig:
     n_layer: int = 12  # transformer blocks
     n_head: int = 8  # attention heads per block
+    n_kv_head: int | None = None  # key/value heads (grouped-query attention): a divisor of n_head, query head h reads
+                                  # key/value head h // (n_head / n_kv_head); 1 = multi-query; none = n_head
     n_embd: int = 512  # width of the residual stream (the MLP is floor(8/3 n_embd) wide)
     head_dim: int = 64  # independent of n_embd / n_head (128 in the paper)
     vocab_size: int = 50304  # embedding rows: the tokenizer's ids padded up (GPT-2: 50257 -> 50304)
@@ -35,6 +37,10 @@ class GPTConfig:
     pos: str = "rope"  # a rotation: nope, rope, grape_m, grape_m_basis, grape_m_ctx; an additive bias: alibi,
                        # grape_a_q, grape_a_k, grape_a_qk, fox, grape_ap; or one of each joined by +, e.g.
                        # rope+grape_ap (positional.ROTATIONS, BIASES; the README's table says what each computes)
+    window: int | None = None  # sliding window: a query at t sees keys t - window + 1 ... t; none = every key up to t
+    global_every: int | None = None  # with a window: layers global_every, 2·global_every, ... (counting from 1) attend
+                                     # to every key, the others are local (4: 3 local : 1 global; Gemma 3's 5 : 1 is 6);
+                                     # none = every layer local
     kv_shift: bool = False  # KV-shift: each key and value mixed with the previous token's by a learned gate
     attn_backend: str = "auto"  # separable biases: "auto" (tile on CUDA in bf16/fp16, else lifted), "lifted", "tile"; or "dense"
     norm_eps: float = 1e-5  # epsilon of every RMSNorm
@@ -74,6 +80,24 @@ class GPTConfig:
         for name in ("n_layer", "n_head", "n_embd", "head_dim", "vocab_size", "block_size"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"GPTConfig.{name} must be positive (got {getattr(self, name)})")
+        if self.n_kv_head is None:
+            self.n_kv_head = self.n_head
+        for name in ("n_kv_head", "window", "global_every"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"GPTConfig.{name} must be a positive integer (got {value!r})")
+        if self.n_head % self.n_kv_head:
+            raise ValueError(f"n_kv_head ({self.n_kv_head}) must divide n_head ({self.n_head}): each key/value head "
+                             f"serves the same number of query heads")
+        if self.global_every is not None and self.window is None:
+            raise ValueError(f"global_every ({self.global_every}) picks the layers that ignore the window, so it needs "
+                             "a window; set window or drop global_every")
+
+    def layer_window(self, layer: int) -> int | None:
+        """The window of block `layer` (0-based): None where it attends to every earlier key."""
+        if self.global_every is not None and (layer + 1) % self.global_every == 0:
+            return None
+        return self.window
 
     @classmethod
     def from_dict(cls, values: dict) -> "GPTConfig":
@@ -97,50 +121,95 @@ class RMSNorm(nn.Module):
 
 
 class LayerCache:
-    """One layer's KV cache: preallocated buffers with the time axis at dim 2 (keys as attention
-    consumes them, i.e. rotated and lifted; values; the bias's key features), plus the running state
-    of the encodings (FoX's log-gate sum, the contextual phase, KV-shift's previous k and v)."""
+    """One layer's KV cache: preallocated buffers with the time axis at dim 2 (keys as attention consumes them,
+    i.e. rotated, with n_kv_head heads; values; the bias's key features), plus the running state of the encodings
+    (FoX's log-gate sum, the contextual phase, KV-shift's previous k and v), which covers every earlier token
+    whatever the window.
 
-    def __init__(self, max_len: int):
+    A layer with a window keeps min(window - 1, max_len) slots, a ring buffer (slot = token index mod (window - 1))
+    once it is full: a query at t needs keys t - window + 1 ... t only, the new tokens and the window - 1 before
+    them, and every encoding's key side is per token (rotated keys, gates, running sums taken from position 0,
+    GRAPE-AP's r, whose path sums lie inside the window), so the ring and the running state reproduce the full
+    forward exactly. A ring never fills."""
+
+    def __init__(self, max_len: int, start_pos: int = 0, window: int | None = None):
         self.max_len = max_len
-        self.length = 0
+        self.window = window
+        self.start_pos = start_pos  # absolute position of the first token
+        self.length = 0  # tokens appended so far
         self.buffers: dict[str, torch.Tensor] = {}
         self.state: dict[str, torch.Tensor] = {}
 
-    def append(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    @property
+    def capacity(self) -> int:
+        return self.max_len if self.window is None else min(self.window - 1, self.max_len)
+
+    @property
+    def is_ring(self) -> bool:
+        """Whether the buffers hold all the window needs (they wrap around and never fill)."""
+        return self.window is not None and self.capacity == self.window - 1
+
+    def append(self, tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """Store the new tokens' tensors; return the keys attention reads, in position order and ending with the new
+        ones (every cached token, or a ring's last window - 1 before the new ones), and their absolute positions."""
         new = next(iter(tensors.values())).shape[2]
-        end = self.length + new
-        if end > self.max_len:
+        end, capacity = self.length + new, self.capacity
+        if end > capacity and not self.is_ring:
             raise ValueError(f"KV cache is full: {end} positions needed, {self.max_len} allocated; "
                              f"create it with model.new_cache(batch_size, max_len={end}) or larger")
-        views = {}
         for name, t in tensors.items():
             if name not in self.buffers:
-                self.buffers[name] = t.new_zeros(*t.shape[:2], self.max_len, *t.shape[3:])
-            self.buffers[name][:, :, self.length:end] = t
-            views[name] = self.buffers[name][:, :, :end]
+                self.buffers[name] = t.new_zeros(*t.shape[:2], capacity, *t.shape[3:])
+        device = next(iter(tensors.values())).device
+        if end <= capacity:  # nothing has wrapped: the buffers hold every token in order
+            first, views = 0, {}
+            for name, t in tensors.items():
+                self.buffers[name][:, :, self.length:end] = t
+                views[name] = self.buffers[name][:, :, :end]
+        else:  # a ring of window - 1 slots: the last window - 1 tokens in order, then the new ones
+            first = max(0, self.length - capacity)
+            held = torch.arange(first, self.length, device=device) % max(capacity, 1)  # (window 1: none held)
+            views = {name: torch.cat((self.buffers[name].index_select(2, held), t), dim=2)
+                     for name, t in tensors.items()}
+            kept = min(new, capacity)  # a chunk longer than the ring leaves only its last tokens
+            slots = torch.arange(end - kept, end, device=device) % max(capacity, 1)
+            for name, t in tensors.items():
+                self.buffers[name].index_copy_(2, slots, t[:, :, new - kept:])
         self.length = end
-        return views
+        return views, torch.arange(self.start_pos + first, self.start_pos + end, device=device)
+
+    def nbytes(self) -> int:
+        """Bytes of the cached tensors: the buffers and the running state."""
+        return sum(t.numel() * t.element_size() for t in (*self.buffers.values(), *self.state.values()))
 
 
 class KVCache:
-    def __init__(self, n_layer: int, max_len: int, start_pos: int = 0):
-        self.layers = [LayerCache(max_len) for _ in range(n_layer)]
+    def __init__(self, n_layer: int, max_len: int, start_pos: int = 0, windows: list[int | None] | None = None):
+        windows = windows or [None] * n_layer
+        self.layers = [LayerCache(max_len, start_pos, window) for window in windows]
         self.start_pos = start_pos  # absolute position of the first cached token
         self.pos = start_pos  # absolute position of the next token
 
+    def nbytes(self) -> int:
+        return sum(layer.nbytes() for layer in self.layers)
+
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, config: GPTConfig):
+    """Grouped-query attention: the fused projection's rows are n_head query heads, then n_kv_head key heads and
+    n_kv_head value heads (n_kv_head = n_head: multi-head, the layout of q, k, v thirds); query head h reads key
+    head h // (n_head / n_kv_head). `window`: this layer's sliding window (None: every earlier key)."""
+
+    def __init__(self, config: GPTConfig, window: int | None = None):
         super().__init__()
-        H, d, C = config.n_head, config.head_dim, config.n_embd
-        self.n_head, self.head_dim, self.scale = H, d, 1.0 / math.sqrt(d)
-        self.qkv = nn.Linear(C, 3 * H * d, bias=False)
+        H, Hkv, d, C = config.n_head, config.n_kv_head, config.head_dim, config.n_embd
+        self.n_head, self.n_kv_head, self.head_dim, self.scale = H, Hkv, d, 1.0 / math.sqrt(d)
+        self.window = window
+        self.qkv = nn.Linear(C, (H + 2 * Hkv) * d, bias=False)
         self.proj = nn.Linear(H * d, C, bias=False)
         self.q_norm = RMSNorm(d, config.norm_eps)
         self.k_norm = RMSNorm(d, config.norm_eps)
         rotation, bias = parse_pos(config.pos)
-        self.rotation = Rotation(rotation, n_head=H, head_dim=d, n_embd=C, base=config.rope_base,
+        self.rotation = Rotation(rotation, n_head=Hkv, head_dim=d, n_embd=C, base=config.rope_base,
                                  learn_spectrum=config.learn_spectrum,
                                  spectrum_per_head=config.spectrum_per_head,
                                  ctx_temperature=config.ctx_temperature,
@@ -149,18 +218,19 @@ class CausalSelfAttention(nn.Module):
         self.bias = build_bias(bias, n_head=H, head_dim=d, n_embd=C,
                                grape_a_omega_init=config.grape_a_omega_init,
                                fox_gate_bias_init=config.fox_gate_bias_init, p_head_dim=config.p_head_dim,
-                               p_norm_eps=config.p_norm_eps)
+                               p_norm_eps=config.p_norm_eps, n_kv_head=Hkv)
         self.norm_after_rotation = config.qk_norm == "after"
-        self.kv_shift = KVShift(H, C) if config.kv_shift else None
+        self.kv_shift = KVShift(Hkv, C) if config.kv_shift else None
         self.requested_backend = config.attn_backend
 
     def backend(self, device: torch.device, dtype: torch.dtype | None) -> str:
         return resolve_backend(self.requested_backend, self.bias, device, dtype, self.head_dim)
 
-    def forward(self, x, positions, cache: LayerCache | None = None, k_positions=None):
+    def forward(self, x, positions, cache: LayerCache | None = None):
         B, T, _ = x.shape
         state = cache.state if cache is not None else {}
-        q, k, v = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
+        heads = self.qkv(x).view(B, T, self.n_head + 2 * self.n_kv_head, self.head_dim).transpose(1, 2)
+        q, k, v = heads.split((self.n_head, self.n_kv_head, self.n_kv_head), dim=1)
         if self.kv_shift is not None:
             k, v = self.kv_shift(x, k, v, state)
         # Positional features, gates, phases and cumulative sums in fp32 even under bf16 autocast. The bias
@@ -173,18 +243,13 @@ class CausalSelfAttention(nn.Module):
             if not self.norm_after_rotation:
                 q, k = self.rotation(q, k, x, positions, state)
         backend = self.backend(x.device, v.dtype)  # v's dtype is the attention's (bf16 under autocast)
-        if backend == "lifted":  # the lifted keys carry the bias: no key features to cache
-            q, k = lift_qk(q, k, qf, kf, self.bias, self.scale)
-            # v zero-padded to the lifted width (see lift_qk), before the cache: each value once,
-            # not the whole cache at every decoding step
-            v, kf = F.pad(v, (0, q.shape[-1] - v.shape[-1])), {}
+        k_positions = positions
         if cache is not None:
-            stored = cache.append({"k": k, "v": v, **{f"feature_{n}": f for n, f in kf.items()}})
+            stored, k_positions = cache.append({"k": k, "v": v, **{f"feature_{n}": f for n, f in kf.items()}})
             k, v = stored["k"], stored["v"]
             kf = {n: stored[f"feature_{n}"] for n in kf}
-        y = attend(q, k, v, backend=backend, scale=self.scale, q_pos=positions,
-                   k_pos=positions if k_positions is None else k_positions, bias=self.bias, qf=qf, kf=kf)
-        y = y[..., :self.head_dim]  # drop the zero-padded lifted value columns
+        y = attend(q, k, v, backend=backend, scale=self.scale, q_pos=positions, k_pos=k_positions, bias=self.bias,
+                   qf=qf, kf=kf, window=self.window)
         return self.proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -201,15 +266,15 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, config: GPTConfig):
+    def __init__(self, config: GPTConfig, window: int | None = None):
         super().__init__()
         self.attn_norm = RMSNorm(config.n_embd, config.norm_eps)
-        self.attn = CausalSelfAttention(config)
+        self.attn = CausalSelfAttention(config, window)
         self.mlp_norm = RMSNorm(config.n_embd, config.norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x, positions, cache=None, k_positions=None):
-        x = x + self.attn(self.attn_norm(x), positions, cache, k_positions)
+    def forward(self, x, positions, cache=None):
+        x = x + self.attn(self.attn_norm(x), positions, cache)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -218,7 +283,7 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
-        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.blocks = nn.ModuleList(Block(config, config.layer_window(i)) for i in range(config.n_layer))
         self.norm = RMSNorm(config.n_embd, config.norm_eps)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # tied
@@ -249,8 +314,10 @@ class GPT(nn.Module):
 
     def extra_repr(self):
         backend = self.attention_backend
-        return (f"pos={self.config.pos}, kv_shift={self.config.kv_shift}, "
-                f"attention backend={backend} ({describe_backend(backend)})")
+        cfg = self.config
+        windows = ", ".join("full" if w is None else str(w) for w in (cfg.layer_window(i) for i in range(cfg.n_layer)))
+        return (f"pos={cfg.pos}, kv_shift={cfg.kv_shift}, n_head={cfg.n_head}, n_kv_head={cfg.n_kv_head}, "
+                f"windows per layer=[{windows}], attention backend={backend} ({describe_backend(backend)})")
 
     @property
     def attention_backend(self) -> str:
@@ -287,13 +354,17 @@ class GPT(nn.Module):
 
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token (forward + backward), PaLM convention: 6N for the weights (the
-        tied lm_head matmul included) plus 12·L·H·d·T for the attention scores and values."""
+        tied lm_head matmul included) plus 12·L·H·d·T for the attention scores and values (a layer with a
+        window narrower than T counts the window instead of T)."""
         cfg = self.config
-        return 6 * self.num_params() + 12 * cfg.n_layer * cfg.n_head * cfg.head_dim * seq_len
+        keys = sum(min(seq_len, cfg.layer_window(i) or seq_len) for i in range(cfg.n_layer))
+        return 6 * self.num_params() + 12 * cfg.n_head * cfg.head_dim * keys
 
     def new_cache(self, batch_size: int, max_len: int, start_pos: int = 0) -> KVCache:
+        """A cache for up to max_len tokens (layers with a narrower window keep a ring of that many)."""
         del batch_size  # buffers take their batch size from the first tokens appended
-        return KVCache(self.config.n_layer, max_len, start_pos)
+        cfg = self.config
+        return KVCache(cfg.n_layer, max_len, start_pos, [cfg.layer_window(i) for i in range(cfg.n_layer)])
 
     def forward(self, idx, targets=None, start_pos: int = 0, cache: KVCache | None = None,
                 last_logits: int | None = None):
@@ -303,18 +374,16 @@ class GPT(nn.Module):
         are None (they are never held in full). last_logits=n returns the logits of the last n positions only
         (B, n, vocab; 0 for none): a prefill that needs only its end skips the output layer elsewhere."""
         T = idx.shape[1]
-        k_positions = None
         if cache is not None:
             start_pos = cache.pos
-            k_positions = torch.arange(cache.start_pos, start_pos + T, device=idx.device)
         positions = torch.arange(start_pos, start_pos + T, device=idx.device)
         x = self.wte(idx)
         recompute = cache is None and torch.is_grad_enabled()
         for i, block in enumerate(self.blocks):
             if recompute and i in self.checkpointed_blocks:
-                x = torch.utils.checkpoint.checkpoint(block, x, positions, None, k_positions, use_reentrant=False)
+                x = torch.utils.checkpoint.checkpoint(block, x, positions, None, use_reentrant=False)
             else:
-                x = block(x, positions, cache.layers[i] if cache is not None else None, k_positions)
+                x = block(x, positions, cache.layers[i] if cache is not None else None)
         if cache is not None:
             cache.pos += T
         if last_logits is not None:

@@ -45,6 +45,15 @@ def parse_pos(name: str) -> tuple[str, str | None]:
     return (rotations[0] if rotations else "nope"), (biases[0] if biases else None)
 
 
+def per_query_head(x: torch.Tensor, n_head: int) -> torch.Tensor:
+    """A key-side tensor (B|1, H_kv, T, ..) repeated for each query head of its group, (B|1, n_head, T, ..): query
+    head h reads key head h // (n_head / H_kv). Tensors with one head (or all n_head of them) are returned as they
+    are."""
+    if x.dim() < 3 or x.shape[1] in (1, n_head):
+        return x
+    return x.repeat_interleave(n_head // x.shape[1], dim=1)
+
+
 def alibi_slopes(n_head: int) -> torch.Tensor:
     """The standard ALiBi slopes 2^(-8h/H); for H not a power of two, the slopes of the next lower
     power of two followed by every other slope of the next higher one (Press et al.)."""
@@ -147,6 +156,10 @@ class Rotation(nn.Module):
     ``grape_m_ctx`` replaces the position by the phase Φ_t = Σ_{τ<t} ω_τ with ω_τ ≥ 0 from the layer
     input (one Φ shared by all heads).
 
+    Under grouped-query attention the rotation acts on the shared key head, so ``n_head`` here is the number of key
+    heads: a per-head spectrum is one per key head, and each query head turns by its group's (the relative law
+    q_t·k_j needs the same angles on both sides).
+
     ``spectrum_scale`` s ≠ 1 stores the learned spectrum as the parameter ``scaled_log_theta`` = s·log θ
     (the official code's ``log_freq`` with s = 16): AdamW moves a parameter by about lr per step whatever
     its scale, so log θ then moves s times more slowly. The parameter is named differently from the
@@ -224,7 +237,8 @@ class Rotation(nn.Module):
             basis = self.basis().to(q.dtype)
             q, k = q @ basis, k @ basis  # row vectors: (Bᵀ q)ᵀ = qᵀ B
         angles = self.angles(x, positions, state, q.dtype)
-        return rotate_planes(q, angles), rotate_planes(k, angles)
+        q_angles = per_query_head(angles, q.shape[1]) if angles.dim() == 4 else angles
+        return rotate_planes(q, q_angles), rotate_planes(k, angles)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -310,12 +324,15 @@ class GatedSlope(AdditiveBias):
     """GRAPE-A with content-gated slopes: b(t, j) = -(t - j) ω_h [λ_q(q_t) + λ_k(k_j)],
     λ_q = softplus(v̂_h·q_t/√d), λ_k = softplus(û_h·k_j/√d) (û, v̂ unit vectors), ω_h = softplus(w_h) ×
     ALiBi slope. ``gates`` picks "q", "k" or "qk". The gates read the QK-normalised, unrotated q and k.
+    Under grouped-query attention λ_k reads the shared key k_j, so û is one per key head (λ_k is then a property
+    of the key, cached with it); v̂ and ω stay per query head, so the key side ω_h·λ_k,j carries a query head's
+    factor (its lifted and tiled key features are per query head).
 
     Lift (drop the row constant -ω t λ_q,t): ω(j λ_q,t - t λ_k,j + j λ_k,j), i.e.
     q-side [λ_q,t, t, 1] against k-side [ω j, -ω λ_k,j, ω j λ_k,j] (the columns of the absent gate
     are left out)."""
 
-    def __init__(self, n_head: int, head_dim: int, gates: str, omega_init: float):
+    def __init__(self, n_head: int, head_dim: int, gates: str, omega_init: float, n_kv_head: int | None = None):
         super().__init__()
         self.gates = gates
         self.head_dim = head_dim
@@ -324,7 +341,7 @@ class GatedSlope(AdditiveBias):
         if "q" in gates:
             self.query_gate = nn.Parameter(torch.randn(n_head, head_dim) / math.sqrt(head_dim))
         if "k" in gates:
-            self.key_gate = nn.Parameter(torch.randn(n_head, head_dim) / math.sqrt(head_dim))
+            self.key_gate = nn.Parameter(torch.randn(n_kv_head or n_head, head_dim) / math.sqrt(head_dim))
 
     def extra_repr(self):
         return f"gates={self.gates}"
@@ -352,11 +369,15 @@ class GatedSlope(AdditiveBias):
         if "q" in self.gates:
             rate = rate + qf["lam"][..., :, None]
         if "k" in self.gates:
-            rate = rate + kf["lam"][..., None, :]
+            rate = rate + self._key_gate(kf)[..., None, :]
         return -_distance(qf, kf) * self.omega()[:, None, None] * rate
 
     def exact_query_columns(self):
         return ((False,) if "q" in self.gates else ()) + ((False, True) if "k" in self.gates else ())
+
+    def _key_gate(self, kf) -> torch.Tensor:
+        """λ_k of each key for each query head: (B, H, Tk)."""
+        return per_query_head(kf["lam"], len(self.slopes))
 
     def lift(self, qf, kf):
         omega = self.omega()[:, None]  # (H, 1) against (.., H, T)
@@ -368,7 +389,8 @@ class GatedSlope(AdditiveBias):
         if "k" in self.gates:
             t = qf["pos"]
             q_cols += [t, torch.ones_like(t)]
-            k_cols += [-omega * kf["lam"], omega * j * kf["lam"]]
+            lam = self._key_gate(kf)
+            k_cols += [-omega * lam, omega * j * lam]
         shape_q = torch.broadcast_shapes(*(c.shape for c in q_cols))
         shape_k = torch.broadcast_shapes(*(c.shape for c in k_cols))
         return (torch.stack([c.expand(shape_q) for c in q_cols], dim=-1),
@@ -379,13 +401,16 @@ class GatedSlope(AdditiveBias):
     def tile_features(self, qf, kf):
         omega = self.omega()[:, None]
         q_rate = omega * qf["lam"] if "q" in self.gates else 0.0
-        k_rate = omega * kf["lam"] if "k" in self.gates else 0.0
+        k_rate = omega * self._key_gate(kf) if "k" in self.gates else 0.0
         return _tile_columns(qf["pos"], q_rate, 0.0), _tile_columns(kf["pos"], k_rate, 0.0)
 
 
 class ForgetGate(AdditiveBias):
     """FoX: f_t = sigmoid(w_h·x_t + b_h), b(t, j) = Σ_{ℓ=j+1}^{t} log f_ℓ = c_t - c_j with the running
-    sum c_u = Σ_{ℓ<=u} log f_ℓ (carried across cache steps). Lift: c_t - c_j ≡ -c_j."""
+    sum c_u = Σ_{ℓ<=u} log f_ℓ (carried across cache steps). Lift: c_t - c_j ≡ -c_j.
+    Under grouped-query attention the gates stay per query head: the bias is a path sum of head h's own gates
+    (one gate per group would give the group one decay), so the cached key feature c has H heads (one number per
+    token and query head, beside H_kv heads of k and v)."""
 
     def __init__(self, n_head: int, n_embd: int, bias_init: float):
         super().__init__()
@@ -420,16 +445,22 @@ class PathIntegral(AdditiveBias):
     p = a per-head linear projection of the layer input (d_p each); the query side uses p_t as is, the
     key side its parameter-free RMS norm rotated by R_ℓ (angle ℓ in every plane: RoPE with base 1),
     so ψ depends on absolute ℓ. Query features: p_t / d_p; key features: r_ℓ = R_ℓ p̂_ℓ (cached).
-    ``norm_eps`` is the epsilon of that RMS norm (0: the dtype's machine epsilon, as the official code)."""
+    ``norm_eps`` is the epsilon of that RMS norm (0: the dtype's machine epsilon, as the official code).
+
+    Grouped-query attention: p_t and α_h belong to the query head, r_ℓ (from token ℓ alone, cached with k_ℓ)
+    to the shared key head. A key head's path vector before the norm is the mean of its group's p: the
+    mean-pooling by which grouped-query attention builds a key head from multi-head weights (Ainslie et al.,
+    2023), with no new parameters; with one query head per key head it is the paper's r_ℓ = R_ℓ p̂_ℓ."""
 
     separable = False
 
-    def __init__(self, n_head: int, n_embd: int, p_head_dim: int, norm_eps: float = 1e-5):
+    def __init__(self, n_head: int, n_embd: int, p_head_dim: int, norm_eps: float = 1e-5, n_kv_head: int | None = None):
         super().__init__()
         if p_head_dim % 2:
             raise ValueError(f"grape_ap rotates its path vectors in planes, so p_head_dim must be even "
                              f"(got {p_head_dim})")
         self.n_head, self.p_head_dim, self.norm_eps = n_head, p_head_dim, norm_eps
+        self.n_kv_head = n_kv_head or n_head
         self.path = nn.Linear(n_embd, n_head * p_head_dim, bias=False)
         nn.init.normal_(self.path.weight, std=0.5 / math.sqrt(n_embd))
         self.register_buffer("slopes", alibi_slopes(n_head), persistent=False)
@@ -438,13 +469,15 @@ class PathIntegral(AdditiveBias):
         B, T, _ = x.shape
         p = self.path(fp32(x)).view(B, T, self.n_head, self.p_head_dim).transpose(1, 2)
         angles = fp32(positions)[:, None].expand(T, self.p_head_dim // 2)
-        r = rotate_planes(rms_normalize(p, self.norm_eps), angles)
+        key_p = p.unflatten(1, (self.n_kv_head, -1)).mean(2) if self.n_kv_head != self.n_head else p
+        r = rotate_planes(rms_normalize(key_p, self.norm_eps), angles)
         return {"p": p / self.p_head_dim, "pos": _positions_feature(positions)}, \
                {"r": r, "pos": _positions_feature(positions)}
 
     def edge_potentials(self, qf, kf) -> torch.Tensor:
         """ψ(t, ℓ) for every query t and key ℓ, zero where ℓ > t: (B, H, Tq, Tk)."""
-        psi = self.slopes[:, None, None] * F.logsigmoid(qf["p"] @ kf["r"].transpose(-1, -2))
+        r = per_query_head(kf["r"], self.n_head)
+        psi = self.slopes[:, None, None] * F.logsigmoid(qf["p"] @ r.transpose(-1, -2))
         return psi.masked_fill(_distance(qf, kf) < 0, 0.0)
 
     def dense(self, qf, kf):
@@ -459,7 +492,8 @@ def path_sum(psi: torch.Tensor) -> torch.Tensor:
 
 class KVShift(nn.Module):
     """KV-shift: k'_t = a_t k_{t-1} + (1 - a_t) k_t, and the same for v with its own gate,
-    a_t = sigmoid(W x_t) per head, k_{-1} = 0. The previous raw k and v are carried in the cache."""
+    a_t = sigmoid(W x_t) per head, k_{-1} = 0. The previous raw k and v are carried in the cache. Under
+    grouped-query attention it mixes the shared key and value heads: n_head is the number of key heads."""
 
     def __init__(self, n_head: int, n_embd: int):
         super().__init__()
@@ -477,15 +511,16 @@ class KVShift(nn.Module):
 
 
 def build_bias(kind: str | None, *, n_head: int, head_dim: int, n_embd: int, grape_a_omega_init: float,
-               fox_gate_bias_init: float, p_head_dim: int, p_norm_eps: float = 1e-5) -> AdditiveBias | None:
+               fox_gate_bias_init: float, p_head_dim: int, p_norm_eps: float = 1e-5,
+               n_kv_head: int | None = None) -> AdditiveBias | None:
     if kind is None:
         return None
     if kind == "alibi":
         return ALiBi(n_head)
     if kind.startswith("grape_a_"):
-        return GatedSlope(n_head, head_dim, kind.removeprefix("grape_a_"), grape_a_omega_init)
+        return GatedSlope(n_head, head_dim, kind.removeprefix("grape_a_"), grape_a_omega_init, n_kv_head)
     if kind == "fox":
         return ForgetGate(n_head, n_embd, fox_gate_bias_init)
     if kind == "grape_ap":
-        return PathIntegral(n_head, n_embd, p_head_dim, p_norm_eps)
+        return PathIntegral(n_head, n_embd, p_head_dim, p_norm_eps, n_kv_head)
     raise ValueError(f"unknown additive encoding {kind!r}; valid: {', '.join(BIASES)}")

@@ -146,7 +146,7 @@ def write_weights_and_config(model, out_dir: str, native: bool, eot: int) -> lis
 
     cfg = dataclasses.asdict(model.config)
     if native:
-        tensors = qwen3.to_qwen3(model.state_dict(), cfg["n_layer"])
+        tensors = qwen3.to_qwen3(model.state_dict(), cfg["n_layer"], cfg["n_head"], cfg["n_kv_head"])
         config, code = qwen3.qwen3_config(cfg, eot), []
     else:
         for module in model.modules():  # constant buffers too: the remote model loads them (modeling_grape.py)
@@ -170,7 +170,7 @@ def remote_config(cfg: dict, eot: int) -> dict:
                      "AutoModelForCausalLM": f"modeling_grape.{REMOTE_ARCHITECTURE}"},
         "model_config": cfg,
         "vocab_size": cfg["vocab_size"], "hidden_size": cfg["n_embd"], "num_hidden_layers": cfg["n_layer"],
-        "num_attention_heads": cfg["n_head"], "num_key_value_heads": cfg["n_head"], "head_dim": cfg["head_dim"],
+        "num_attention_heads": cfg["n_head"], "num_key_value_heads": cfg["n_kv_head"], "head_dim": cfg["head_dim"],
         "max_position_embeddings": cfg["block_size"], "rms_norm_eps": cfg["norm_eps"],
         "tie_word_embeddings": True, "bos_token_id": eot, "eos_token_id": eot,
     }

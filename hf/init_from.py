@@ -4,8 +4,9 @@
 * a run directory holding ckpt.pt, or a checkpoint file, of this repository (weights only: the new run has
   its own optimizer, schedule and data position);
 * a Hugging Face directory of a Qwen3ForCausalLM of our architecture (any Qwen3 checkpoint with tied
-  embeddings, no grouped key/value heads, SwiGLU of width floor(8/3 · hidden), default RoPE), e.g. a
-  native export of this repository;
+  embeddings, SwiGLU of width floor(8/3 · hidden), default RoPE; grouped key/value heads become n_kv_head, a
+  sliding window whose full layers are every k-th becomes window and global_every), e.g. a native export of
+  this repository;
 * a remote-code export of this repository (any encoding).
 
 The run's model config must describe the same model: every key the source defines must be equal, except

@@ -46,7 +46,7 @@ from scripts import plot_runs  # noqa: E402
 LAUNCH_MODES = ("in_process", "torchrun", "per_gpu")
 EVALUATIONS = {"extrapolation": extrapolation, "zero_shot": zero_shot,  # name -> module with main(argv)
                "long_context": long_context}
-STUDY_KEYS = {"name", "base", "encodings", "seeds", "reference", "out_dir", "overrides", "launch", "eval"}
+STUDY_KEYS = {"name", "base", "encodings", "seeds", "reference", "out_dir", "overrides", "variants", "launch", "eval"}
 LAUNCH_KEYS = {"mode", "gpus", "gpus_per_run"}
 DEFAULT_SEEDS = [1337]  # train.py's own default seed
 CONFIDENCE = 0.95
@@ -58,11 +58,16 @@ base = "../base/medium.toml"        # required: the base config, relative to the
 encodings = ["rope", "alibi", "fox+kv_shift", "rope+grape_ap"]  # required: model.pos (+kv_shift: model.kv_shift)
 seeds = [1337, 1338, 1339]          # default [1337]: train.seed (initialisation, order of the training windows)
 reference = "rope"                  # default "rope" if listed, else the first encoding: differences are to it
+                                    # (with variants: its first variant, or name one as "rope@mha")
 out_dir = "runs/my_study"           # default runs/<name>, relative to the directory the study runs in
 
 [overrides]                         # default none: any [model] or [train] key, as train.py's --key=value
 max_iters = 5000                    # tokens per run = max_iters x global_batch_size x block_size
 block_size = 2048
+
+[variants]                          # default none: each encoding runs once per variant, as encoding@variant
+mha = {}                            # a variant's [model] or [train] values, applied after [overrides]
+gqa = {n_kv_head = 2}
 
 [launch]
 mode = "torchrun"                   # default "in_process"; "torchrun" or "per_gpu" run jobs as subprocesses
@@ -178,9 +183,21 @@ def load_study(path: str) -> Study:
     integers = isinstance(seeds, list) and all(isinstance(s, int) and not isinstance(s, bool) for s in seeds or [None])
     if not integers or len(set(seeds)) != len(seeds):
         raise StudyError(f"{path}: seeds must be a list of distinct integers, e.g. [1, 2, 3].")
+    variants = raw.get("variants") or {}
+    if not isinstance(variants, dict) or not all(isinstance(v, dict) for v in variants.values()):
+        raise StudyError(f"{path}: [variants] must give each variant a table of [model] or [train] values, e.g. "
+                         "gqa = {n_kv_head = 2}.")
+    named = [v for v in variants if not v or not all(c.isalnum() or c in "_-." for c in v)]
+    if named:
+        raise StudyError(f"{path}: variant name {named[0]!r} names run directories: use letters, digits, _, - and . "
+                         "only.")
+    labels = [(f"{e}@{v}" if variants else e, e, v) for e in encodings for v in (variants or [""])]
     reference = raw.get("reference", "rope" if "rope" in encodings else encodings[0])
-    if reference not in encodings:
-        raise StudyError(f"{path}: reference {reference!r} is not one of the encodings {encodings}.")
+    if variants and reference in encodings:
+        reference = f"{reference}@{next(iter(variants))}"
+    if reference not in [label for label, _, _ in labels]:
+        raise StudyError(f"{path}: reference {reference!r} is not one of the encodings "
+                         f"{[label for label, _, _ in labels]}.")
     overrides = [arg for key, value in (raw.get("overrides") or {}).items() for arg in as_cli(key, value)]
     out_dir = raw.get("out_dir", os.path.join("runs", name))
 
@@ -207,11 +224,12 @@ def load_study(path: str) -> Study:
                              "(the final validation loss comes from training itself).")
 
     runs = []
-    for encoding in encodings:
-        pos, kv_shift = split_encoding(encoding)
+    for encoding, plain_encoding, variant in labels:
+        pos, kv_shift = split_encoding(plain_encoding)
+        variant_args = [arg for key, value in variants.get(variant, {}).items() for arg in as_cli(key, value)]
         for seed in seeds:
             run_dir = os.path.join(out_dir, encoding, f"seed{seed}")
-            train_args = [base, *overrides, f"--pos={pos}", f"--kv_shift={str(kv_shift).lower()}",
+            train_args = [base, *overrides, *variant_args, f"--pos={pos}", f"--kv_shift={str(kv_shift).lower()}",
                           f"--seed={seed}", f"--out_dir={run_dir}"]
             try:
                 model_cfg, train_cfg = resolve(base, train_args[1:], GPTConfig)
@@ -229,7 +247,8 @@ def load_study(path: str) -> Study:
             tokens = train_cfg.num_steps * train_cfg.global_batch_size * model_cfg.block_size
             runs.append(Run(encoding, seed, run_dir, train_args, train_cfg.num_steps, evals,
                             dataclasses.asdict(model_cfg), tokens))
-    return Study(name, os.path.abspath(path), base, out_dir, list(encodings), list(seeds), reference, overrides,
+    return Study(name, os.path.abspath(path), base, out_dir, [label for label, _, _ in labels], list(seeds),
+                 reference, overrides,
                  mode, gpus, gpus_per_run, runs, "seeds" not in raw)
 
 

@@ -70,14 +70,15 @@ def write_position_shards(folder, sizes, val_first: int, val_tokens: int) -> str
     return str(folder)
 
 
-def tiny_model_logits_and_grads(pos, kv_shift, backend, wrap=lambda model: model):
+def tiny_model_logits_and_grads(pos, kv_shift, backend, wrap=lambda model: model, **config):
     """A 1-layer model's logits on 21 tokens at start position 3 and every parameter's gradient of the
-    loss, with its positional parameters moved off their init (so each one matters)."""
+    loss, with its positional parameters moved off their init (so each one matters). config: more GPTConfig
+    values (e.g. n_head, n_kv_head, window)."""
     import torch
     from model import GPT, GPTConfig
     torch.manual_seed(0)
-    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, head_dim=16, vocab_size=29, block_size=24, pos=pos,
-                          kv_shift=kv_shift, attn_backend=backend))
+    model = GPT(GPTConfig(**{**dict(n_layer=1, n_head=2, n_embd=32, head_dim=16, vocab_size=29, block_size=24,
+                                    pos=pos, kv_shift=kv_shift, attn_backend=backend), **config}))
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "bias." in name or "kv_shift" in name:

@@ -20,7 +20,8 @@ QWEN3 = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "num_hidd
          "rope_theta": 10000.0, "use_sliding_window": False, "layer_types": ["full_attention"] * 2,
          "attention_dropout": 0.0, "vocab_size": 97, "rms_norm_eps": 1e-6}
 OURS = {"n_layer": 2, "n_head": 4, "n_embd": 48, "head_dim": 16, "vocab_size": 97, "norm_eps": 1e-6,
-        "rope_base": 10000.0, "pos": "rope", "kv_shift": False, "qk_norm": "before"}
+        "rope_base": 10000.0, "pos": "rope", "kv_shift": False, "qk_norm": "before", "n_kv_head": 4, "window": None,
+        "global_every": None}
 
 # Spellings transformers versions use for the same config: each must load as OURS.
 ACCEPTED = {
@@ -33,7 +34,7 @@ ACCEPTED = {
 }
 # One change each, and the reason the refusal names.
 REFUSED = [({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}, "not a Qwen3 model"),
-           ({"num_key_value_heads": 2}, "shares key/value heads"),
+           ({"num_key_value_heads": 3}, "its num_key_value_heads (3) does not divide num_attention_heads (4)"),
            ({"hidden_act": "gelu"}, "its MLP activation is 'gelu', not silu"),
            ({"attention_bias": True}, "biases"),
            ({"tie_word_embeddings": False}, "not tied"),
@@ -42,7 +43,8 @@ REFUSED = [({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}, "not
             "its RoPE is 'linear' scaled"),
            ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}}, "its RoPE is 'yarn' scaled"),
            ({"rope_theta": None, "rope_parameters": None, "rope_scaling": None}, "has no rope_theta"),
-           ({"use_sliding_window": True}, "sliding-window"),
+           ({"use_sliding_window": True, "sliding_window": 8, "layer_types": ["full_attention", "sliding_attention"]},
+            "do not follow one pattern of every k-th layer full"),
            ({"layer_types": ["full_attention", "sliding_attention"]}, "sliding-window"),
            ({"attention_dropout": 0.1}, "attention dropout"),
            ({"head_dim": None}, "does not set head_dim")]
@@ -63,6 +65,21 @@ def spelled(*changes):
        optional=st.sampled_from(ACCEPTED["optional"]))
 def test_qwen3_configs_load_in_every_spelling(identity, rope, optional):
     assert model_config_from_qwen3(spelled(identity, rope, optional)) == OURS
+
+
+# Grouped heads and sliding windows Qwen3 writes, and ours: (change, n_kv_head, window, global_every)
+GROUPED_OR_WINDOWED = [({"num_key_value_heads": 1}, 1, None, None),
+                       ({"use_sliding_window": True, "sliding_window": 8, "num_key_value_heads": 2,
+                         "layer_types": ["sliding_attention", "full_attention"]}, 2, 8, 2),
+                       ({"use_sliding_window": True, "sliding_window": 8, "layer_types": None, "max_window_layers": 0},
+                        4, 8, None),
+                       ({"use_sliding_window": True, "sliding_window": 8}, 4, None, None)]  # every layer full
+
+
+@pytest.mark.parametrize("change,n_kv_head,window,global_every", GROUPED_OR_WINDOWED)
+def test_grouped_and_windowed_qwen3_configs_load_as_ours(change, n_kv_head, window, global_every):
+    expected = {**OURS, "n_kv_head": n_kv_head, "window": window, "global_every": global_every}
+    assert model_config_from_qwen3(spelled(change)) == expected
 
 
 @pytest.mark.parametrize("change,reason", REFUSED)

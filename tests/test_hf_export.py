@@ -32,8 +32,8 @@ def perturbed_model(pos="rope", kv_shift=False, seed=0, **config):
     """A 2-layer byte model whose norm gains and positional parameters are moved off their init values
     (a wrong mapping of any of them shows in the logits)."""
     torch.manual_seed(seed)
-    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, head_dim=16, vocab_size=320, block_size=64, pos=pos,
-                          kv_shift=kv_shift, **config))
+    model = GPT(GPTConfig(**{**dict(n_layer=2, n_head=2, n_embd=32, head_dim=16, vocab_size=320, block_size=64,
+                                    pos=pos, kv_shift=kv_shift), **config}))
     noise = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -91,6 +91,45 @@ def test_export_computes_our_logits_and_greedy_tokens(tmp_path, pos, kv_shift):
     cached = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=32)
     uncached = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=32, use_cache=False)
     assert torch.equal(cached, uncached)
+    assert torch.equal(cached, greedy_reference(model, prompt, 32))
+
+
+GROUPED_WINDOW_CASES = [("rope", dict(n_head=4, n_kv_head=2)),
+                        ("rope", dict(n_head=4, n_kv_head=1, window=5, global_every=2)),
+                        ("rope", dict(n_layer=3, window=7, global_every=3)),
+                        ("grape_ap", dict(n_head=4, n_kv_head=2, window=5, global_every=2)),
+                        ("fox", dict(n_head=4, n_kv_head=1, window=6))]
+
+
+@pytest.mark.parametrize("pos,config", GROUPED_WINDOW_CASES,
+                         ids=[pos + "-" + "-".join(f"{k}{v}" for k, v in c.items()) for pos, c in GROUPED_WINDOW_CASES])
+def test_grouped_and_windowed_exports_compute_our_logits_and_greedy_tokens(tmp_path, pos, config):
+    """Qwen3 expresses RoPE with grouped key/value heads and sliding-window layers (its window of w: keys
+    t - w + 1 ... t, ours); other encodings go as remote code. 24 tokens and 40 generated: wider than the windows,
+    so a window off by one key changes the logits."""
+    model = perturbed_model(pos, **config)
+    out, summary = exported(tmp_path, model)
+    native = pos == "rope"
+    assert summary["format"] == ("native Qwen3" if native else "remote code")
+    hf = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=not native)
+    if native:
+        assert type(hf).__name__ == "Qwen3ForCausalLM"
+        every, window, n_layer = config.get("global_every"), config.get("window"), config.get("n_layer", 2)
+        kinds = ["full_attention" if window is None or every and i % every == every - 1 else "sliding_attention"
+                 for i in range(n_layer)]
+        assert (hf.config.num_key_value_heads, hf.config.layer_types) == (config.get("n_kv_head", 2), kinds)
+        assert hf.config.sliding_window == window
+        # and back into a training run's weights and config, exactly (train.py's init_from)
+        from hf.init_from import initial_state
+        state = initial_state(out, dataclasses.asdict(model.config))
+        assert all(torch.equal(state[name], tensor) for name, tensor in model.state_dict().items())
+    ids = torch.randint(0, BYTE_VOCAB, (2, 24), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert relative_error(model(ids)[0], hf(ids).logits) <= 1e-5
+    prompt = ids[:, :8]
+    cached = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=32)
+    assert torch.equal(cached, hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=32,
+                                           use_cache=False))
     assert torch.equal(cached, greedy_reference(model, prompt, 32))
 
 

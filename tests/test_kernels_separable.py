@@ -91,13 +91,19 @@ def kernel(case):
 
 
 MODEL_CASES = [(pos, False) for pos in SEPARABLE] + [("rope+grape_a_qk", True), ("rope+fox", True)]
+# Grouped keys and windows in the model (21 tokens; the interpreter's tiles are 16 keys wide, its key-major ones
+# 32): a window of one tile, of a tile and a key, of 5 keys with one key head (multi-query)
+GROUPED_WINDOW_CASES = [("fox", dict(n_head=4, n_kv_head=2, window=16)),
+                        ("rope+grape_a_k", dict(n_head=4, n_kv_head=2, window=17)),
+                        ("grape_a_qk", dict(n_head=4, n_kv_head=1, window=5))]
+DECODE_GROUPED_WINDOW = dict(n_head=4, n_kv_head=2, window=6, global_every=2)
 
 
-def decode_logits(pos, backend):
+def decode_logits(pos, backend, **config):
     """Logits of a prefill of 9 tokens, a chunk of 4 and 5 single-token steps through the KV cache."""
     torch.manual_seed(0)
-    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, head_dim=16, vocab_size=29, block_size=32, pos=pos,
-                          attn_backend=backend))
+    model = GPT(GPTConfig(**{**dict(n_layer=2, n_head=2, n_embd=32, head_dim=16, vocab_size=29, block_size=32,
+                                    pos=pos, attn_backend=backend), **config}))
     idx = torch.randint(0, 29, (2, 18), generator=torch.Generator().manual_seed(2))
     cache = model.new_cache(2, max_len=18)
     with torch.no_grad():
@@ -125,6 +131,9 @@ def run_cases(path):
     results = {"kernel": [kernel(case) for case in KERNEL_CASES + [LONG_FP16_CASE, BF16_CASE]],
                "model": [tiny_model_logits_and_grads(pos, kv, "tile") for pos, kv in MODEL_CASES],
                "decode": [decode_logits(pos, "tile") for pos in SEPARABLE],
+               "grouped_window": [tiny_model_logits_and_grads(pos, True, "tile", **config)
+                                  for pos, config in GROUPED_WINDOW_CASES],
+               "decode_grouped_window": decode_logits("grape_a_qk", "tile", **DECODE_GROUPED_WINDOW),
                "autocast": [autocast_logits(pos, "tile") for pos in AUTOCAST_CASES]}
     compiled = lambda m: torch.compile(m, fullgraph=True, backend="aot_eager")  # noqa: E731
     results["compiled"] = tiny_model_logits_and_grads("rope+grape_a_qk", True, "tile", wrap=compiled)
@@ -207,6 +216,27 @@ def test_tile_backend_in_the_model_matches_dense_backend(interpreted, index):
         torch.testing.assert_close(grads[name], ref, atol=1e-5, rtol=1e-4, msg=lambda m, name=name: f"{name}: {m}")
     # the positional parameters learn through the kernel's feature gradients
     assert all(grads[name].abs().sum() > 0 for name in grads if ".bias." in name)
+
+
+@pytest.mark.parametrize("index", range(len(GROUPED_WINDOW_CASES)),
+                         ids=[f"{pos}-{c['n_kv_head']}kv-window{c['window']}" for pos, c in GROUPED_WINDOW_CASES])
+def test_tile_backend_with_grouped_keys_and_a_window_matches_dense_backend(interpreted, index):
+    pos, config = GROUPED_WINDOW_CASES[index]
+    logits, grads = interpreted["grouped_window"][index]
+    ref_logits, ref_grads = tiny_model_logits_and_grads(pos, True, "dense", **config)
+    torch.testing.assert_close(logits, ref_logits, atol=1e-5, rtol=1e-5)
+    for name, ref in ref_grads.items():
+        torch.testing.assert_close(grads[name], ref, atol=1e-5, rtol=1e-4, msg=lambda m, name=name: f"{name}: {m}")
+
+
+def test_tile_backend_decoding_with_grouped_keys_and_a_window_matches_dense_full_forward(interpreted):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_embd=32, head_dim=16, vocab_size=29, block_size=32, pos="grape_a_qk",
+                          attn_backend="dense", **DECODE_GROUPED_WINDOW))
+    idx = torch.randint(0, 29, (2, 18), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        full = model(idx)[0]
+    torch.testing.assert_close(interpreted["decode_grouped_window"], full, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("index", range(len(SEPARABLE)), ids=SEPARABLE)

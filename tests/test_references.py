@@ -40,16 +40,23 @@ def power_of_two_alibi_slopes(H):
     return torch.tensor([2.0 ** (-8.0 * (h + 1) / H) for h in range(H)], dtype=torch.float64)
 
 
-def reference_attention(attn, h, positions, cfg):
-    """One attention sublayer from the README's definitions: h (B, T, C) fp64 is the normed layer input."""
+def reference_attention(attn, h, positions, cfg, window=None):
+    """One attention sublayer from the README's definitions: h (B, T, C) fp64 is the normed layer input. Grouped
+    query attention: the projection's rows are H query heads, then H_kv key and H_kv value heads, query head h
+    reads key head h // (H / H_kv); every key-side quantity (KV-shift gates, the rotation's per-head spectrum,
+    GRAPE-A's key gate, GRAPE-AP's r from the mean of the group's path vectors) is the key head's. window: keys
+    at distance >= window are hidden."""
     W = lambda module: module.weight.detach().double()
     B, T, _ = h.shape
-    H, d = cfg.n_head, cfg.head_dim
-    q, k, v = (h @ W(attn.qkv).T).view(B, T, 3, H, d).unbind(2)  # (B, T, H, d) each
-    if cfg.kv_shift:  # k'_t = a_t k_{t-1} + (1 - a_t) k_t with k_{-1} = 0; v with its own gate (the second H rows)
+    H, Hkv, d = cfg.n_head, cfg.n_kv_head, cfg.head_dim
+    group = [head // (H // Hkv) for head in range(H)]  # the key head of each query head
+    qkv = h @ W(attn.qkv).T
+    q = qkv[..., :H * d].view(B, T, H, d)
+    k, v = (qkv[..., (H + i * Hkv) * d:(H + (i + 1) * Hkv) * d].view(B, T, Hkv, d) for i in range(2))
+    if cfg.kv_shift:  # k'_t = a_t k_{t-1} + (1 - a_t) k_t with k_{-1} = 0; v with its own gate (the second H_kv rows)
         gates = torch.sigmoid(h @ W(attn.kv_shift.gate).T)
         shifted = []
-        for x, a in ((k, gates[..., :H]), (v, gates[..., H:])):
+        for x, a in ((k, gates[..., :Hkv]), (v, gates[..., Hkv:])):
             previous = torch.cat((torch.zeros_like(x[:, :1]), x[:, :-1]), dim=1)
             shifted.append(a[..., None] * previous + (1 - a[..., None]) * x)
         k, v = shifted
@@ -63,21 +70,23 @@ def reference_attention(attn, h, positions, cfg):
             theta = torch.tensor([cfg.rope_base ** (-2.0 * i / d) for i in range(d // 2)], dtype=torch.float64)
         else:
             theta = attn.rotation.log_theta.detach().double().exp()
-        theta = theta if theta.dim() == 2 else theta.expand(H, -1)  # (H, d/2)
+        theta = theta if theta.dim() == 2 else theta.expand(Hkv, -1)  # (H_kv, d/2): the key heads'
+        q_theta = theta[group]  # each query head turns by its key head's spectrum
         if rotation == "grape_m_ctx":  # Φ_t = Σ_{τ<t} ω_τ, ω = sigmoid((W x + b) / temperature)
             omega = torch.sigmoid((h @ W(attn.rotation.phase_increment).T
                                    + attn.rotation.phase_increment.bias.detach().double()) / cfg.ctx_temperature)[..., 0]
             phase = torch.stack([omega[:, :t].sum(1) for t in range(T)], dim=1)  # (B, T)
         else:
             phase = pos.expand(B, T)
-        angles = phase[:, :, None, None] * theta  # (B, T, H, d/2)
+        angles, q_angles = phase[:, :, None, None] * theta, phase[:, :, None, None] * q_theta  # (B, T, heads, d/2)
         if rotation == "grape_m_basis":  # B R_t Bᵀ q with B = exp(A - Aᵀ)
             A = attn.rotation.basis_generator.detach().double()
             basis = torch.linalg.matrix_exp(A - A.T)
-            q = rotate_pair_by_pair(q @ basis, angles) @ basis.T
+            q = rotate_pair_by_pair(q @ basis, q_angles) @ basis.T
             k = rotate_pair_by_pair(k @ basis, angles) @ basis.T
         else:
-            q, k = rotate_pair_by_pair(q, angles), rotate_pair_by_pair(k, angles)
+            q, k = rotate_pair_by_pair(q, q_angles), rotate_pair_by_pair(k, angles)
+    k, v, normed_k = k[:, :, group], v[:, :, group], normed_k[:, :, group]  # each query head's key head
     logits = torch.einsum("bthd,bshd->bhts", q, k) / math.sqrt(d)
     distance = pos[:, None] - pos[None, :]  # t - j
     slopes = power_of_two_alibi_slopes(H)[:, None, None]
@@ -91,7 +100,7 @@ def reference_attention(attn, h, positions, cfg):
             unit = F.normalize(bias.query_gate.detach().double(), dim=-1)
             rate = rate + F.softplus(torch.einsum("bthd,hd->bht", normed_q, unit) / math.sqrt(d))[..., :, None]
         if "k" in bias_kind.removeprefix("grape_a_"):
-            unit = F.normalize(bias.key_gate.detach().double(), dim=-1)
+            unit = F.normalize(bias.key_gate.detach().double(), dim=-1)[group]  # one gate per key head
             rate = rate + F.softplus(torch.einsum("bthd,hd->bht", normed_k, unit) / math.sqrt(d))[..., None, :]
         logits = logits - distance * omega * rate
     elif bias_kind == "fox":  # Σ_{ℓ=j+1}^{t} log f_ℓ
@@ -102,13 +111,15 @@ def reference_attention(attn, h, positions, cfg):
     elif bias_kind == "grape_ap":  # Σ_{ℓ=j+1}^{t} α_h logsigmoid(<p_t, R_ℓ p̂_ℓ> / d_p), R_ℓ: angle ℓ in every plane
         dp = cfg.p_head_dim
         p = (h @ W(attn.bias.path).T).view(B, T, H, dp)
-        p_hat = p / torch.sqrt((p * p).mean(-1, keepdim=True) + 1e-5)
-        r = rotate_pair_by_pair(p_hat, pos[None, :, None, None].expand(B, T, H, dp // 2))
+        key_p = p.view(B, T, Hkv, H // Hkv, dp).mean(3)  # a key head's: the mean of its group's path vectors
+        p_hat = key_p / torch.sqrt((key_p * key_p).mean(-1, keepdim=True) + 1e-5)
+        r = rotate_pair_by_pair(p_hat, pos[None, :, None, None].expand(B, T, Hkv, dp // 2))[:, :, group]
         psi = slopes[None] * F.logsigmoid(torch.einsum("bthd,blhd->bhtl", p, r) / dp)  # ψ(t, ℓ)
         for t in range(T):
             for j in range(t + 1):
                 logits[:, :, t, j] += psi[:, :, t, j + 1:t + 1].sum(-1)
-    logits = logits.masked_fill(distance < 0, float("-inf"))
+    hidden = distance < 0 if window is None else (distance < 0) | (distance >= window)
+    logits = logits.masked_fill(hidden, float("-inf"))
     y = torch.einsum("bhts,bshd->bthd", torch.softmax(logits, dim=-1), v).reshape(B, T, H * d)
     return y @ W(attn.proj).T
 
@@ -118,8 +129,11 @@ def reference_logits(model, idx, start_pos=0):
     W = lambda module: module.weight.detach().double()
     positions = torch.arange(start_pos, start_pos + idx.shape[1])
     x = W(model.wte)[idx]
-    for block in model.blocks:
-        x = x + reference_attention(block.attn, rms(x, W(block.attn_norm), cfg.norm_eps), positions, cfg)
+    for layer, block in enumerate(model.blocks):
+        # the README's pattern: layers global_every, 2·global_every, ... (from 1) full, the others windowed
+        is_global = cfg.global_every is not None and (layer + 1) % cfg.global_every == 0
+        window = None if is_global else cfg.window
+        x = x + reference_attention(block.attn, rms(x, W(block.attn_norm), cfg.norm_eps), positions, cfg, window)
         m = rms(x, W(block.mlp_norm), cfg.norm_eps)
         x = x + (F.silu(m @ W(block.mlp.gate).T) * (m @ W(block.mlp.up).T)) @ W(block.mlp.proj).T
     return rms(x, W(model.norm), cfg.norm_eps) @ W(model.wte).T  # tied output embedding

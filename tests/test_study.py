@@ -434,7 +434,11 @@ def test_help_and_docs_show_every_study_key_with_the_default_it_takes(workspace,
     (tmp_path / "studies" / "example.toml").write_text(
         study.STUDY_FILE_EXAMPLE.replace('"../base/medium.toml"', f'"{REPO / "configs" / "base" / "medium.toml"}"'))
     loaded = study.load_study(str(tmp_path / "studies" / "example.toml"))
-    assert loaded.seeds == [1337, 1338, 1339] and loaded.mode == "torchrun" and len(loaded.runs) == 12
+    assert loaded.seeds == [1337, 1338, 1339] and loaded.mode == "torchrun" and len(loaded.runs) == 24
+    assert loaded.encodings[:2] == ["rope@mha", "rope@gqa"] and loaded.reference == "rope@mha"
+    grouped = [run for run in loaded.runs if run.encoding == "fox+kv_shift@gqa"]
+    assert [(run.model["pos"], run.model["kv_shift"], run.model["n_kv_head"]) for run in grouped] == [("fox", True, 2)] * 3
+    assert all(run.model["n_kv_head"] == run.model["n_head"] for run in loaded.runs if run.encoding.endswith("@mha"))
 
 
 # ----------------------------------------------------------------------------- failures and Ctrl-C
@@ -611,3 +615,46 @@ def test_shipped_studies_cover_the_papers_tables():
                    for r in s.runs)
     assert studies["smoke"].mode == studies["small_gpu"].mode == "in_process"
     assert len(studies["smoke"].runs) == 6 and len(studies["small_gpu"].runs) == 18
+
+
+def test_gqa_window_studies_cross_encodings_with_grouping_and_windows():
+    """configs/studies/gqa_window.toml and its CPU smoke form: every encoding under MHA, GQA with 4 query heads per
+    key head, full attention and 3 local : 1 global layers, with the extrapolation evaluation."""
+    for name, encodings, window in (("gqa_window", ["rope", "alibi", "fox", "grape_a_qk", "grape_ap", "grape_m"], 256),
+                                    ("gqa_window_smoke", ["rope", "grape_ap"], 32)):
+        s = study.load_study(str(REPO / "configs" / "studies" / f"{name}.toml"))
+        expected = {"mha": (1, None, None), "gqa": (4, None, None), "local": (1, window, 4),
+                    "gqa_local": (4, window, 4)}
+        assert s.encodings == [f"{e}@{v}" for e in encodings for v in expected] and s.reference == "rope@mha"
+        for run in s.runs:
+            encoding, variant = run.encoding.split("@")
+            m = run.model
+            assert m["pos"] == encoding and m["n_head"] % 4 == 0 and "extrapolation" in run.evals
+            assert (m["n_head"] // m["n_kv_head"], m["window"], m["global_every"]) == expected[variant]
+
+
+
+def test_a_variants_values_are_applied_after_the_overrides(workspace, tmp_path):
+    """[variants] refine [overrides]: a key set by both takes the variant's value, and a variant that does not set
+    it keeps the override's."""
+    shutil.copy(workspace / "base.toml", tmp_path / "base.toml")
+    extra = '[overrides]\nn_kv_head = 2\nwindow = 16\n[variants]\nplain = {}\nmqa = {n_kv_head = 1}\n'
+    s = study.load_study(study_file(tmp_path, ["rope"], [1], "", extra))
+    models = {run.encoding: run.model for run in s.runs}
+    assert (models["rope@plain"]["n_kv_head"], models["rope@plain"]["window"]) == (2, 16)
+    assert (models["rope@mqa"]["n_kv_head"], models["rope@mqa"]["window"]) == (1, 16)
+
+def test_a_study_with_variants_runs_each_encoding_per_variant(workspace, tmp_path, monkeypatch):
+    """grape_ap as multi-head full attention and as multi-query with a window of 8 in its first layer: each run
+    trains its own model (its config.json) and the report has one row per encoding@variant."""
+    shutil.copy(workspace / "base.toml", tmp_path / "base.toml")
+    extrapolation_only = EVALS.split("[eval.zero_shot]")[0]
+    variants = '[variants]\nmha = {}\nmqa_local = {n_kv_head = 1, window = 8, global_every = 2}\n'
+    path = study_file(tmp_path, ["grape_ap"], [1], extrapolation_only, variants)
+    monkeypatch.chdir(tmp_path)
+    report = study.main([path])
+    assert [row["encoding"] for row in report["runs"]] == ["grape_ap@mha", "grape_ap@mqa_local"]
+    for row, expected in zip(report["runs"], [(2, None, None), (1, 8, 2)]):
+        config = json.loads((tmp_path / row["run_dir"] / "config.json").read_text())["model"]
+        assert (config["pos"], config["n_kv_head"], config["window"], config["global_every"]) == ("grape_ap", *expected)
+        assert row["status"] == "done" and row["final_val_loss"] == records(tmp_path / row["run_dir"], "val")[-1]["val_loss"]

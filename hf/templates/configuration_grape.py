@@ -17,7 +17,7 @@ class GrapeConfig(PretrainedConfig):
         config = GPTConfig.from_dict(dict(model_config or {}))  # unknown keys and bad values: one sentence
         self.model_config = dataclasses.asdict(config)
         kwargs.update(vocab_size=config.vocab_size, hidden_size=config.n_embd, num_hidden_layers=config.n_layer,
-                      num_attention_heads=config.n_head, num_key_value_heads=config.n_head,
+                      num_attention_heads=config.n_head, num_key_value_heads=config.n_kv_head,
                       head_dim=config.head_dim, max_position_embeddings=config.block_size,
                       rms_norm_eps=config.norm_eps)
         kwargs["tie_word_embeddings"] = True  # the model's output layer is its input embedding

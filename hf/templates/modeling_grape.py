@@ -21,14 +21,14 @@ CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ 
 
 
 class GrapeCache:
-    """The model's own KV cache (model.KVCache: rotated and lifted keys, values, and each encoding's
+    """The model's own KV cache (model.KVCache: rotated keys, values, the key features and each encoding's
     running state) as generate() carries it from step to step. Its buffers grow on demand."""
 
     is_compileable = False
     is_linear = (False,)  # (generate() asks whether every layer is linear attention, which keeps no tokens)
 
-    def __init__(self, n_layer: int, start_pos: int):
-        self.kv = KVCache(n_layer, max_len=0, start_pos=start_pos)
+    def __init__(self, windows: list, start_pos: int):
+        self.kv = KVCache(len(windows), max_len=0, start_pos=start_pos, windows=windows)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.kv.pos - self.kv.start_pos
@@ -36,10 +36,10 @@ class GrapeCache:
     def reserve(self, new_tokens: int) -> None:
         needed = self.get_seq_length() + new_tokens
         for layer in self.kv.layers:
-            if layer.max_len < needed:
+            if layer.max_len < needed and not layer.is_ring:  # (a ring never grows)
                 layer.max_len = max(needed, 2 * layer.max_len)
                 for name, buffer in layer.buffers.items():
-                    grown = buffer.new_zeros(*buffer.shape[:2], layer.max_len, *buffer.shape[3:])
+                    grown = buffer.new_zeros(*buffer.shape[:2], layer.capacity, *buffer.shape[3:])
                     grown[:, :, :layer.length] = buffer[:, :, :layer.length]
                     layer.buffers[name] = grown
 
@@ -109,7 +109,7 @@ class GrapeForCausalLM(PreTrainedModel, GenerationMixin):
                 raise ValueError("this model has no padding mask: pass sequences of one length, or right padding "
                                  "without a cache (left padding would shift every position)")
         if use_cache and cache is None:
-            cache = GrapeCache(len(self.model.blocks), start)
+            cache = GrapeCache([block.attn.window for block in self.model.blocks], start)
         if cache is not None:
             cache.reserve(T)
             logits, _ = self.model(input_ids, cache=cache.kv)
