@@ -478,7 +478,8 @@ def main(argv=None) -> int:
                         help="run a mutant's tests fastest first only up to this many seconds of their recorded "
                              "time (default %(default)s; 0 = all of them)")
     parser.add_argument("--recheck", action="store_true",
-                        help="run the survivors again with all the tests that reach them (no budget)")
+                        help="run the survivors not listed as equivalent again with all the tests that reach them "
+                             "(no budget)")
     args = parser.parse_args(argv)
     os.chdir(ROOT)
     try:
@@ -539,7 +540,9 @@ def main(argv=None) -> int:
         if not args.recheck:
             state["first_budget_s"] = args.budget
         if args.recheck:
-            pending = [n for n in state["sample"] if STATUS.get(outcome.get(n, {}).get("exit_code")) == "survived"]
+            equivalents = load_equivalents()  # (listed ones would only run all their tests to survive again)
+            pending = [n for n in state["sample"] if STATUS.get(outcome.get(n, {}).get("exit_code")) == "survived"
+                       and not equivalence(n, sources, equivalents)]
             state["budget_s"] = 0
             state.setdefault("rechecked", [])
             state["rechecked"] = sorted(set(state["rechecked"]) | set(pending))
