@@ -140,3 +140,45 @@ def test_the_default_corpus_never_rebuilds_over_a_directory_it_did_not_make(tmp_
     with pytest.raises(DataError, match="already holds data prepared with other arguments; use another --out"):
         prepare.ensure_default_corpus(str(folder), progress_bar=False)
     assert {name: (folder / name).read_bytes() for name in os.listdir(folder)} == before
+
+
+def test_run_directories_looks_max_depth_levels_down_and_past_unreadable_folders(tmp_path, monkeypatch):
+    for run in ("a/b/c", "a/b/c2/d", "z/run"):  # 3 levels, 4 levels, and one after an unreadable folder
+        (tmp_path / run).mkdir(parents=True)
+        (tmp_path / run / "ckpt.pt").write_bytes(b"")
+    (tmp_path / "m").mkdir()  # visited before z
+    assert config.run_directories(str(tmp_path), max_depth=3) == [str(tmp_path / "a/b/c"), str(tmp_path / "z/run")]
+    real = os.scandir
+    monkeypatch.setattr(os, "scandir", lambda path: (_ for _ in ()).throw(PermissionError(path))
+                        if os.path.basename(path) == "m" else real(path))
+    assert config.run_directories(str(tmp_path), max_depth=3) == [str(tmp_path / "a/b/c"), str(tmp_path / "z/run")]
+
+
+def test_prepare_offers_its_tokenizers_and_every_txt_unit_on_the_command_line(capsys):
+    args = prepare.parse_args(["--default", "--txt-sample-by", "paragraph"])
+    assert args.txt_sample_by == "paragraph"
+    with pytest.raises(SystemExit):
+        prepare.parse_args(["--default", "--tokenizer", "nope"])
+    assert "argument --tokenizer: invalid choice: 'nope'" in capsys.readouterr().err
+
+
+def test_zero_shot_names_a_missing_data_dir_and_the_files_it_needs(tmp_path):
+    import types
+
+    from eval import tasks, zero_shot
+    from eval.checkpoint import UserError
+    with pytest.raises(UserError) as info:
+        zero_shot.run(types.SimpleNamespace(data_dir=str(tmp_path / "missing")))
+    assert str(info.value) == f"--data-dir {tmp_path / 'missing'} is not a directory.\n" + \
+        tasks.expected_files_message()
+
+
+def test_the_chunked_loss_probe_extrapolates_linearly_past_two_chunks(monkeypatch):
+    """Past two chunks the planner extrapolates the loss's memory from one and two chunks (a probe of every
+    length would loop over all chunks): for a loss whose probed bytes grow linearly, the extrapolation is exact."""
+    from training import memory
+    monkeypatch.setattr(memory, "_probe_loss", lambda cfg, tokens, *rest: 1000 + 7 * tokens)
+    chunk = 64
+    for tokens in (2 * chunk + 1, 5 * chunk, 5 * chunk + 13):
+        assert memory.probe_loss(None, tokens, "chunked", chunk, False) == 1000 + 7 * tokens
+    assert memory.probe_loss(None, 100, "plain", chunk, False) == 1000 + 700
