@@ -182,3 +182,25 @@ def test_the_chunked_loss_probe_extrapolates_linearly_past_two_chunks(monkeypatc
     for tokens in (2 * chunk + 1, 5 * chunk, 5 * chunk + 13):
         assert memory.probe_loss(None, tokens, "chunked", chunk, False) == 1000 + 7 * tokens
     assert memory.probe_loss(None, 100, "plain", chunk, False) == 1000 + 700
+
+
+def test_extrapolation_reads_the_runs_resolved_data_directory(tmp_path):
+    from eval import extrapolation
+    run, data = tmp_path / "run", tmp_path / "data"
+    run.mkdir()
+    data.mkdir()
+    (run / "config.json").write_text(json.dumps({"data_dir_resolved": str(data)}))
+    assert extrapolation.resolve_data_dir(str(run), {"train_config": {"data_dir": "elsewhere"}}, None) == str(data)
+    assert extrapolation.resolve_data_dir(str(run), {}, "given") == "given"
+
+
+def test_the_extrapolation_report_has_a_passkey_table_for_each_run_that_has_one():
+    from eval import extrapolation
+    contexts = {"64": {"nonoverlapping": {"mean": 3.0, "mean_beyond_train_context": None},
+                       "sliding": {"mean": 2.9, "stride": 16}}}
+    with_keys = {"name": "a", "encoding": "rope", "train_context": 64, "contexts": contexts,
+                 "passkey": {"trials": 4, "depths": [0.0, 1.0], "actual_lengths": [60], "accuracy": [[1.0, 0.5]]}}
+    without = {"name": "b", "encoding": "alibi", "train_context": 64, "contexts": contexts}
+    report = extrapolation.markdown_report([with_keys, without])
+    assert "## Passkey retrieval accuracy: a (rope, L = 64, 4 keys per cell)" in report
+    assert "| 60 | 1.00 | 0.50 |" in report and "accuracy: b" not in report
