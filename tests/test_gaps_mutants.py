@@ -204,3 +204,16 @@ def test_the_extrapolation_report_has_a_passkey_table_for_each_run_that_has_one(
     report = extrapolation.markdown_report([with_keys, without])
     assert "## Passkey retrieval accuracy: a (rope, L = 64, 4 keys per cell)" in report
     assert "| 60 | 1.00 | 0.50 |" in report and "accuracy: b" not in report
+
+
+def test_a_negative_batch_index_is_one_sentence_for_both_samplers(tmp_path, monkeypatch):
+    from data.loader import RandomOffsetBatches, TrainBatches
+    monkeypatch.setattr(verify, "_checked", {})
+    folder = tmp_path / "data"
+    folder.mkdir()
+    write_position_shards(folder, [40, 30], val_first=100, val_tokens=16)
+    for sampler in (RandomOffsetBatches(str(folder), 2, 8, seed=1, global_batch_size=4, layout=(1, 2)),
+                    TrainBatches(str(folder), 2, 8, seed=1)):
+        with pytest.raises(DataError) as info:
+            sampler.batch(-1)
+        assert str(info.value) == "batch index must be >= 0 (got -1)", type(sampler).__name__
