@@ -496,8 +496,10 @@ def main(argv=None) -> int:
     if os.path.exists(STATE):
         with open(STATE) as f:
             state = json.load(f)
-    if not os.path.isdir("mutants") or not mutated_files():
-        print("generating mutants (a few minutes) ...", flush=True)
+    if not args.report and not args.survivors:
+        # before the sample is drawn: mutmut would regenerate the mutants of changed files only inside its run,
+        # after a sample drawn from the old ones (a few seconds when nothing changed; minutes the first time)
+        print("generating the mutants of new and changed files ...", flush=True)
         os.makedirs("mutants", exist_ok=True)
         from mutmut.utils.file_utils import copy_src_dir
         main_module.set_mutant_under_test("mutant_generation")
