@@ -1,5 +1,6 @@
 """eval/extrapolation.py: losses by position against direct computations, passkey bookkeeping, the CLI."""
 import json
+import os
 import re
 
 import numpy as np
@@ -124,6 +125,7 @@ def test_cli_on_tiny_model_writes_sane_outputs(tmp_path, data_dir):
                        "--windows", "4", "--passkey-factors", "3,6", "--depths", "0,1", "--passkey-trials", "2"])
     (r,) = results
     assert set(r["contexts"]) == {"64", "128"} and r["train_context"] == 64 and r["val_tokens"] == 4 * 128 + 1
+    assert (r["run"], r["step"], r["data_dir"]) == (str(run), 3, os.path.abspath(data_dir))  # what it evaluated
     # reference: the mean cross-entropy over consecutive windows of the first val_tokens validation tokens
     from data.loader import load_split_tokens
     val = torch.from_numpy(load_split_tokens(str(data_dir), "val")[:r["val_tokens"]].astype(np.int64))

@@ -3,6 +3,8 @@
 The reference re-derives every prompt from the fixture rows by hand (the stock lm-eval task
 formats), scores each choice directly with the model, and recomputes acc / acc_norm / the average.
 """
+import contextlib
+import io
 import json
 import os
 import re
@@ -67,14 +69,16 @@ def evaluated(tmp_path_factory):
     model = tiny_model(pos="rope", block_size=256, seed=3)  # fixtures fit: no truncation
     save_run(model, run_dir, step=7)
     out = run_dir / "out"
-    report = zero_shot.main(["--ckpt", str(run_dir), "--data-dir", str(FIXTURES), "--out", str(out),
-                             "--log-samples", "--batch-size", "5"])
-    return model, report, out
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        report = zero_shot.main(["--ckpt", str(run_dir), "--data-dir", str(FIXTURES), "--out", str(out),
+                                 "--log-samples", "--batch-size", "5"])
+    return model, report, out, printed.getvalue()
 
 
 @pytest.mark.parametrize("task", ZERO_SHOT_TASKS)
 def test_task_loglikelihoods_and_accuracy_match_direct_scoring(evaluated, task):
-    model, report, out = evaluated
+    model, report, out, _ = evaluated
     tok = get_tokenizer("byte")
     rows = [json.loads(line) for line in open(FIXTURES / f"{task}.jsonl")]
     samples = {s["doc_id"]: s for s in map(json.loads, open(out / f"samples_{task}.jsonl"))}
@@ -100,7 +104,7 @@ def test_task_loglikelihoods_and_accuracy_match_direct_scoring(evaluated, task):
 
 
 def test_report_average_json_and_markdown(evaluated):
-    _, report, out = evaluated
+    _, report, out, printed = evaluated
     tasks = report["tasks"]
     convention = [tasks[t]["acc_norm" if t in ("arc_challenge", "hellaswag", "openbookqa") else "acc"]
                   for t in ZERO_SHOT_TASKS]
@@ -116,6 +120,7 @@ def test_report_average_json_and_markdown(evaluated):
     assert f"| arc_easy | 3 |" in table and f"{rope['arc_easy']:.2f} |" in table
     assert f"**{report['average']:.2f}** | {rope['avg']:.2f} |" in table
     assert f"{report['averages']['acc']:.2f} with `--metric acc`" in table and "does not name its metric" in table
+    assert table in printed  # the table is shown as well as written
 
 
 @pytest.mark.parametrize("metric", ["convention", "acc_norm", "acc"])

@@ -31,6 +31,20 @@ def test_a_missing_config_file_names_its_closest_sibling(tmp_path):
     assert str(bare) == f"config file {tmp_path / 'a'} does not exist; did you mean {tmp_path / 'a'}.toml?"
 
 
+
+def test_a_missing_config_named_without_a_folder_is_looked_for_in_the_current_one(tmp_path, monkeypatch):
+    (tmp_path / "tiny.toml").write_text("")
+    monkeypatch.chdir(tmp_path)
+    assert str(config.missing_config("tinny.toml", resume=False)) == \
+        "config file tinny.toml does not exist; did you mean tiny.toml?"
+
+
+@pytest.mark.parametrize("pos, scale", [("grape_m_ctx", 1.0), ("rope + grape_m_ctx", 1.0), ("grape_m_ctx+kv_shift", 1.0),
+                                        ("grape_m", 16.0), ("grape_m + kv_shift", 16.0)])
+def test_the_official_spectrum_scale_reads_a_composition_with_or_without_spaces(pos, scale):
+    assert config.official_spectrum_scale({"pos": pos}) == scale
+
+
 @pytest.mark.parametrize("endpoint, address", [("https://hub.example", ("hub.example", 443)),
                                                ("http://mirror.example", ("mirror.example", 80)),
                                                ("http://mirror.example:8080", ("mirror.example", 8080))])
@@ -217,3 +231,20 @@ def test_a_negative_batch_index_is_one_sentence_for_both_samplers(tmp_path, monk
         with pytest.raises(DataError) as info:
             sampler.batch(-1)
         assert str(info.value) == "batch index must be >= 0 (got -1)", type(sampler).__name__
+
+
+def test_the_loss_by_position_refuses_a_split_shorter_than_one_window():
+    from eval import extrapolation
+    from eval.checkpoint import UserError
+    with pytest.raises(UserError, match="the validation split has 64 tokens, too few for one window of 64"):
+        extrapolation.nonoverlapping_loss(None, torch.zeros(64, dtype=torch.long), 64)
+
+
+def test_extrapolation_falls_back_to_the_embedded_corpus_of_the_checkpoints_tokenizer(tmp_path, monkeypatch):
+    from data import prepare as prepare_module
+    from eval import extrapolation
+    asked = []
+    monkeypatch.setattr(prepare_module, "ensure_default_corpus", lambda **kw: asked.append(kw) or "corpus")
+    ckpt = {"tokenizer": "bytes", "train_config": {"data_dir": "default"}}
+    assert extrapolation.resolve_data_dir(str(tmp_path / "no-run"), ckpt, None) == "corpus"
+    assert asked == [{"tokenizer": "bytes", "progress_bar": False}]

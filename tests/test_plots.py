@@ -116,5 +116,7 @@ def test_extrapolation_plots_draw_the_longest_context_and_the_passkey_grid(tmp_p
     ex.plot_passkey(passkey, str(tmp_path / "passkey.png"))
     ax = saved_figures[1].axes[0]
     np.testing.assert_array_equal(ax.get_images()[0].get_array(), np.array(accuracy).T)
+    colorbar = ax.get_images()[0].colorbar  # the scale is the image's: accuracy 0 to 1
+    assert colorbar is not None and (colorbar.vmin, colorbar.vmax) == (0.0, 1.0)
     assert [t.get_text() for t in ax.get_xticklabels()] == ["60", "125", "250"]
     assert sorted(t.get_text() for t in ax.texts) == sorted(f"{a:.2f}" for row in accuracy for a in row)
