@@ -48,6 +48,11 @@ def prepare_byte_corpus(root, texts, *, val_tokens=4096, shard_tokens=50_000) ->
     return str(out)
 
 
+def synthetic_corpus(root, n_docs: int, n_words: int, **prepare_options) -> str:
+    """n_docs documents of synthetic_text, n_words each, prepared with the byte tokenizer under root; its path."""
+    return prepare_byte_corpus(root, [synthetic_text(doc, n_words) for doc in range(n_docs)], **prepare_options)
+
+
 def write_position_shards(folder, sizes, val_first: int, val_tokens: int) -> str:
     """A byte-tokenizer shard folder with its manifest in which every train token is its own global position
     (shards of the given sizes, in order), so a window read back shows where it came from; the validation shard

@@ -424,9 +424,9 @@ def test_a_study_reports_long_context_with_seeds_and_paired_intervals(tmp_path, 
     import math
 
     from scripts import study
-    from tests.helpers import prepare_byte_corpus, synthetic_text, tiny_config
+    from tests.helpers import synthetic_corpus, tiny_config
 
-    data = prepare_byte_corpus(tmp_path, [synthetic_text(doc, 600) for doc in range(20)])
+    data = synthetic_corpus(tmp_path, 20, 600)
     (tmp_path / "base.toml").write_text(tiny_config(data, eval_interval=3, eval_windows=4))
     local = tmp_path / "long_context_data"
     shutil.copytree(FIXTURES / "babilong", local / "babilong")

@@ -19,7 +19,7 @@ import checkpoints
 import train
 from data.loader import validation_batches
 from model import GPT
-from tests.helpers import SMALL, prepare_byte_corpus, synthetic_text, tiny_config
+from tests.helpers import SMALL, synthetic_corpus, tiny_config
 from training.errors import TrainError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -52,7 +52,7 @@ def launch(processes: int, plan: dict, root) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("fsdp")
-    data_dir = prepare_byte_corpus(root, [synthetic_text(doc, 800) for doc in range(40)])
+    data_dir = synthetic_corpus(root, 40, 800)
     config = root / "tiny.toml"
     config.write_text(tiny_config(data_dir, **TRAIN))
     config = str(config)

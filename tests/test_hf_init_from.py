@@ -9,7 +9,7 @@ import torch.nn.functional as F
 import train
 from config import ConfigError
 from data.loader import validation_batches
-from tests.helpers import TINY_MODEL, prepare_byte_corpus, synthetic_text, tiny_config
+from tests.helpers import TINY_MODEL, synthetic_corpus, tiny_config
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-    return prepare_byte_corpus(tmp_path_factory.mktemp("init_data"), [synthetic_text(doc, 500) for doc in range(20)])
+    return synthetic_corpus(tmp_path_factory.mktemp("init_data"), 20, 500)
 
 
 def qwen3(directory, **overrides):

@@ -12,7 +12,7 @@ import time
 import pytest
 
 import train
-from tests.helpers import prepare_byte_corpus, synthetic_text, tiny_config
+from tests.helpers import synthetic_corpus, tiny_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 @pytest.fixture(scope="module")
 def config_file(tmp_path_factory):
     root = tmp_path_factory.mktemp("launch")
-    data_dir = prepare_byte_corpus(root, [synthetic_text(doc, 800) for doc in range(40)])
+    data_dir = synthetic_corpus(root, 40, 800)
     path = root / "tiny.toml"
     path.write_text(tiny_config(data_dir, model={"pos": "rope"}, batch_size=2, max_iters=8, warmup_iters=2))
     return str(path)

@@ -12,7 +12,7 @@ import train
 from config import ConfigError, TrainConfig, resolve
 from lm_loss import chunked_cross_entropy, lm_loss, plain_loss, resolve_loss
 from model import GPT, GPTConfig, checkpointed_blocks
-from tests.helpers import SMALL, prepare_byte_corpus, synthetic_text, tiny_config
+from tests.helpers import SMALL, synthetic_corpus, tiny_config
 from training import memory
 from training.distributed import Distributed
 
@@ -190,7 +190,7 @@ def test_activation_checkpointing_gives_the_same_loss_and_gradients(pos, mode):
 @pytest.fixture(scope="module")
 def config_file(tmp_path_factory):
     root = tmp_path_factory.mktemp("memory")
-    data_dir = prepare_byte_corpus(root, [synthetic_text(doc, 600) for doc in range(20)])
+    data_dir = synthetic_corpus(root, 20, 600)
     path = root / "tiny.toml"
     path.write_text(tiny_config(data_dir, model={"pos": "fox"}, max_iters=6, global_batch_size=8, grad_clip=0.3))
     return str(path)

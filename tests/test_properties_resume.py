@@ -193,8 +193,8 @@ def test_a_mixed_run_resumed_by_run_directory_trains_exactly_as_uninterrupted(tm
     """train.py end to end: a run with one official and one clean key (recipe keys on the command line), stopped
     after 2 steps and continued by `train.py --resume RUN_DIR`, keeps its config.json settings and loses exactly
     what the uninterrupted run loses."""
-    from helpers import prepare_byte_corpus, synthetic_text, tiny_config
-    data_dir = prepare_byte_corpus(tmp_path, [synthetic_text(i, 400) for i in range(6)], val_tokens=600)
+    from helpers import synthetic_corpus, tiny_config
+    data_dir = synthetic_corpus(tmp_path, 6, 400, val_tokens=600)
     config_file = tmp_path / "tiny.toml"
     config_file.write_text(tiny_config(data_dir, model={"pos": "grape_ap", "n_layer": 1}, max_iters=5,
                                        reference_layout="2x2"))

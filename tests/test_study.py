@@ -22,7 +22,7 @@ import train
 from eval import extrapolation, zero_shot
 from scripts import study
 from test_eval_progress import check_work_clock_lines, progress_lines
-from tests.helpers import TINY_MODEL, prepare_byte_corpus, synthetic_text, tiny_config
+from tests.helpers import TINY_MODEL, synthetic_corpus, tiny_config
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures" / "zero_shot"
@@ -52,7 +52,7 @@ def study_file(root, encodings=ENCODINGS, seeds=SEEDS, evals=EVALS, extra=""):
 def workspace(tmp_path_factory):
     """A byte-tokenised corpus and the base config; the study's paths are relative to the directory it runs in."""
     root = tmp_path_factory.mktemp("study")
-    data = prepare_byte_corpus(root, [synthetic_text(doc, 600) for doc in range(20)])
+    data = synthetic_corpus(root, 20, 600)
     (root / "base.toml").write_text(tiny_config(data, eval_interval=3, eval_windows=4))
     return root
 

@@ -18,7 +18,7 @@ import train
 from training.optimizer import lr_at, param_groups
 from config import ConfigError, TrainConfig, resolve
 from model import GPT, GPTConfig
-from tests.helpers import prepare_byte_corpus, synthetic_text, tiny_config
+from tests.helpers import synthetic_corpus, tiny_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-    return prepare_byte_corpus(tmp_path_factory.mktemp("train_data"), [synthetic_text(doc, 800) for doc in range(40)])
+    return synthetic_corpus(tmp_path_factory.mktemp("train_data"), 40, 800)
 
 
 @pytest.fixture
