@@ -203,20 +203,7 @@ def patch_mutmut(state: dict) -> None:
     regular = harness.PytestRunner._pytest_args_regular_run
 
     def fastest_first(self, tests):
-        """The tests in the order of their recorded durations; with a budget, only the fastest ones that fit in it
-        (at least one). An empty list means the whole suite to mutmut (its forced-fail check): kept as it is."""
-        durations = mutmut_state().duration_by_test
-        ordered = sorted(tests, key=lambda t: (durations.get(t, 1e9), t))
-        budget = state.get("budget_s") or 0
-        if budget and ordered:
-            kept, spent = [], 0.0
-            for test in ordered:
-                spent += durations.get(test, 0.0)
-                if kept and spent > budget:
-                    break
-                kept.append(test)
-            ordered = kept
-        return regular(self, ordered)
+        return regular(self, tests_within_budget(tests, mutmut_state().duration_by_test, state.get("budget_s") or 0))
     harness.PytestRunner._pytest_args_regular_run = fastest_first
 
     class CurrentTest:
@@ -244,27 +231,14 @@ def patch_mutmut(state: dict) -> None:
         if os.environ.get("MUTANT_UNDER_TEST") != "stats":
             return execute(self, params, **kwargs)
         kwargs["plugins"] = [*kwargs.get("plugins", []), CurrentTest()]
-        outside_compiled_code()
+        from mutmut.mutation import trampoline
+        if not getattr(trampoline.get_mutant_under_test, "outside_compiled_code", False):
+            trampoline.get_mutant_under_test = outside_compiled_code(trampoline.get_mutant_under_test)
         code = execute(self, [p for p in params if p != "-x"], **kwargs)
         with open(os.path.join(ROOT, FAILED_IN_STATS), "w") as f:
             json.dump(CurrentTest.failed, f)
         return 0 if code == 1 and CurrentTest.failed else code
     harness.PytestRunner.execute_pytest = with_current_test
-
-    def outside_compiled_code():
-        """Code that torch.compile traces calls the original functions without recording the call: the recording
-        is Python that dynamo cannot trace (a fullgraph compile would fail); the same functions run eagerly too."""
-        import torch
-        from mutmut.mutation import trampoline
-        real = trampoline.get_mutant_under_test
-        if getattr(real, "outside_compiled_code", False):
-            return
-
-        def get():
-            name = real()
-            return "" if name == "stats" and torch.compiler.is_compiling() else name
-        get.outside_compiled_code = True
-        trampoline.get_mutant_under_test = get
 
     main.copy_also_copy_files = copy_unmutated_files
 
@@ -323,6 +297,49 @@ def patch_mutmut(state: dict) -> None:
         return runner
     real_get_runner = main.get_mutant_runner
     main.get_mutant_runner = get_runner
+
+
+def tests_within_budget(tests, durations: dict, budget: float) -> list:
+    """The tests in the order of their recorded durations; with a budget, only the fastest ones that fit in it
+    (at least one). An empty list means the whole suite to mutmut (its forced-fail check): kept as it is."""
+    ordered = sorted(tests, key=lambda t: (durations.get(t, 1e9), t))
+    if not budget:
+        return ordered
+    kept, spent = [], 0.0
+    for test in ordered:
+        spent += durations.get(test, 0.0)
+        if kept and spent > budget:
+            break
+        kept.append(test)
+    return kept
+
+
+def outside_compiled_code(get_mutant_under_test):
+    """mutmut's get_mutant_under_test, except that in the stats run code that torch.compile traces calls the
+    original functions without recording the call: the recording is Python that dynamo cannot trace (a fullgraph
+    compile would fail); the same functions run eagerly too. (scripts/mutants_site/sitecustomize.py does the same
+    in the stats run's subprocesses; it cannot import this file.)"""
+    import torch
+
+    def get():
+        name = get_mutant_under_test()
+        return "" if name == "stats" and torch.compiler.is_compiling() else name
+    get.outside_compiled_code = True
+    return get
+
+
+def plan_sitting(state: dict, outcome: dict, budget: float, recheck: bool, is_equivalent) -> list[str]:
+    """The sampled mutants this sitting runs, and its budget in state: those not judged yet, with the given budget;
+    or with --recheck the survivors not listed as equivalent (listed ones would only run every test that reaches
+    them to survive again), each with all its tests."""
+    if not recheck:
+        state["budget_s"] = state["first_budget_s"] = budget
+        return [n for n in state["sample"] if outcome.get(n, {}).get("exit_code") is None]
+    pending = [n for n in state["sample"] if STATUS.get(outcome.get(n, {}).get("exit_code")) == "survived"
+               and not is_equivalent(n)]
+    state["budget_s"] = 0
+    state["rechecked"] = sorted(set(state.get("rechecked", [])) | set(pending))
+    return pending
 
 
 def copy_unmutated_files() -> None:
@@ -536,18 +553,9 @@ def main(argv=None) -> int:
                       'reason = ""\n')
         return 0
     if not args.report:
-        outcome = results()
-        pending = [n for n in state["sample"] if outcome.get(n, {}).get("exit_code") is None]
-        state["budget_s"] = args.budget
-        if not args.recheck:
-            state["first_budget_s"] = args.budget
-        if args.recheck:
-            equivalents = load_equivalents()  # (listed ones would only run all their tests to survive again)
-            pending = [n for n in state["sample"] if STATUS.get(outcome.get(n, {}).get("exit_code")) == "survived"
-                       and not equivalence(n, sources, equivalents)]
-            state["budget_s"] = 0
-            state.setdefault("rechecked", [])
-            state["rechecked"] = sorted(set(state["rechecked"]) | set(pending))
+        equivalents = load_equivalents()
+        pending = plan_sitting(state, results(), args.budget, args.recheck,
+                               lambda name: equivalence(name, sources, equivalents))
         print(f"{len(state['sample']) - len(pending)} of {len(state['sample'])} sampled mutants judged; "
               f"running {len(pending)} with {args.jobs} job(s)"
               + (f", each with its fastest tests up to {state['budget_s']:g} s" if state["budget_s"] else

@@ -1,8 +1,11 @@
 """scripts/mutants.py's own logic: which mutants count as a message's wording, the proportional seeded sample, the
 names of mutmut's mutants, and the equivalence entries (mutmut itself is not needed for these)."""
+import importlib.util
 import os
 import textwrap
 from collections import Counter
+
+import pytest
 
 from scripts import mutants
 
@@ -28,6 +31,11 @@ def test_only_a_messages_text_is_wording():
         pair('    print("done", a)\n', '    print("done", None)\n'),
         pair('    raise ValueError("x")\n', '    raise TypeError("x")\n'),
         pair('    p.add_argument("--x", default="auto", help="h")\n', '    p.add_argument("--x", default="AUTO", help="h")\n'),
+        # inside a message call, but not its text: where it goes, an exit status, a number
+        pair('    print("done", file=sys.stderr)\n', '    print("done")\n'),
+        pair('    raise SystemExit(1)\n', '    raise SystemExit(2)\n'),
+        pair('    sys.exit(1)\n', '    sys.exit(2)\n'),
+        pair('    warnings.warn("slow", stacklevel=2)\n', '    warnings.warn("slow", stacklevel=3)\n'),
     ]
     assert all(mutants.only_message_text(*p) for p in wording)
     method = [textwrap.indent(source, "    ") for source in wording[0]]  # a method's source, as mutmut writes it
@@ -101,3 +109,97 @@ def test_every_module_of_the_repository_reaches_the_mutants_copy():
     assert needed <= copied, f"not in [tool.mutmut] source_paths or also_copy: {sorted(needed - copied)}"
     missing = [p for p in settings["source_paths"] if not os.path.exists(os.path.join(root, p))]
     assert not missing, f"source_paths that do not exist: {missing}"
+
+
+def test_the_table_counts_each_exit_status_and_scores_killed_over_judged(tmp_path, monkeypatch):
+    """mutmut's exit codes: 1 a test failed, 3 pytest stopped with an internal error (both killed), 0 survived, 5
+    and 33 no test ran, 36/24/-24/152/255 a timeout, None not run yet. The score is (killed + timeouts) over every
+    judged mutant that is not equivalent, "no test" included (a mutant no test reaches is one the tests miss)."""
+    codes = {"config.x_a__mutmut_1": 1, "config.x_a__mutmut_2": 3, "config.x_a__mutmut_3": 0,
+             "config.x_a__mutmut_4": 5, "config.x_a__mutmut_5": 36, "config.x_a__mutmut_6": None,
+             "config.x_a__mutmut_7": 0, "data.loader.x_b__mutmut_1": 1, "data.loader.x_b__mutmut_2": 33,
+             "data.loader.x_b__mutmut_3": -24}
+    sources = {name: ("def x_a__mutmut_orig(a):\n    return a + 1\n", f"def {name.split('.')[-1]}(a):\n    return a - 1\n")
+               for name in codes}
+    sources["config.x_a__mutmut_7"] = ("def x_a__mutmut_orig(a):\n    n = 1\n", "def x_a__mutmut_7(a):\n    n = 2\n")
+    equivalents = [{"function": "config.a", "original": "n = 1", "mutant": "n = 2", "reason": "r"}]
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "testing.md").write_text(f"before\n{mutants.MARKERS[0]}\nold\n{mutants.MARKERS[1]}\nafter\n")
+    monkeypatch.setattr(mutants, "ROOT", str(tmp_path))
+    monkeypatch.setattr(mutants, "results", lambda: {n: {"exit_code": c} for n, c in codes.items()})
+    monkeypatch.setattr(mutants, "load_equivalents", lambda: equivalents)
+    monkeypatch.setattr(mutants, "left_out_tests", lambda: [])
+    state = {"sample": sorted(codes), "command": "`c`", "commit": "abc", "date": "d", "seed": 1, "population": 10,
+             "generated": 12, "wall_s": 60.0, "sittings": [{}], "machine": "m", "mean_load": 1.0}
+    summary = mutants.write_report(state, sources, {"config": 2})
+    assert summary["rows"]["config.py"] == {"killed": 2, "survived": 1, "equivalent": 1, "timeout": 1, "no test": 1,
+                                            "not run": 1}
+    assert summary["rows"]["data/"] == {"killed": 1, "survived": 0, "equivalent": 0, "timeout": 1, "no test": 1,
+                                        "not run": 0}
+    assert summary["totals"]["killed"] == 3 and summary["totals"]["timeout"] == 2 and summary["totals"]["no test"] == 2
+    assert sorted(summary["survivors"]) == ["config.x_a__mutmut_3", "config.x_a__mutmut_4", "data.loader.x_b__mutmut_2"]
+    document = (tmp_path / "docs" / "testing.md").read_text()
+    assert document.startswith("before\n") and document.endswith("after\n") and "\nold\n" not in document
+    rows = {line.split(" | ")[0]: line for line in document.splitlines() if line.startswith("| ")}
+    assert rows["| config.py"].endswith("| 7 | 2 | 1 | 1 | 1 | 1 | 1 | 60% |")  # (2 + 1) / (2 + 1 + 1 + 1)
+    assert rows["| data/"].endswith("| 3 | 1 | 0 | 0 | 1 | 1 | 0 | 67% |")  # (1 + 1) / 3
+    assert rows["| **all**"].endswith("| 62% |")  # (3 + 2) / 8
+    assert rows["| model.py"].endswith("| 0 | 0 | 0 | 0 | 0 | 0 | 0 | - |")
+    listed = (tmp_path / "docs" / "mutants.md").read_text()
+    assert "`config.x_a__mutmut_3`: `return a + 1` -> `return a - 1`" in listed and "mutmut_7" not in listed
+
+
+def test_a_mutants_tests_run_fastest_first_within_the_budget_and_at_least_one():
+    durations = {"slow": 50.0, "fast": 1.0, "mid": 20.0, "huge": 500.0}
+    tests = ["slow", "huge", "fast", "unrecorded", "mid"]
+    assert mutants.tests_within_budget(tests, durations, 0) == ["fast", "mid", "slow", "huge", "unrecorded"]
+    assert mutants.tests_within_budget(tests, durations, 71.0) == ["fast", "mid", "slow"]
+    assert mutants.tests_within_budget(tests, durations, 70.9) == ["fast", "mid"]
+    assert mutants.tests_within_budget(["huge", "unrecorded"], durations, 60.0) == ["huge"]  # over it alone: kept
+    assert mutants.tests_within_budget([], durations, 60.0) == []
+
+
+def test_a_sitting_runs_the_unjudged_mutants_and_a_recheck_the_unlisted_survivors_with_every_test():
+    state = {"sample": ["a", "b", "c", "d", "e"], "rechecked": ["z"]}
+    outcome = {"a": {"exit_code": 1}, "b": {"exit_code": 0}, "c": {"exit_code": 0}, "d": {"exit_code": 5}}
+    assert mutants.plan_sitting(state, outcome, 60.0, False, lambda name: False) == ["e"]
+    assert state["budget_s"] == state["first_budget_s"] == 60.0
+    assert mutants.plan_sitting(state, outcome, 30.0, True, lambda name: name == "c") == ["b"]
+    assert state["budget_s"] == 0 and state["first_budget_s"] == 60.0  # the table names the first run's budget
+    assert state["rechecked"] == ["b", "z"]
+
+
+def load_site_module(monkeypatch):
+    """scripts/mutants_site/sitecustomize.py as the stats run's subprocesses import it (it patches mutmut's
+    trampoline module on import; monkeypatch puts the originals back)."""
+    from mutmut.mutation import trampoline
+    monkeypatch.setattr(trampoline, "get_mutant_under_test", trampoline.get_mutant_under_test)
+    monkeypatch.setattr(trampoline, "record_trampoline_hit", trampoline.record_trampoline_hit)
+    path = os.path.join(os.path.dirname(mutants.__file__), "mutants_site", "sitecustomize.py")
+    spec = importlib.util.spec_from_file_location("grape_mutants_site", path)
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    return trampoline
+
+
+@pytest.mark.parametrize("where", ["test process", "subprocess"])
+def test_the_stats_run_records_calls_outside_compiled_code_only(where, tmp_path, monkeypatch):
+    """In the stats run a function called from code torch.compile traces runs unrecorded (dynamo cannot trace the
+    recording); elsewhere the mutant under test is mutmut's, whether or not the code is compiled."""
+    import torch
+    monkeypatch.setenv("GRAPE_MUTMUT_HITS", str(tmp_path))
+    compiling = [False]
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: compiling[0])
+    monkeypatch.setenv("MUTANT_UNDER_TEST", "stats")
+    if where == "subprocess":
+        get = load_site_module(monkeypatch).get_mutant_under_test
+    else:
+        from mutmut.mutation import trampoline
+        get = mutants.outside_compiled_code(trampoline.get_mutant_under_test)
+    seen = {}
+    for name in ("stats", "config.x_a__mutmut_1", ""):
+        monkeypatch.setenv("MUTANT_UNDER_TEST", name)
+        for compiling[0] in (False, True):
+            seen[name, compiling[0]] = get()
+    assert seen == {("stats", False): "stats", ("stats", True): "",
+                    ("config.x_a__mutmut_1", False): "config.x_a__mutmut_1",
+                    ("config.x_a__mutmut_1", True): "config.x_a__mutmut_1", ("", False): "", ("", True): ""}
