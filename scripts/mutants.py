@@ -331,11 +331,12 @@ def outside_compiled_code(get_mutant_under_test):
 def plan_sitting(state: dict, outcome: dict, budget: float, recheck: bool, is_equivalent) -> list[str]:
     """The sampled mutants this sitting runs, and its budget in state: those not judged yet, with the given budget;
     or with --recheck the survivors not listed as equivalent (listed ones would only run every test that reaches
-    them to survive again), each with all its tests."""
+    them to survive again), each with all its tests, and those no test reached (a later recording run may have
+    found tests that do)."""
     if not recheck:
         state["budget_s"] = state["first_budget_s"] = budget
         return [n for n in state["sample"] if outcome.get(n, {}).get("exit_code") is None]
-    pending = [n for n in state["sample"] if STATUS.get(outcome.get(n, {}).get("exit_code")) == "survived"
+    pending = [n for n in state["sample"] if STATUS.get(outcome.get(n, {}).get("exit_code")) in ("survived", "no test")
                and not is_equivalent(n)]
     state["budget_s"] = 0
     state["rechecked"] = sorted(set(state.get("rechecked", [])) | set(pending))
@@ -495,8 +496,8 @@ def main(argv=None) -> int:
                         help="run a mutant's tests fastest first only up to this many seconds of their recorded "
                              "time (default %(default)s; 0 = all of them)")
     parser.add_argument("--recheck", action="store_true",
-                        help="run the survivors not listed as equivalent again with all the tests that reach them "
-                             "(no budget)")
+                        help="run the survivors not listed as equivalent, and the mutants no test reached, again "
+                             "with all the tests that reach them (no budget)")
     args = parser.parse_args(argv)
     os.chdir(ROOT)
     try:
