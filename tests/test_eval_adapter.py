@@ -215,3 +215,29 @@ def test_scoring_progress_counts_the_padded_tokens_of_each_forward_pass(lm, work
     lm.loglikelihood([request(c, x) for c, x in cases])
     total = check_work_clock_lines(progress_lines(capsys.readouterr().err, "lm-eval: scoring 5 windows"))
     assert total == work_clock[0]
+
+
+def test_generate_until_counts_the_prompts_it_cut_and_keeps_each_requests_settings(lm):
+    """Prompts longer than max_length - max_gen_toks are cut from the left and counted (the long-context report
+    states the count); requests of the same prompt length but other settings are generated with their own."""
+    assert lm.max_length == WINDOW
+    long_text, short_text = "x" * (WINDOW + 5), "Once upon"
+    lm.generate_until([request(long_text, {"max_gen_toks": 4, "until": []}),
+                       request(long_text[1:], {"max_gen_toks": 4, "until": []}),
+                       request(short_text, {"max_gen_toks": 4, "until": []})])
+    assert lm.prompts_cut == 2  # the last request was not cut: the count is of the whole call
+    lm.generate_until([request(short_text, {"max_gen_toks": 4, "until": []})])
+    assert lm.prompts_cut == 0
+    alone = {n: lm.generate_until([request(short_text, {"max_gen_toks": n, "until": []})])[0] for n in (2, 6)}
+    assert alone[2] != alone[6]
+    together = lm.generate_until([request(short_text, {"max_gen_toks": 2, "until": []}),
+                                  request(short_text, {"max_gen_toks": 6, "until": []})])
+    assert together == [alone[2], alone[6]]
+
+
+def test_sampling_settings_follow_do_sample(lm):
+    """lm-eval asks for sampling with do_sample; without it a temperature is ignored (greedy decoding)."""
+    assert lm._generation_settings({"do_sample": True, "temperature": 0.7, "top_k": 5}) == {
+        "until": [], "max_gen_toks": WINDOW - 1, "temperature": 0.7, "top_k": 5}
+    assert lm._generation_settings({"temperature": 0.7, "until": "\n", "max_gen_toks": 3}) == {
+        "until": ["\n"], "max_gen_toks": 3, "temperature": 0.0, "top_k": None}

@@ -658,3 +658,32 @@ def test_a_study_with_variants_runs_each_encoding_per_variant(workspace, tmp_pat
         config = json.loads((tmp_path / row["run_dir"] / "config.json").read_text())["model"]
         assert (config["pos"], config["n_kv_head"], config["window"], config["global_every"]) == ("grape_ap", *expected)
         assert row["status"] == "done" and row["final_val_loss"] == records(tmp_path / row["run_dir"], "val")[-1]["val_loss"]
+
+
+def test_the_setup_lines_state_each_evaluations_sizes_from_its_first_output(monkeypatch):
+    """setup_summary reads each evaluation's first output and setup_lines states it: the long-context lengths as
+    multiples of the training context, the zero-shot documents per task, the extrapolation windows."""
+    from types import SimpleNamespace
+    monkeypatch.setattr(study, "count_parameters", lambda model: 1000 + model["n_embd"])
+    model = {"n_layer": 2, "n_embd": 32, "n_head": 2, "head_dim": 16, "block_size": 512, "vocab_size": 320}
+    run = SimpleNamespace(model=model, tokens=8 * 4 * 512, final_iter=8, encoding="rope")
+    plan = SimpleNamespace(runs=[run], encodings=["rope"])
+    long_context = {"lengths": [1024, 3072], "train_context": 512, "tasks": ["niah_single_1", "qa1"], "limit": 5,
+                    "rope_scaling": "none", "other": 1}
+    zero = {"paper_size": "medium_353M", "tasks": {"arc_easy": {"n": 3}, "piqa": {"n": 7}}}
+    extrapolation_output = {"val_tokens": 1025, "contexts": {"512": {"nonoverlapping": {"windows": 2}},
+                                                             "1024": {"nonoverlapping": {"windows": 1}}}}
+    setup = study.setup_summary(plan, {"long_context": long_context, "zero_shot": zero,
+                                       "extrapolation": extrapolation_output})
+    assert setup["long_context"] == {k: v for k, v in long_context.items() if k != "other"}
+    assert setup["zero_shot_documents"] == {"arc_easy": 3, "piqa": 7}
+    assert setup["extrapolation"] == {"val_tokens": 1025, "windows": {"512": 2, "1024": 1}}
+    assert setup["sequences_per_iteration"] == 4 and setup["parameters"] == {"rope": 1032}
+    lines = study.setup_lines(setup)
+    assert "- Long context: RULER and BABILong through lm-eval at 1,024 (2×), 3,072 (6×) tokens; 2 tasks, the first " \
+           "5 documents per task and length; positions: `--rope-scaling none`." in lines
+    assert "- Zero-shot: documents per task: arc_easy 3, piqa 7." in lines
+    assert "- Extrapolation: the first 1,025 validation tokens; non-overlapping windows per context: 512 tokens: 2, " \
+           "1024 tokens: 1." in lines
+    no_limit = study.setup_lines({**setup, "long_context": {**setup["long_context"], "limit": None}})
+    assert any("2 tasks, all documents per task and length" in line for line in no_limit)
