@@ -132,6 +132,8 @@ def test_report_numbers_are_the_runs_own_metrics_and_evaluation_outputs(finished
     sentence = next(line for line in markdown.splitlines() if line.startswith("- alibi − rope"))
     assert ("exceeds the seed spread" if exceeds else "is within the seed spread") in sentence
     assert f"{sum(d) / 2:+.4f}" in sentence and "2 paired seeds" in sentence
+    for (encoding, seed), loss in final.items():  # the Runs table: each run's row with its own final loss
+        assert f"| {encoding} | {seed} | done | 6 | 768 | {loss:.4f} | " in markdown
 
     paper = json.loads((REPO / "eval" / "paper_results.json").read_text())
     for encoding in ENCODINGS:
