@@ -132,7 +132,7 @@ class LayerCache:
     GRAPE-AP's r, whose path sums lie inside the window), so the ring and the running state reproduce the full
     forward exactly. A ring never fills."""
 
-    def __init__(self, max_len: int, start_pos: int = 0, window: int | None = None):
+    def __init__(self, max_len: int, start_pos: int, window: int | None):
         self.max_len = max_len
         self.window = window
         self.start_pos = start_pos  # absolute position of the first token

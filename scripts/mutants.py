@@ -34,6 +34,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -124,8 +125,12 @@ def mutants_with_sources() -> dict[str, tuple[str, str]]:
 
 
 def changed_lines(original: str, mutant: str) -> tuple[str, str]:
-    """The first changed line, before and after (whitespace-trimmed), ignoring the def line's renaming."""
-    a, b = original.splitlines()[1:], mutant.splitlines()[1:]
+    """The first changed line, before and after (whitespace-trimmed), ignoring the def line's renaming (but not a
+    changed default in it)."""
+    def unnamed(source):
+        first, *rest = source.splitlines()
+        return [re.sub(r"__mutmut_(orig|\d+)\(", "(", first, count=1), *rest]
+    a, b = unnamed(original), unnamed(mutant)
     for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
         if tag != "equal":
             return " ".join(x.strip() for x in a[i1:i2]), " ".join(x.strip() for x in b[j1:j2])

@@ -185,3 +185,23 @@ def test_fold_in_seed_is_splitmix64_of_the_running_sum():
     gamma = 0x9E3779B97F4A7C15
     outputs = [0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4, 0x06C45D188009454F]
     assert [fold_in_seed(0, k * gamma % 2**64) for k in range(3)] == [o & (2**63 - 1) for o in outputs]
+
+
+def test_validation_windows_cover_every_shard_of_a_split_of_several(tmp_path):
+    """Each validation shard gives its own (len - 1) // T windows, every T tokens (none crosses a shard): read
+    straight from the shard files in the manifest's order, they are what validation_batches yields."""
+    from data.shards import open_shard
+    from helpers import synthetic_corpus
+    data_dir = synthetic_corpus(tmp_path, 6, 400, val_tokens=2500, shard_tokens=1000)
+    shards = [s for s in read_manifest(data_dir)["shards"] if s["split"] == "val"]
+    assert [s["tokens"] for s in shards] == [1000, 1000, 500]
+    block = 64
+    expected = []
+    for shard in shards:
+        tokens = np.asarray(open_shard(os.path.join(data_dir, shard["file"])), dtype=np.int64)
+        expected += [tokens[i * block:i * block + block + 1] for i in range((len(tokens) - 1) // block)]
+    batches = list(validation_batches(data_dir, batch_size=4, block_size=block))
+    x, y = torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
+    assert len(expected) == 15 + 15 + 7 and x.shape == (len(expected), block)
+    assert torch.equal(x, torch.from_numpy(np.stack([w[:-1] for w in expected])))
+    assert torch.equal(y, torch.from_numpy(np.stack([w[1:] for w in expected])))

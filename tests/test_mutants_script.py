@@ -93,6 +93,9 @@ def test_an_equivalence_entry_matches_its_function_and_lines_only():
     assert mutants.equivalence(name, sources, [entry]) == "r"
     assert mutants.equivalence(name, sources, [{**entry, "mutant": "if a < 1:"}]) is None
     assert mutants.equivalence(name, sources, [{**entry, "function": "training.divergence.problem"}]) is None
+    default = ("def x_f__mutmut_orig(a, b: int = 0):\n    return a + b\n",
+               "def x_f__mutmut_1(a, b: int = 1):\n    return a + b\n")  # a mutant of the def line itself
+    assert mutants.changed_lines(*default) == ("def x_f(a, b: int = 0):", "def x_f(a, b: int = 1):")
 
 
 def test_every_module_of_the_repository_reaches_the_mutants_copy():
