@@ -238,6 +238,9 @@ def test_interrupted_preparation_resumes_to_identical_shards(tmp_path, stop_afte
     # What a kill leaves behind: a piece's partial temp file and a shard of a piece without its record.
     (out / "parts" / "piece_000003_000000.bin.tmp").write_bytes(b"partial")
     (out / "parts" / "piece_000003_000000.bin").write_bytes(b"garbage")
+    # and, killed while writing the plan, its temp file and a stray shard in the output folder itself
+    (out / "finalize.json.tmp").write_bytes(b'[{"file": ')
+    (out / "train_999999.bin").write_bytes(b"garbage")
     with pytest.raises(KeyboardInterrupt):
         run_prepare(source, out, stop_after_pieces=1, workers=2, **LAYOUT)
     assert not (out / "manifest.json").exists()
