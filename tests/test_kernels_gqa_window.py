@@ -210,6 +210,24 @@ def test_bad_groups_and_windows_get_one_clear_error():
         separable_attention(q, k, v, qf, kf, 0.3, has_rate=True, has_sum=True)
 
 
+
+def test_every_shape_mistake_is_named_with_the_shapes_it_was_checked_against():
+    """One ValueError lists each wrong tensor with its shape and the shape it must agree with."""
+    from kernels.grape_ap import check_inputs
+    (q, k, v, p, r), slopes = grape_ap_inputs(1, 4, 2, 5, 7, 8)
+    check_inputs(q, k, v, p, r, slopes)  # the right shapes pass
+    with pytest.raises(ValueError) as error:
+        check_inputs(q, k, v[:, :, :6], p[:, :3], r, slopes[:3], window=3)
+    assert str(error.value) == (
+        "grape_ap_attention: v(1, 2, 6, 8) must be (B, H_kv, Tk, Dv) with the B, H_kv, Tk of k(1, 2, 7, 8); "
+        "p(1, 3, 5, 8) must be (B, H, Tq, dp) with the B, H, Tq of q(1, 4, 5, 8); "
+        "slopes(3,) must hold one slope per head (4, one per query head).")
+    with pytest.raises(ValueError, match=r"k\(2, 2, 7, 8\) must be \(B, H_kv, Tk, 8\) with the B of q\(1, 4, 5, 8\); "
+                                         r"v\(2, 2, 7, 8\) must be"):
+        check_inputs(q, k.expand(2, -1, -1, -1), v.expand(2, -1, -1, -1), p, r, slopes)
+    with pytest.raises(ValueError, match=r"so Tq \(5\) must be <= Tk \(4\)"):
+        check_inputs(q, k[:, :, :4], v[:, :, :4], p, r[:, :, :4], slopes)
+
 # ---------------------------------------------------------------------------------------------------
 # The Triton kernels under the interpreter (a child process: TRITON_INTERPRET must be set before triton is
 # imported). Tiny shapes and 16-wide tiles: lengths not multiples of the tiles, windows narrower than a tile and
