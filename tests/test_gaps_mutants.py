@@ -248,3 +248,14 @@ def test_extrapolation_falls_back_to_the_embedded_corpus_of_the_checkpoints_toke
     ckpt = {"tokenizer": "bytes", "train_config": {"data_dir": "default"}}
     assert extrapolation.resolve_data_dir(str(tmp_path / "no-run"), ckpt, None) == "corpus"
     assert asked == [{"tokenizer": "bytes", "progress_bar": False}]
+
+
+def test_peak_memory_names_what_it_measured_on_each_device(monkeypatch):
+    """metrics.jsonl's peak memory: CUDA's max allocated bytes on a GPU, the process's max RSS (KiB on Linux)
+    elsewhere, each with the name of what was measured."""
+    import resource
+    from training import metrics
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: 3 * 2**30)
+    assert metrics.peak_memory(torch.device("cuda")) == {"peak_memory_gb": 3.0, "memory_kind": "cuda max allocated"}
+    monkeypatch.setattr(resource, "getrusage", lambda who: type("Usage", (), {"ru_maxrss": 2**20 // 2})())
+    assert metrics.peak_memory(torch.device("cpu")) == {"peak_memory_gb": 0.5, "memory_kind": "process max RSS"}

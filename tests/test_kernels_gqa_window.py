@@ -228,6 +228,19 @@ def test_every_shape_mistake_is_named_with_the_shapes_it_was_checked_against():
     with pytest.raises(ValueError, match=r"so Tq \(5\) must be <= Tk \(4\)"):
         check_inputs(q, k[:, :, :4], v[:, :, :4], p, r[:, :, :4], slopes)
 
+
+def test_auto_takes_the_decode_path_for_one_query_and_the_chunked_one_for_more(monkeypatch):
+    """backend="auto" on a CPU: a single decoding query is the O(Tk) decode path, anything longer the chunked one
+    (auto_backend is given the number of queries, then the head dims)."""
+    from kernels import grape_ap
+    taken = []
+    monkeypatch.setattr(grape_ap, "decode_attention", lambda *args, **kwargs: taken.append("decode"))
+    monkeypatch.setattr(grape_ap, "grape_ap_chunked", lambda *args, **kwargs: taken.append("chunked"))
+    for n_queries in (1, 5):
+        (q, k, v, p, r), slopes = grape_ap_inputs(1, 4, 2, n_queries, 7, 8)
+        grape_ap.grape_ap_attention(q, k, v, p, r, slopes, 0.3)
+    assert taken == ["decode", "chunked"]
+
 # ---------------------------------------------------------------------------------------------------
 # The Triton kernels under the interpreter (a child process: TRITON_INTERPRET must be set before triton is
 # imported). Tiny shapes and 16-wide tiles: lengths not multiples of the tiles, windows narrower than a tile and
