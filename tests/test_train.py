@@ -57,6 +57,8 @@ def test_resume_gives_identical_losses(config_file, tmp_path):
     assert [r["loss"] for r in read_metrics(tmp_path / "b")] == [r["loss"] for r in read_metrics(tmp_path / "a")]
     saved = torch.load(tmp_path / "b" / "ckpt.pt", weights_only=True)
     assert saved["step"] == 12 and saved["tokenizer"] == "byte"
+    trained = read_metrics(tmp_path / "b")[-1]["tokens"]  # what the log counted, over both halves of the run
+    assert saved["tokens_seen"] == trained and saved["windows_seen"] * saved["model_config"]["block_size"] == trained
     model, _ = GPT.from_checkpoint(str(tmp_path / "b"))  # the evaluation side reads it too
     reference, _ = GPT.from_checkpoint(str(tmp_path / "a"))
     for (name, p), (_, q) in zip(model.state_dict().items(), reference.state_dict().items()):
