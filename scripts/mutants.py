@@ -562,8 +562,9 @@ def main(argv=None) -> int:
         equivalents = load_equivalents()
         pending = plan_sitting(state, results(), args.budget, args.recheck,
                                lambda name: equivalence(name, sources, equivalents))
-        print(f"{len(state['sample']) - len(pending)} of {len(state['sample'])} sampled mutants judged; "
-              f"running {len(pending)} with {args.jobs} job(s)"
+        print((f"rechecking the {len(pending)} survivors not listed as equivalent and mutants no test reached"
+               if args.recheck else f"{len(state['sample']) - len(pending)} of {len(state['sample'])} sampled "
+                                    f"mutants judged; running {len(pending)}") + f" with {args.jobs} job(s)"
               + (f", each with its fastest tests up to {state['budget_s']:g} s" if state["budget_s"] else
                  ", each with all its tests"), flush=True)
         started, loads = time.time(), [load_average()]
