@@ -259,3 +259,15 @@ def test_peak_memory_names_what_it_measured_on_each_device(monkeypatch):
     assert metrics.peak_memory(torch.device("cuda")) == {"peak_memory_gb": 3.0, "memory_kind": "cuda max allocated"}
     monkeypatch.setattr(resource, "getrusage", lambda who: type("Usage", (), {"ru_maxrss": 2**20 // 2})())
     assert metrics.peak_memory(torch.device("cpu")) == {"peak_memory_gb": 0.5, "memory_kind": "process max RSS"}
+
+
+def test_shard_directories_without_a_readable_checkpoint(tmp_path):
+    """No ckpt.pt yet (killed before the first commit): every shard directory is unreferenced. A ckpt.pt that cannot
+    be read: none is, so nothing is removed before its own load reports the damage."""
+    import checkpoints
+    for name in ("step_000004", "step_000008"):
+        (tmp_path / checkpoints.SHARDS_DIR / name).mkdir(parents=True)
+    assert checkpoints.unreferenced_shard_directories(str(tmp_path)) == [
+        str(tmp_path / checkpoints.SHARDS_DIR / "step_000004"), str(tmp_path / checkpoints.SHARDS_DIR / "step_000008")]
+    (tmp_path / "ckpt.pt").write_bytes(b"not a checkpoint")
+    assert checkpoints.unreferenced_shard_directories(str(tmp_path)) == []
