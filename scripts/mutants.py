@@ -43,6 +43,8 @@ import textwrap
 import time
 import tomllib
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STATE = os.path.join("mutants", "sample.json")
 REPORT = os.path.join("docs", "testing.md")  # the table goes between its mutants:begin/end markers
@@ -52,6 +54,7 @@ EQUIVALENT = os.path.join("scripts", "mutants_equivalent.toml")
 SITE = os.path.join(ROOT, "scripts", "mutants_site")
 HITS = os.path.join("mutants", "subprocess_hits")
 FAILED_IN_STATS = os.path.join("mutants", "stats_failed.json")  # of the last recording run
+FIXTURE_COSTS = os.path.join("mutants", "fixture_costs.json")  # each fixture's set-up time, each test's fixtures
 LEFT_OUT = os.path.join("mutants", "left_out_tests.json")  # of all of them
 DEFAULT_SAMPLE, DEFAULT_SEED, MIN_PER_MODULE = 420, 2026, 8
 
@@ -208,24 +211,10 @@ def patch_mutmut(state: dict) -> None:
     regular = harness.PytestRunner._pytest_args_regular_run
 
     def fastest_first(self, tests):
-        return regular(self, tests_within_budget(tests, mutmut_state().duration_by_test, state.get("budget_s") or 0))
+        costs = load_fixture_costs()
+        return regular(self, tests_within_budget(tests, mutmut_state().duration_by_test, state.get("budget_s") or 0,
+                                                 costs["fixtures"], costs["uses"]))
     harness.PytestRunner._pytest_args_regular_run = fastest_first
-
-    class CurrentTest:
-        """Tells the subprocesses of the stats run which test started them, and notes the tests that fail."""
-        failed = []
-
-        @staticmethod
-        def pytest_runtest_setup(item):
-            os.environ["GRAPE_MUTMUT_TEST"] = item.nodeid
-            # also in a file: subprocesses whose environment a test module built at import time lack the variable
-            with open(os.path.join(os.environ["GRAPE_MUTMUT_HITS"], "current_test"), "w") as f:
-                f.write(item.nodeid)
-
-        @classmethod
-        def pytest_runtest_logreport(cls, report):
-            if report.failed:
-                cls.failed.append(report.nodeid.removeprefix("mutants/"))
 
     execute = harness.PytestRunner.execute_pytest
 
@@ -235,14 +224,19 @@ def patch_mutmut(state: dict) -> None:
         falsely), and the run counts as collected."""
         if os.environ.get("MUTANT_UNDER_TEST") != "stats":
             return execute(self, params, **kwargs)
-        kwargs["plugins"] = [*kwargs.get("plugins", []), CurrentTest()]
+        kwargs["plugins"] = [*kwargs.get("plugins", []), RecordingRun()]
         from mutmut.mutation import trampoline
         if not getattr(trampoline.get_mutant_under_test, "outside_compiled_code", False):
             trampoline.get_mutant_under_test = outside_compiled_code(trampoline.get_mutant_under_test)
         code = execute(self, [p for p in params if p != "-x"], **kwargs)
         with open(os.path.join(ROOT, FAILED_IN_STATS), "w") as f:
-            json.dump(CurrentTest.failed, f)
-        return 0 if code == 1 and CurrentTest.failed else code
+            json.dump(RecordingRun.failed, f)
+        costs = load_fixture_costs()  # a run of only the new tests adds to the last one's
+        costs["fixtures"].update(RecordingRun.fixture_s)
+        costs["uses"].update(RecordingRun.uses)
+        with open(os.path.join(ROOT, FIXTURE_COSTS), "w") as f:  # (the tests run in mutants/)
+            json.dump(costs, f)
+        return 0 if code == 1 and RecordingRun.failed else code
     harness.PytestRunner.execute_pytest = with_current_test
 
     main.copy_also_copy_files = copy_unmutated_files
@@ -304,19 +298,99 @@ def patch_mutmut(state: dict) -> None:
     main.get_mutant_runner = get_runner
 
 
-def tests_within_budget(tests, durations: dict, budget: float) -> list:
-    """The tests in the order of their recorded durations; with a budget, only the fastest ones that fit in it
-    (at least one). An empty list means the whole suite to mutmut (its forced-fail check): kept as it is."""
-    ordered = sorted(tests, key=lambda t: (durations.get(t, 1e9), t))
-    if not budget:
-        return ordered
-    kept, spent = [], 0.0
-    for test in ordered:
-        spent += durations.get(test, 0.0)
-        if kept and spent > budget:
+class RecordingRun:
+    """Tells the subprocesses of the stats run which test started them, notes the tests that fail, and times
+    each fixture's set-up (mutmut records only the tests' call phase)."""
+    failed, fixture_s, uses = [], {}, {}
+
+    @classmethod
+    def pytest_runtest_setup(cls, item):
+        os.environ["GRAPE_MUTMUT_TEST"] = item.nodeid
+        # also in a file: subprocesses whose environment a test module built at import time lack the variable
+        with open(os.path.join(os.environ["GRAPE_MUTMUT_HITS"], "current_test"), "w") as f:
+            f.write(item.nodeid)
+        cls.uses[item.nodeid.removeprefix("mutants/")] = fixture_keys(item)
+
+    @classmethod
+    @pytest.hookimpl(wrapper=True)
+    def pytest_fixture_setup(cls, fixturedef, request):
+        # pytest has set up the fixture's own fixtures before this hook: their time is not counted twice
+        started = time.perf_counter()
+        try:
+            return (yield)
+        finally:
+            key = f"{fixturedef.argname}|{request.node.nodeid.removeprefix('mutants/')}"
+            cls.fixture_s[key] = cls.fixture_s.get(key, 0.0) + time.perf_counter() - started
+
+    @classmethod
+    def pytest_runtest_logreport(cls, report):
+        if report.failed:
+            cls.failed.append(report.nodeid.removeprefix("mutants/"))
+
+
+def tests_within_budget(tests, durations: dict, budget: float, fixture_s: dict | None = None,
+                        uses: dict | None = None) -> list:
+    """The cheapest tests first; with a budget, only the ones that fit in it (at least one). A test costs its
+    recorded call time plus the set-up of its fixtures (uses[test], timed in fixture_s) that no test before it set
+    up: each mutant runs in a fresh process, so a fixture built for a module's first test is built again for every
+    mutant. The tests picked are then grouped by file, in the order each file first came, so that a module's
+    fixtures are built once (pytest tears them down when the next test is in another file). An unrecorded test
+    comes last. An empty list means the whole suite to mutmut (its forced-fail check): kept as it is."""
+    fixture_s, uses = fixture_s or {}, uses or {}
+    users = {}  # fixture key: the tests that need it
+    for test in tests:
+        for key in uses.get(test, ()):
+            users.setdefault(key, []).append(test)
+    cost = {t: durations.get(t, 1e9) + sum(fixture_s.get(k, 0.0) for k in set(uses.get(t, ()))) for t in tests}
+    picked, spent = [], 0.0
+    while cost:
+        test = min(cost, key=lambda t: (cost[t], t))
+        if budget and picked and spent + cost[test] > budget:
             break
-        kept.append(test)
-    return kept
+        spent += cost.pop(test)
+        picked.append(test)
+        for key in set(uses.get(test, ())):
+            for other in users.pop(key, ()):
+                if other in cost:
+                    cost[other] -= fixture_s.get(key, 0.0)
+    first = {}
+    for i, test in enumerate(picked):
+        first.setdefault(test.split("::")[0], i)
+    return sorted(picked, key=lambda t: first[t.split("::")[0]])
+
+
+def fixture_keys(item) -> list[str]:
+    """The fixtures a test needs, each as "name|id of the node it is set up for" (the test's own id for a
+    function-scoped fixture, the file's for a module-scoped one, "" for the session), as the stats run keys their
+    set-up times."""
+    import pytest
+    keys = []
+    for name in item.fixturenames:
+        definitions = item._fixtureinfo.name2fixturedefs.get(name)
+        if not definitions:
+            continue  # pytest's own request
+        scope = definitions[-1].scope
+        node = item if scope == "function" else item.session if scope == "session" else \
+            item.getparent({"class": pytest.Class, "module": pytest.Module, "package": pytest.Package}[scope])
+        keys.append(f"{name}|{(node.nodeid if node else '').removeprefix('mutants/')}")
+    return keys
+
+
+def load_fixture_costs() -> dict:
+    """{"fixtures": {key: set-up seconds}, "uses": {test: [key]}} of the recording runs (empty before one); read
+    once per change of the file, not once per mutant."""
+    path = os.path.join(ROOT, FIXTURE_COSTS)
+    stamp = os.stat(path).st_mtime_ns if os.path.exists(path) else None
+    if _fixture_costs.get("stamp") != stamp or "costs" not in _fixture_costs:
+        costs = {"fixtures": {}, "uses": {}}
+        if stamp is not None:
+            with open(path) as f:
+                costs = json.load(f)
+        _fixture_costs.update(stamp=stamp, costs=costs)
+    return {key: dict(value) for key, value in _fixture_costs["costs"].items()}
+
+
+_fixture_costs: dict = {}
 
 
 def outside_compiled_code(get_mutant_under_test):

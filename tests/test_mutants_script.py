@@ -207,3 +207,68 @@ def test_the_stats_run_records_calls_outside_compiled_code_only(where, tmp_path,
     assert seen == {("stats", False): "stats", ("stats", True): "",
                     ("config.x_a__mutmut_1", False): "config.x_a__mutmut_1",
                     ("config.x_a__mutmut_1", True): "config.x_a__mutmut_1", ("", False): "", ("", True): ""}
+
+
+def test_a_fixture_a_test_needs_costs_it_until_a_test_before_it_set_it_up():
+    durations = {"a.py::t1": 1.0, "a.py::t2": 1.0, "b.py::t3": 5.0, "b.py::t4": 0.5}
+    fixture_s = {"data|a.py": 10.0, "tmp|a.py::t1": 0.25, "tmp|a.py::t2": 0.25}
+    uses = {"a.py::t1": ["data|a.py", "tmp|a.py::t1"], "a.py::t2": ["data|a.py", "tmp|a.py::t2"], "b.py::t3": []}
+    tests = list(durations)
+    # t3 (5) before t1 (1 + 10 + 0.25); once t1 built the module's data, t2 costs 1.25; picked files grouped
+    assert mutants.tests_within_budget(tests, durations, 0, fixture_s, uses) == \
+        ["b.py::t4", "b.py::t3", "a.py::t1", "a.py::t2"]
+    assert mutants.tests_within_budget(tests, durations, 16.75, fixture_s, uses) == \
+        ["b.py::t4", "b.py::t3", "a.py::t1"]
+    assert mutants.tests_within_budget(tests, durations, 18.0, fixture_s, uses) == \
+        ["b.py::t4", "b.py::t3", "a.py::t1", "a.py::t2"]
+    assert mutants.tests_within_budget(tests, durations, 16.7, fixture_s, uses) == ["b.py::t4", "b.py::t3"]
+    # a cheap test of another file picked between two of one file runs after them (the file's fixtures once)
+    durations = {"a.py::t1": 1.0, "b.py::t2": 2.0, "a.py::t3": 3.0}
+    assert mutants.tests_within_budget(list(durations), durations, 0) == ["a.py::t1", "a.py::t3", "b.py::t2"]
+
+
+def test_the_recording_run_keys_each_fixtures_set_up_time_as_the_tests_that_need_it_do(tmp_path, monkeypatch):
+    (tmp_path / "test_costs.py").write_text(textwrap.dedent("""
+        import time
+        import pytest
+
+        @pytest.fixture(scope="session")
+        def shared():
+            time.sleep(0.2)
+
+        @pytest.fixture(scope="module")
+        def data(shared):
+            time.sleep(0.4)
+
+        @pytest.fixture
+        def scratch():
+            time.sleep(0.1)
+
+        def test_one(data):
+            pass
+
+        def test_two(data, scratch):
+            pass
+
+        class TestGroup:
+            @pytest.fixture(scope="class")
+            def built(self):
+                time.sleep(0.3)
+
+            def test_three(self, built):
+                pass
+    """))
+    monkeypatch.setenv("GRAPE_MUTMUT_HITS", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    for name in ("failed", "fixture_s", "uses"):
+        monkeypatch.setattr(mutants.RecordingRun, name, type(getattr(mutants.RecordingRun, name))())
+    assert pytest.main(["-q", "-p", "no:cacheprovider", "test_costs.py"], plugins=[mutants.RecordingRun()]) == 0
+    fixture_s, uses = mutants.RecordingRun.fixture_s, mutants.RecordingRun.uses
+    alone = {test: sum(fixture_s[key] for key in keys) for test, keys in uses.items()}  # every key was timed
+    assert 0.6 <= alone["test_costs.py::test_one"] < 0.6 + 0.15
+    assert 0.7 <= alone["test_costs.py::test_two"] < 0.7 + 0.15
+    assert 0.3 <= alone["test_costs.py::TestGroup::test_three"] < 0.3 + 0.15
+    assert set(uses["test_costs.py::test_one"]) < set(uses["test_costs.py::test_two"])  # the same module's data
+    # the module's data and the session's fixture are built once, for the first test
+    order = mutants.tests_within_budget(list(uses), {t: 0.0 for t in uses}, 0, fixture_s, uses)
+    assert order == ["test_costs.py::TestGroup::test_three", "test_costs.py::test_one", "test_costs.py::test_two"]
