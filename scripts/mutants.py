@@ -516,7 +516,7 @@ def write_report(state: dict, sources: dict, wording: dict) -> dict:
              f"{MIN_PER_MODULE}). Wall time {state['wall_s'] / 60:.0f} min in {len(state['sittings'])} sitting(s), "
              f"{state['machine']}, mean load {state['mean_load']:.1f} while it ran (other work shared the machine). "
              f"Each mutant ran the tests that reach its function, fastest first, stopping at the first failure, up "
-             f"to {state.get('first_budget_s', 0):g} s of their recorded time; {len(state.get('rechecked', []))} "
+             f"to {state.get('first_budget_s', 0):g} s of their recorded time (call and fixture set-up); {len(state.get('rechecked', []))} "
              "survivors of that ran again with all of them (`--recheck`).",
              "", "| module | sampled | killed | survived | equivalent | timeout | no test reaches it | not run | "
              "killed / non-equivalent |", "|---|---|---|---|---|---|---|---|---|"]
@@ -572,7 +572,7 @@ def main(argv=None) -> int:
     parser.add_argument("--survivors", action="store_true",
                         help="print each survivor's diff and an entry for scripts/mutants_equivalent.toml to fill in")
     parser.add_argument("--budget", type=float, default=60.0,
-                        help="run a mutant's tests fastest first only up to this many seconds of their recorded "
+                        help="run a mutant's tests cheapest first only up to this many seconds of their recorded "
                              "time (default %(default)s; 0 = all of them)")
     parser.add_argument("--recheck", action="store_true",
                         help="run the survivors not listed as equivalent, and the mutants no test reached, again "
