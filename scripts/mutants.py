@@ -639,7 +639,7 @@ def main(argv=None) -> int:
         print((f"rechecking the {len(pending)} survivors not listed as equivalent and mutants no test reached"
                if args.recheck else f"{len(state['sample']) - len(pending)} of {len(state['sample'])} sampled "
                                     f"mutants judged; running {len(pending)}") + f" with {args.jobs} job(s)"
-              + (f", each with its fastest tests up to {state['budget_s']:g} s" if state["budget_s"] else
+              + (f", each with its cheapest tests up to {state['budget_s']:g} s" if state["budget_s"] else
                  ", each with all its tests"), flush=True)
         started, loads = time.time(), [load_average()]
 
