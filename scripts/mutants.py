@@ -229,13 +229,7 @@ def patch_mutmut(state: dict) -> None:
         if not getattr(trampoline.get_mutant_under_test, "outside_compiled_code", False):
             trampoline.get_mutant_under_test = outside_compiled_code(trampoline.get_mutant_under_test)
         code = execute(self, [p for p in params if p != "-x"], **kwargs)
-        with open(os.path.join(ROOT, FAILED_IN_STATS), "w") as f:
-            json.dump(RecordingRun.failed, f)
-        costs = load_fixture_costs()  # a run of only the new tests adds to the last one's
-        costs["fixtures"].update(RecordingRun.fixture_s)
-        costs["uses"].update(RecordingRun.uses)
-        with open(os.path.join(ROOT, FIXTURE_COSTS), "w") as f:  # (the tests run in mutants/)
-            json.dump(costs, f)
+        RecordingRun.save()
         return 0 if code == 1 and RecordingRun.failed else code
     harness.PytestRunner.execute_pytest = with_current_test
 
@@ -326,6 +320,18 @@ class RecordingRun:
     def pytest_runtest_logreport(cls, report):
         if report.failed:
             cls.failed.append(report.nodeid.removeprefix("mutants/"))
+
+    @classmethod
+    def save(cls):
+        """The failed tests, and the fixture costs added to those of the last recording run (a run of only the new
+        tests keeps the others' costs); written where the script reads them (the tests run in mutants/)."""
+        with open(os.path.join(ROOT, FAILED_IN_STATS), "w") as f:
+            json.dump(cls.failed, f)
+        costs = load_fixture_costs()
+        costs["fixtures"].update(cls.fixture_s)
+        costs["uses"].update(cls.uses)
+        with open(os.path.join(ROOT, FIXTURE_COSTS), "w") as f:
+            json.dump(costs, f)
 
 
 def tests_within_budget(tests, durations: dict, budget: float, fixture_s: dict | None = None,

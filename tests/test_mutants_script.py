@@ -1,6 +1,7 @@
 """scripts/mutants.py's own logic: which mutants count as a message's wording, the proportional seeded sample, the
 names of mutmut's mutants, and the equivalence entries (mutmut itself is not needed for these)."""
 import importlib.util
+import json
 import os
 import textwrap
 from collections import Counter
@@ -96,6 +97,8 @@ def test_an_equivalence_entry_matches_its_function_and_lines_only():
     default = ("def x_f__mutmut_orig(a, b: int = 0):\n    return a + b\n",
                "def x_f__mutmut_1(a, b: int = 1):\n    return a + b\n")  # a mutant of the def line itself
     assert mutants.changed_lines(*default) == ("def x_f(a, b: int = 0):", "def x_f(a, b: int = 1):")
+    twelfth = (default[0], default[0].replace("__mutmut_orig", "__mutmut_12").replace("a + b", "a - b"))
+    assert mutants.changed_lines(*twelfth) == ("return a + b", "return a - b")  # not its renamed def line
 
 
 def test_every_module_of_the_repository_reaches_the_mutants_copy():
@@ -222,19 +225,33 @@ def test_a_fixture_a_test_needs_costs_it_until_a_test_before_it_set_it_up():
     assert mutants.tests_within_budget(tests, durations, 18.0, fixture_s, uses) == \
         ["b.py::t4", "b.py::t3", "a.py::t1", "a.py::t2"]
     assert mutants.tests_within_budget(tests, durations, 16.7, fixture_s, uses) == ["b.py::t4", "b.py::t3"]
+    # a fixture is paid once, however many tests need it: the third of three users costs its call alone
+    shared = {"c.py::t1": 1.0, "c.py::t2": 1.0, "c.py::t3": 1.0}
+    three = {t: ["data|c.py"] for t in shared}
+    assert mutants.tests_within_budget(list(shared), shared, 12.0, {"data|c.py": 10.0}, three) == \
+        ["c.py::t1", "c.py::t2"]
     # a cheap test of another file picked between two of one file runs after them (the file's fixtures once)
     durations = {"a.py::t1": 1.0, "b.py::t2": 2.0, "a.py::t3": 3.0}
     assert mutants.tests_within_budget(list(durations), durations, 0) == ["a.py::t1", "a.py::t3", "b.py::t2"]
 
 
 def test_the_recording_run_keys_each_fixtures_set_up_time_as_the_tests_that_need_it_do(tmp_path, monkeypatch):
-    (tmp_path / "test_costs.py").write_text(textwrap.dedent("""
+    """A tiny suite run the way mutmut runs ours (its copy in mutants/, whose prefix the ids lose): each test's
+    fixtures, each timed once where it was built, add up to what the test costs alone; an overriding fixture
+    counts with its own scope; the costs are saved beside the last recording run's."""
+    suite = tmp_path / "mutants"
+    suite.mkdir()
+    (suite / "conftest.py").write_text(textwrap.dedent("""
         import time
         import pytest
 
         @pytest.fixture(scope="session")
         def shared():
             time.sleep(0.2)
+    """))
+    (suite / "test_costs.py").write_text(textwrap.dedent("""
+        import time
+        import pytest
 
         @pytest.fixture(scope="module")
         def data(shared):
@@ -258,17 +275,58 @@ def test_the_recording_run_keys_each_fixtures_set_up_time_as_the_tests_that_need
             def test_three(self, built):
                 pass
     """))
+    (suite / "test_override.py").write_text(textwrap.dedent("""
+        import time
+        import pytest
+
+        @pytest.fixture
+        def shared():
+            time.sleep(0.05)
+
+        def test_four(shared):
+            pass
+    """))
     monkeypatch.setenv("GRAPE_MUTMUT_HITS", str(tmp_path))
+    monkeypatch.setattr(mutants, "ROOT", str(tmp_path))
+    monkeypatch.setattr(mutants, "_fixture_costs", {})
     monkeypatch.chdir(tmp_path)
     for name in ("failed", "fixture_s", "uses"):
         monkeypatch.setattr(mutants.RecordingRun, name, type(getattr(mutants.RecordingRun, name))())
-    assert pytest.main(["-q", "-p", "no:cacheprovider", "test_costs.py"], plugins=[mutants.RecordingRun()]) == 0
+    assert pytest.main(["-q", "-p", "no:cacheprovider", f"--rootdir={tmp_path}", "mutants"],
+                       plugins=[mutants.RecordingRun()]) == 0
     fixture_s, uses = mutants.RecordingRun.fixture_s, mutants.RecordingRun.uses
     alone = {test: sum(fixture_s[key] for key in keys) for test, keys in uses.items()}  # every key was timed
+    assert set(alone) == {"test_costs.py::test_one", "test_costs.py::test_two", "test_costs.py::TestGroup::test_three",
+                          "test_override.py::test_four"}
     assert 0.6 <= alone["test_costs.py::test_one"] < 0.6 + 0.15
     assert 0.7 <= alone["test_costs.py::test_two"] < 0.7 + 0.15
     assert 0.3 <= alone["test_costs.py::TestGroup::test_three"] < 0.3 + 0.15
+    assert 0.05 <= alone["test_override.py::test_four"] < 0.05 + 0.12  # its own fixture, not the session's
     assert set(uses["test_costs.py::test_one"]) < set(uses["test_costs.py::test_two"])  # the same module's data
     # the module's data and the session's fixture are built once, for the first test
     order = mutants.tests_within_budget(list(uses), {t: 0.0 for t in uses}, 0, fixture_s, uses)
-    assert order == ["test_costs.py::TestGroup::test_three", "test_costs.py::test_one", "test_costs.py::test_two"]
+    assert order == ["test_override.py::test_four", "test_costs.py::TestGroup::test_three",
+                     "test_costs.py::test_one", "test_costs.py::test_two"]
+
+    (tmp_path / "mutants" / "fixture_costs.json").write_text(json.dumps(
+        {"fixtures": {"old|x.py": 1.0, "data|test_costs.py": 99.0}, "uses": {"x.py::t": ["old|x.py"]}}))
+    mutants.RecordingRun.save()  # the last run's costs kept, its own replacing theirs
+    saved = mutants.load_fixture_costs()
+    assert saved["uses"] == {"x.py::t": ["old|x.py"], **uses}
+    assert saved["fixtures"] == {"old|x.py": 1.0, **fixture_s}
+
+
+def test_the_fixture_costs_are_read_again_when_their_file_changes_and_not_changed_by_a_reader(tmp_path, monkeypatch):
+    monkeypatch.setattr(mutants, "ROOT", str(tmp_path))
+    monkeypatch.setattr(mutants, "_fixture_costs", {})
+    assert mutants.load_fixture_costs() == {"fixtures": {}, "uses": {}}  # before any recording run
+    path = tmp_path / "mutants" / "fixture_costs.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps({"fixtures": {"a|": 1.0}, "uses": {"t": ["a|"]}}))
+    first = mutants.load_fixture_costs()
+    assert first == {"fixtures": {"a|": 1.0}, "uses": {"t": ["a|"]}}
+    first["fixtures"]["added|"] = 9.0  # a caller's change stays its own
+    assert mutants.load_fixture_costs() == {"fixtures": {"a|": 1.0}, "uses": {"t": ["a|"]}}
+    path.write_text(json.dumps({"fixtures": {"b|": 2.0}, "uses": {}}))
+    os.utime(path, ns=(path.stat().st_mtime_ns + 10**9,) * 2)  # a new stamp even on a coarse clock
+    assert mutants.load_fixture_costs() == {"fixtures": {"b|": 2.0}, "uses": {}}
