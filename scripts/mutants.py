@@ -16,8 +16,10 @@ mutants, chosen by the environment variable MUTANT_UNDER_TEST, which subprocesse
 reach each function ("stats"); it sees only calls in the test process, so a sitecustomize (scripts/mutants_site/)
 records the calls made in subprocesses during that run, and they are added to the tests of each function. Results
 are kept per mutant in mutants/ (mutmut's own .meta files): a stopped run resumes with the mutants it has not
-judged; a function that changed since is judged again. This script adds the sampling, the fastest-first test
-order, the subprocess calls and the report; it depends on mutmut's internals and is pinned to mutmut 3.8.
+judged; a function that changed since is judged again. The sample's verdicts and sittings are also committed in
+docs/mutants_results.json, from which a new machine or clone resumes (mutants/ is not committed). This script
+adds the sampling, the cheapest-first test order, the subprocess calls, the record and the report; it depends on
+mutmut's internals and is pinned to mutmut 3.8.
 
 Mutants that change only the text of a message (an exception's, a warning's, a printed line's) are left out of
 the population: they are listed as such in the report's counts, not sampled. Every other survivor must be killed
@@ -49,6 +51,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STATE = os.path.join("mutants", "sample.json")
 REPORT = os.path.join("docs", "testing.md")  # the table goes between its mutants:begin/end markers
 SURVIVORS = os.path.join("docs", "mutants.md")
+# the run's record, committed: mutants/ is not, and a new machine (or clone) resumes from this file
+RECORD = os.path.join("docs", "mutants_results.json")
 MARKERS = ("<!-- mutants:begin (scripts/mutants.py writes this part) -->", "<!-- mutants:end -->")
 EQUIVALENT = os.path.join("scripts", "mutants_equivalent.toml")
 SITE = os.path.join(ROOT, "scripts", "mutants_site")
@@ -478,6 +482,49 @@ def results() -> dict[str, dict]:
     return out
 
 
+def source_digest(original: str, mutant: str) -> str:
+    return hashlib.sha256(f"{original}\0{mutant}".encode()).hexdigest()[:16]
+
+
+def save_record(state: dict, sources: dict, outcome: dict) -> None:
+    """The run's state (sample, sittings, rechecks) and each judged sampled mutant's exit code, with a digest of
+    its source and its function's, in RECORD: one mutant a line, for readable diffs."""
+    kept = {k: v for k, v in state.items() if k not in ("stats_fingerprint", "stats_ok")}
+    verdicts = {n: [outcome[n]["exit_code"], outcome[n].get("duration"), source_digest(*sources[n])]
+                for n in state["sample"] if n in sources and outcome.get(n, {}).get("exit_code") is not None}
+    lines = [json.dumps(n, ensure_ascii=False) + ": " + json.dumps(v) for n, v in sorted(verdicts.items())]
+    with open(RECORD, "w") as f:
+        f.write('{"state": ' + json.dumps(kept, sort_keys=True) + ',\n"verdicts": {\n' + ",\n".join(lines) + "\n}}\n")
+
+
+def restore_record(sources: dict) -> tuple[dict, int, int]:
+    """On a machine without mutants/sample.json: the committed record's state, and its verdicts written into
+    mutmut's .meta files for each mutant whose source and function are unchanged (mutmut keeps a verdict while its
+    function is unchanged too); returns (state, verdicts restored, verdicts dropped as stale)."""
+    with open(RECORD) as f:
+        record = json.load(f)
+    restored = stale = 0
+    for meta_path in mutated_files():
+        with open(meta_path) as f:
+            meta = json.load(f)
+        changed = False
+        for name in meta["exit_code_by_key"]:
+            verdict = record["verdicts"].get(name)
+            if verdict is None or meta["exit_code_by_key"][name] is not None:
+                continue
+            code, duration, digest = verdict
+            if name not in sources or source_digest(*sources[name]) != digest:
+                stale += 1
+                continue
+            meta["exit_code_by_key"][name] = code
+            meta.setdefault("durations_by_key", {})[name] = duration
+            restored, changed = restored + 1, True
+        if changed:
+            with open(meta_path, "w") as f:
+                json.dump(meta, f)
+    return record["state"], restored, stale
+
+
 def load_equivalents() -> list[dict]:
     if not os.path.exists(EQUIVALENT):
         return []
@@ -611,6 +658,16 @@ def main(argv=None) -> int:
         main_module.create_mutants(max(1, args.jobs))
         main_module.set_mutant_under_test("")
     sources = mutants_with_sources()
+    if not sources:
+        print("no generated mutants in mutants/: run `python3 scripts/mutants.py` first (it generates them, and on "
+              f"a new machine resumes from {RECORD})", file=sys.stderr)
+        return 2
+    if not os.path.exists(STATE) and os.path.exists(RECORD) and not args.fresh:
+        state, restored, stale = restore_record(sources)
+        with open(STATE, "w") as f:
+            json.dump(state, f)
+        print(f"resumed from {RECORD}: {restored} verdicts restored"
+              + (f", {stale} dropped (their function changed since: they run again)" if stale else ""), flush=True)
     rows, wording = population(sources)
     sample = sorted(n for names in rows.values() for n in names) if args.all else \
         draw_sample(rows, args.sample, args.seed)
@@ -681,6 +738,7 @@ def main(argv=None) -> int:
     summary = write_report(state, sources, wording)
     with open(STATE, "w") as f:
         json.dump(state, f)
+    save_record(state, sources, results())
     t = summary["totals"]
     print(f"{t['killed']} killed, {t['survived']} survived, {t['equivalent']} equivalent, {t['timeout']} timeout, "
           f"{t['no test']} reached by no test, {t['not run']} not run; table in {REPORT}, survivors in {SURVIVORS}")

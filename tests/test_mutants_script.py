@@ -330,3 +330,39 @@ def test_the_fixture_costs_are_read_again_when_their_file_changes_and_not_change
     path.write_text(json.dumps({"fixtures": {"b|": 2.0}, "uses": {}}))
     os.utime(path, ns=(path.stat().st_mtime_ns + 10**9,) * 2)  # a new stamp even on a coarse clock
     assert mutants.load_fixture_costs() == {"fixtures": {"b|": 2.0}, "uses": {}}
+
+
+def test_a_new_machine_resumes_from_the_committed_record_keeping_only_verdicts_of_unchanged_mutants(tmp_path,
+                                                                                                      monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "mutants").mkdir()
+    names = ["config.x_a__mutmut_1", "config.x_a__mutmut_2", "config.x_b__mutmut_1", "config.x_b__mutmut_2"]
+    sources = {n: (f"def {n.split('.')[1].split('__')[0]}__mutmut_orig(a):\n    return a + 1\n",
+                   f"def {n.split('.')[1]}(a):\n    return a - 1\n") for n in names}
+    outcome = {names[0]: {"exit_code": 1, "duration": 2.5}, names[1]: {"exit_code": 0, "duration": 9.0},
+               names[2]: {"exit_code": None}, names[3]: {"exit_code": 36, "duration": 120.0},
+               "config.x_c__mutmut_1": {"exit_code": 1, "duration": 1.0}}  # not sampled: not recorded
+    state = {"sample": names, "sittings": [{"seconds": 60.0}], "rechecked": [names[1]], "stats_fingerprint": "f",
+             "seed": 3}
+    mutants.save_record(state, sources, outcome)
+    recorded = json.loads((tmp_path / "docs" / "mutants_results.json").read_text())
+    assert set(recorded["verdicts"]) == {names[0], names[1], names[3]}
+    # the next machine: fresh .meta files (nothing judged), and names[1]'s source changed since
+    (tmp_path / "mutants" / "config.py.meta").write_text(json.dumps(
+        {"exit_code_by_key": {n: None for n in names}, "durations_by_key": {}}))
+    sources[names[1]] = (sources[names[1]][0], sources[names[1]][1].replace("- 1", "- 2"))
+    restored_state, restored, stale = mutants.restore_record(sources)
+    assert (restored, stale) == (2, 1)
+    assert restored_state == {k: v for k, v in state.items() if k != "stats_fingerprint"}  # stats are not kept
+    meta = json.loads((tmp_path / "mutants" / "config.py.meta").read_text())
+    assert meta["exit_code_by_key"] == {names[0]: 1, names[1]: None, names[2]: None, names[3]: 36}
+    assert meta["durations_by_key"] == {names[0]: 2.5, names[3]: 120.0}
+    assert mutants.results()[names[3]] == {"exit_code": 36, "duration": 120.0}
+    # a verdict the machine already has is its own, not the record's
+    meta["exit_code_by_key"][names[1]] = 1
+    meta["exit_code_by_key"][names[0]] = 0
+    (tmp_path / "mutants" / "config.py.meta").write_text(json.dumps(meta))
+    sources[names[1]] = (sources[names[1]][0], sources[names[1]][1].replace("- 2", "- 1"))
+    assert mutants.restore_record(sources)[1:] == (0, 0)
+    assert json.loads((tmp_path / "mutants" / "config.py.meta").read_text())["exit_code_by_key"][names[0]] == 0
