@@ -233,6 +233,7 @@ def patch_mutmut(state: dict) -> None:
         if not getattr(trampoline.get_mutant_under_test, "outside_compiled_code", False):
             trampoline.get_mutant_under_test = outside_compiled_code(trampoline.get_mutant_under_test)
         code = execute(self, [p for p in params if p != "-x"], **kwargs)
+        RecordingRun.credit_fixture_calls(mutmut_state().tests_by_mangled_function_name)
         RecordingRun.save()
         return 0 if code == 1 and RecordingRun.failed else code
     harness.PytestRunner.execute_pytest = with_current_test
@@ -266,17 +267,8 @@ def patch_mutmut(state: dict) -> None:
             left_out = sorted(set(left_out_tests()) | set(failed))  # read before "w" empties the file
             with open(LEFT_OUT, "w") as f:
                 json.dump(left_out, f)
-        added = 0
-        for path in glob.glob(os.path.join(HITS, "*.json")):
-            with open(path) as f:
-                record = json.load(f)
-            test = record["test"].removeprefix("mutants/")
-            if not test:
-                continue  # (a subprocess that outlived its test)
-            for function in record["functions"]:
-                if test not in mutmut_state().tests_by_mangled_function_name[function]:
-                    mutmut_state().tests_by_mangled_function_name[function].add(test)
-                    added += 1
+        added = credit_subprocess_calls(mutmut_state().tests_by_mangled_function_name,
+                                        load_fixture_costs()["uses"], set(failed))
         from mutmut.stats import save_stats
         save_stats()
         state["stats_ok"] = True
@@ -297,28 +289,48 @@ def patch_mutmut(state: dict) -> None:
 
 
 class RecordingRun:
-    """Tells the subprocesses of the stats run which test started them, notes the tests that fail, and times
-    each fixture's set-up (mutmut records only the tests' call phase)."""
-    failed, fixture_s, uses = [], {}, {}
+    """Tells the subprocesses of the stats run which test started them, notes the tests that fail, times each
+    fixture's set-up (mutmut records only the tests' call phase), and notes the functions each fixture's set-up
+    calls: mutmut credits them to the test being set up only, and a module-scoped fixture is set up for the
+    module's first test, so an assertion about its work in a later test would never meet their mutants."""
+    failed, fixture_s, uses, fixture_calls = [], {}, {}, {}
 
     @classmethod
     def pytest_runtest_setup(cls, item):
-        os.environ["GRAPE_MUTMUT_TEST"] = item.nodeid
-        # also in a file: subprocesses whose environment a test module built at import time lack the variable
-        with open(os.path.join(os.environ["GRAPE_MUTMUT_HITS"], "current_test"), "w") as f:
-            f.write(item.nodeid)
+        mark_current_test(item.nodeid)
         cls.uses[item.nodeid.removeprefix("mutants/")] = fixture_keys(item)
 
     @classmethod
     @pytest.hookimpl(wrapper=True)
     def pytest_fixture_setup(cls, fixturedef, request):
         # pytest has set up the fixture's own fixtures before this hook: their time is not counted twice
+        from mutmut.state import state as mutmut_state
+        key = f"{fixturedef.argname}|{request.node.nodeid.removeprefix('mutants/')}"
+        hits, test = mutmut_state()._stats, os.environ.get("GRAPE_MUTMUT_TEST", "")
+        before = set(hits)
+        hits.clear()
+        mark_current_test(FIXTURE_PREFIX + key)  # a subprocess the fixture starts records under it
         started = time.perf_counter()
         try:
             return (yield)
         finally:
-            key = f"{fixturedef.argname}|{request.node.nodeid.removeprefix('mutants/')}"
             cls.fixture_s[key] = cls.fixture_s.get(key, 0.0) + time.perf_counter() - started
+            cls.fixture_calls.setdefault(key, set()).update(hits)
+            hits.update(before)  # mutmut still credits them to this test too
+            mark_current_test(test)
+
+    @classmethod
+    def credit_fixture_calls(cls, tests_by_function: dict) -> int:
+        """Each function a fixture's set-up called, credited to every test that needs the fixture; returns the
+        (test, function) pairs added."""
+        added = 0
+        for test, keys in cls.uses.items():
+            for key in keys:
+                for function in cls.fixture_calls.get(key, ()):
+                    if test not in tests_by_function.setdefault(function, set()):
+                        tests_by_function[function].add(test)
+                        added += 1
+        return added
 
     @classmethod
     def pytest_runtest_logreport(cls, report):
@@ -336,6 +348,43 @@ class RecordingRun:
         costs["uses"].update(cls.uses)
         with open(os.path.join(ROOT, FIXTURE_COSTS), "w") as f:
             json.dump(costs, f)
+
+
+FIXTURE_PREFIX = "fixture:"  # a subprocess started by a fixture's set-up records under "fixture:KEY"
+
+
+def mark_current_test(test: str) -> None:
+    """Tells the stats run's subprocesses whom their calls count for: in the environment they inherit, and in a
+    file for those whose environment a test module built at import time (without the variable)."""
+    os.environ["GRAPE_MUTMUT_TEST"] = test
+    with open(os.path.join(os.environ["GRAPE_MUTMUT_HITS"], "current_test"), "w") as f:
+        f.write(test)
+
+
+def credit_subprocess_calls(tests_by_function: dict, uses: dict, failed: set) -> int:
+    """The functions each subprocess of the stats run called (its file in HITS), credited to the test that started
+    it, or to every test that needs the fixture whose set-up started it; a test that failed in the stats run is
+    left out. Returns the (test, function) pairs added."""
+    added = 0
+    for path in glob.glob(os.path.join(HITS, "*.json")):
+        with open(path) as f:
+            record = json.load(f)
+        started_by = record["test"].removeprefix("mutants/")
+        if not started_by:
+            continue  # (a subprocess that outlived its test)
+        if started_by.startswith(FIXTURE_PREFIX):
+            key = started_by[len(FIXTURE_PREFIX):]
+            tests = [test for test, keys in uses.items() if key in keys]
+        else:
+            tests = [started_by]
+        for test in tests:
+            if test in failed:
+                continue
+            for function in record["functions"]:
+                if test not in tests_by_function.setdefault(function, set()):
+                    tests_by_function[function].add(test)
+                    added += 1
+    return added
 
 
 def tests_within_budget(tests, durations: dict, budget: float, fixture_s: dict | None = None,

@@ -255,6 +255,8 @@ def test_the_recording_run_keys_each_fixtures_set_up_time_as_the_tests_that_need
 
         @pytest.fixture(scope="module")
         def data(shared):
+            from mutmut.state import state
+            state()._stats.add("m.build")  # what a mutated function's trampoline records
             time.sleep(0.4)
 
         @pytest.fixture
@@ -262,7 +264,8 @@ def test_the_recording_run_keys_each_fixtures_set_up_time_as_the_tests_that_need
             time.sleep(0.1)
 
         def test_one(data):
-            pass
+            from mutmut.state import state
+            state()._stats.add("m.check")
 
         def test_two(data, scratch):
             pass
@@ -290,10 +293,25 @@ def test_the_recording_run_keys_each_fixtures_set_up_time_as_the_tests_that_need
     monkeypatch.setattr(mutants, "ROOT", str(tmp_path))
     monkeypatch.setattr(mutants, "_fixture_costs", {})
     monkeypatch.chdir(tmp_path)
-    for name in ("failed", "fixture_s", "uses"):
+    for name in ("failed", "fixture_s", "uses", "fixture_calls"):
         monkeypatch.setattr(mutants.RecordingRun, name, type(getattr(mutants.RecordingRun, name))())
+    from mutmut.state import state
+    monkeypatch.setattr(state(), "_stats", set())
+
+    class Credit:  # as mutmut's own recorder does: what was recorded since the last test, to that test
+        credited = {}
+
+        def pytest_runtest_teardown(self, item):
+            Credit.credited[item.nodeid.removeprefix("mutants/")] = set(state()._stats)
+            state()._stats.clear()
     assert pytest.main(["-q", "-p", "no:cacheprovider", f"--rootdir={tmp_path}", "mutants"],
-                       plugins=[mutants.RecordingRun()]) == 0
+                       plugins=[mutants.RecordingRun(), Credit()]) == 0
+    assert Credit.credited["test_costs.py::test_one"] == {"m.build", "m.check"}  # the module's first test
+    assert Credit.credited["test_costs.py::test_two"] == set()
+    tests_by_function = {"m.check": {"test_costs.py::test_one"}}
+    assert mutants.RecordingRun.credit_fixture_calls(tests_by_function) == 2
+    assert tests_by_function == {"m.check": {"test_costs.py::test_one"},
+                                 "m.build": {"test_costs.py::test_one", "test_costs.py::test_two"}}
     fixture_s, uses = mutants.RecordingRun.fixture_s, mutants.RecordingRun.uses
     alone = {test: sum(fixture_s[key] for key in keys) for test, keys in uses.items()}  # every key was timed
     assert set(alone) == {"test_costs.py::test_one", "test_costs.py::test_two", "test_costs.py::TestGroup::test_three",
@@ -366,3 +384,21 @@ def test_a_new_machine_resumes_from_the_committed_record_keeping_only_verdicts_o
     sources[names[1]] = (sources[names[1]][0], sources[names[1]][1].replace("- 2", "- 1"))
     assert mutants.restore_record(sources)[1:] == (0, 0)
     assert json.loads((tmp_path / "mutants" / "config.py.meta").read_text())["exit_code_by_key"][names[0]] == 0
+
+
+def test_a_subprocess_counts_for_the_test_that_started_it_or_every_test_that_needs_its_fixture(tmp_path,
+                                                                                                 monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    hits = tmp_path / mutants.HITS
+    hits.mkdir(parents=True)
+    records = [{"test": "mutants/a.py::t1", "functions": ["m.f"]},  # started by a test's call
+               {"test": mutants.FIXTURE_PREFIX + "data|a.py", "functions": ["m.g", "m.f"]},  # by a module fixture
+               {"test": "", "functions": ["m.h"]},  # outlived its test
+               {"test": "b.py::t4", "functions": ["m.h"]}]  # a test that failed in the stats run
+    for i, record in enumerate(records):
+        (hits / f"{i}.json").write_text(json.dumps(record))
+    uses = {"a.py::t1": ["data|a.py", "tmp|a.py::t1"], "a.py::t2": ["data|a.py"], "a.py::t3": ["tmp|a.py::t3"],
+            "b.py::t4": ["data|a.py"]}
+    tests_by_function = {"m.f": {"a.py::t1"}}
+    assert mutants.credit_subprocess_calls(tests_by_function, uses, {"b.py::t4"}) == 3  # t1: m.g; t2: m.f, m.g
+    assert tests_by_function == {"m.f": {"a.py::t1", "a.py::t2"}, "m.g": {"a.py::t1", "a.py::t2"}}
