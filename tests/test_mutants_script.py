@@ -357,7 +357,7 @@ def test_a_new_machine_resumes_from_the_committed_record_keeping_only_verdicts_o
     (tmp_path / "mutants").mkdir()
     names = ["config.x_a__mutmut_1", "config.x_a__mutmut_2", "config.x_b__mutmut_1", "config.x_b__mutmut_2"]
     sources = {n: (f"def {n.split('.')[1].split('__')[0]}__mutmut_orig(a):\n    return a + 1\n",
-                   f"def {n.split('.')[1]}(a):\n    return a - 1\n") for n in names}
+                   f"def {n.split('.')[1]}(a):\n    return a - 1\n") for n in names + ["config.x_c__mutmut_1"]}
     outcome = {names[0]: {"exit_code": 1, "duration": 2.5}, names[1]: {"exit_code": 0, "duration": 9.0},
                names[2]: {"exit_code": None}, names[3]: {"exit_code": 36, "duration": 120.0},
                "config.x_c__mutmut_1": {"exit_code": 1, "duration": 1.0}}  # not sampled: not recorded
@@ -402,3 +402,27 @@ def test_a_subprocess_counts_for_the_test_that_started_it_or_every_test_that_nee
     tests_by_function = {"m.f": {"a.py::t1"}}
     assert mutants.credit_subprocess_calls(tests_by_function, uses, {"b.py::t4"}) == 3  # t1: m.g; t2: m.f, m.g
     assert tests_by_function == {"m.f": {"a.py::t1", "a.py::t2"}, "m.g": {"a.py::t1", "a.py::t2"}}
+
+
+def test_the_command_on_a_new_machine_takes_the_records_sittings_and_verdicts(tmp_path, monkeypatch):
+    """main on a machine with generated mutants but no mutants/sample.json: the report counts the committed
+    record's sittings and verdicts."""
+    monkeypatch.setattr(mutants, "ROOT", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    for folder in ("mutants", "docs", "scripts"):
+        (tmp_path / folder).mkdir()
+    name = "config.x_f__mutmut_1"
+    (tmp_path / "pyproject.toml").write_text('[tool.mutmut]\nsource_paths = ["config.py"]\n')  # read on import
+    (tmp_path / "config.py").write_text("def f(a):\n    return a + 1\n")
+    (tmp_path / "mutants" / "config.py").write_text(
+        "def x_f__mutmut_orig(a):\n    return a + 1\n\ndef x_f__mutmut_1(a):\n    return a - 1\n")
+    (tmp_path / "mutants" / "config.py.meta").write_text(json.dumps({"exit_code_by_key": {name: None}}))
+    (tmp_path / "docs" / "testing.md").write_text(f"{mutants.MARKERS[0]}\n{mutants.MARKERS[1]}\n")
+    state = {"sample": [name], "sittings": [{"start": 1.0, "seconds": 600.0, "load": 2.0}], "seed": 2026,
+             "size": 420, "all": False, "rechecked": []}
+    mutants.save_record(state, mutants.mutants_with_sources(), {name: {"exit_code": 1, "duration": 0.5}})
+    assert mutants.main(["--report"]) == 0
+    assert json.loads((tmp_path / "mutants" / "sample.json").read_text())["sittings"] == state["sittings"]
+    report = (tmp_path / "docs" / "testing.md").read_text()
+    assert "Wall time 10 min in 1 sitting(s)" in report
+    assert "| **all** | 1 | 1 | 0 | 0 | 0 | 0 | 0 | 100% |" in report
