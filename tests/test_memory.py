@@ -53,6 +53,17 @@ def head_inputs():
     return hidden, weight, targets
 
 
+def test_an_fp32_hidden_state_meets_a_bf16_head_in_the_heads_dtype(head_inputs):
+    """Without autocast the head's matmul runs in the weight's dtype whatever the hidden state's (a norm that
+    computes in fp32 feeding a bf16 head): both losses equal the float64 formula on bf16-rounded inputs."""
+    hidden, weight, targets = head_inputs
+    h, w = hidden.float(), weight.bfloat16()
+    expected = reference_loss(h.bfloat16(), w, targets)
+    for loss in (plain_loss(h, w, targets), chunked_cross_entropy(h, w, targets, 64)):
+        assert loss.dtype == torch.float32
+        assert abs(loss.double() - expected).item() < 1e-3 * expected.item()
+
+
 @pytest.mark.parametrize("chunk", [1, 7, 64, 300, 4096])
 def test_chunked_loss_and_gradients_equal_the_plain_loss_in_fp32(head_inputs, chunk):
     hidden, weight, targets = head_inputs
