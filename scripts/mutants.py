@@ -1,5 +1,5 @@
 """Generated mutation testing: mutmut's mutants of the modules a wrong result would come from, a seeded sample of
-them (or all), each run against only the tests that reach its function, fastest test first, stopping at the first
+them (or all), each run against only the tests that reach its function, cheapest test first, stopping at the first
 failure; resumable; the per-module table is written into docs/testing.md and the survivors into docs/mutants.md.
 
     nice -n 10 python3 scripts/mutants.py            # the seeded sample (420 mutants); run it again to resume
@@ -205,20 +205,21 @@ def draw_sample(rows: dict[str, list[str]], size: int, seed: int) -> list[str]:
 # ----------------------------------------------------------------------------- running mutmut
 
 def patch_mutmut(state: dict) -> None:
-    """Three changes to mutmut's flow: each mutant's tests run fastest first (pytest keeps the order of the ids
-    given); calls made in the test suite's subprocesses count towards the tests that reach a function; and the
-    clean-run of the selected tests is skipped when the stats run (the same tests, unmutated) passed."""
+    """Three changes to mutmut's flow: each mutant's tests run cheapest first within the budget (pytest keeps the
+    order of the ids given); the recording run (RecordingRun) also credits the calls made in the suite's
+    subprocesses and in fixtures' set-up to every test they serve, and times the fixtures; and the clean run of the
+    selected tests is skipped when the stats run (the same tests, unmutated) passed."""
     import mutmut.__main__ as main
     from mutmut.runners import harness
     from mutmut.state import state as mutmut_state
 
     regular = harness.PytestRunner._pytest_args_regular_run
 
-    def fastest_first(self, tests):
+    def cheapest_first(self, tests):
         costs = load_fixture_costs()
         return regular(self, tests_within_budget(tests, mutmut_state().duration_by_test, state.get("budget_s") or 0,
                                                  costs["fixtures"], costs["uses"]))
-    harness.PytestRunner._pytest_args_regular_run = fastest_first
+    harness.PytestRunner._pytest_args_regular_run = cheapest_first
 
     execute = harness.PytestRunner.execute_pytest
 
@@ -422,7 +423,6 @@ def fixture_keys(item) -> list[str]:
     """The fixtures a test needs, each as "name|id of the node it is set up for" (the test's own id for a
     function-scoped fixture, the file's for a module-scoped one, "" for the session), as the stats run keys their
     set-up times."""
-    import pytest
     keys = []
     for name in item.fixturenames:
         definitions = item._fixtureinfo.name2fixturedefs.get(name)
@@ -617,9 +617,9 @@ def write_report(state: dict, sources: dict, wording: dict) -> dict:
              f"non-report functions of scripts/study.py), in proportion to each module's mutants (at least "
              f"{MIN_PER_MODULE}). Wall time {state['wall_s'] / 60:.0f} min in {len(state['sittings'])} sitting(s), "
              f"{state['machine']}, mean load {state['mean_load']:.1f} while it ran (other work shared the machine). "
-             f"Each mutant ran the tests that reach its function, fastest first, stopping at the first failure, up "
-             f"to {state.get('first_budget_s', 0):g} s of their recorded time (call and fixture set-up); {len(state.get('rechecked', []))} "
-             "survivors of that ran again with all of them (`--recheck`).",
+             f"Each mutant ran the tests that reach its function, cheapest first, stopping at the first failure, up "
+             f"to {state.get('first_budget_s', 0):g} s of their recorded time (call and fixture set-up); "
+             f"{len(state.get('rechecked', []))} survivors of that ran again with all of them (`--recheck`).",
              "", "| module | sampled | killed | survived | equivalent | timeout | no test reaches it | not run | "
              "killed / non-equivalent |", "|---|---|---|---|---|---|---|---|---|"]
     totals = {k: 0 for k in rows[GROUPS[0][0]]}
