@@ -134,9 +134,11 @@ def mutants_with_sources() -> dict[str, tuple[str, str]]:
 def changed_lines(original: str, mutant: str) -> tuple[str, str]:
     """The first changed line, before and after (whitespace-trimmed), ignoring the def line's renaming (but not a
     changed default in it)."""
-    def unnamed(source):
-        first, *rest = source.splitlines()
-        return [re.sub(r"__mutmut_(orig|\d+)\(", "(", first, count=1), *rest]
+    def unnamed(source):  # (the def line follows the decorators, if any)
+        lines = source.splitlines()
+        at = next(i for i, line in enumerate(lines) if line.lstrip().startswith(("def ", "async def ")))
+        lines[at] = re.sub(r"__mutmut_(orig|\d+)\(", "(", lines[at], count=1)
+        return lines
     a, b = unnamed(original), unnamed(mutant)
     for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
         if tag != "equal":

@@ -99,6 +99,8 @@ def test_an_equivalence_entry_matches_its_function_and_lines_only():
     assert mutants.changed_lines(*default) == ("def x_f(a, b: int = 0):", "def x_f(a, b: int = 1):")
     twelfth = (default[0], default[0].replace("__mutmut_orig", "__mutmut_12").replace("a + b", "a - b"))
     assert mutants.changed_lines(*twelfth) == ("return a + b", "return a - b")  # not its renamed def line
+    decorated = tuple("@classmethod\n" + source.replace("(a,", "(cls, a,") for source in twelfth)
+    assert mutants.changed_lines(*decorated) == ("return a + b", "return a - b")  # the def line after a decorator
 
 
 def test_every_module_of_the_repository_reaches_the_mutants_copy():
