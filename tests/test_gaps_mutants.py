@@ -1,9 +1,15 @@
 """Behaviour that generated mutants (scripts/mutants.py, docs/testing.md) showed no test pinned down: each test
 here fails under at least one surviving mutant of the run on the final commit."""
+import ast
 import errno
 import json
 import os
+import shlex
+import shutil
 import socket
+import subprocess
+import sys
+import types
 
 import pytest
 import torch
@@ -12,6 +18,7 @@ import config
 from data import prepare, verify
 from data.shards import DataError
 from helpers import write_position_shards
+from model import GPTConfig
 
 
 def test_an_unknown_key_with_no_close_match_lists_every_valid_key():
@@ -271,3 +278,226 @@ def test_shard_directories_without_a_readable_checkpoint(tmp_path):
         str(tmp_path / checkpoints.SHARDS_DIR / "step_000004"), str(tmp_path / checkpoints.SHARDS_DIR / "step_000008")]
     (tmp_path / "ckpt.pt").write_bytes(b"not a checkpoint")
     assert checkpoints.unreferenced_shard_directories(str(tmp_path)) == []
+
+
+# ----------------------------------------------------------------------------- the fifth session's survivors
+
+def test_a_badly_typed_model_key_in_the_file_is_named_with_its_section(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text('[model]\nn_layer = "two"\n[train]\ndata_dir = "d"\nout_dir = "o"\n')
+    with pytest.raises(config.ConfigError) as caught:
+        config.resolve(str(path), [], GPTConfig)
+    assert "model.n_layer" in str(caught.value)
+
+
+@pytest.mark.parametrize("source,words", [
+    ({"kind": "hub", "dataset": "HuggingFaceFW/fineweb-edu", "config": "sample-100BT"},
+     {"dataset": "fineweb-edu", "version": "100B", "files": None}),
+    ({"kind": "files", "pattern": "/corpus/*.txt", "txt_sample_by": "line"},
+     {"dataset": None, "files": "/corpus/*.txt", "txt_sample_by": "line"}),
+])
+def test_the_prepare_command_of_a_manifest_parses_back_to_its_settings(tmp_path, source, words):
+    from data.manifest import prepare_command
+    settings = {"source": source, "tokenizer": "gpt2", "val_tokens": 1000, "shard_tokens": 4096, "max_tokens": 9000}
+    (tmp_path / "manifest.json").write_text(json.dumps({"config": settings}))
+    command = prepare_command(tmp_path).split(" ", 3)
+    assert command[:3] == ["python", "-m", "data.prepare"]
+    args = prepare.parse_args(shlex.split(command[3]))
+    assert (args.out, args.tokenizer, args.val_tokens, args.shard_tokens, args.max_tokens) == \
+        (str(tmp_path), "gpt2", 1000, 4096, 9000)
+    assert {key: getattr(args, key) for key in words} == words
+
+
+def test_the_verified_shards_record_lives_under_the_xdg_cache_home(tmp_path, monkeypatch):
+    monkeypatch.delenv(verify.CACHE_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert verify.record_path(tmp_path / "data").startswith(str(tmp_path / "xdg" / "grape" / "verified") + os.sep)
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert verify.record_path(tmp_path / "data").startswith(str(tmp_path / "home" / ".cache" / "grape") + os.sep)
+
+
+def test_the_code_version_is_the_commit_and_dirty_only_for_changed_tracked_files(tmp_path, monkeypatch):
+    from training.metrics import code_version
+
+    def git(*args):
+        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                              capture_output=True, text=True).stdout.strip()
+    git("init", "-q")
+    (tmp_path / "tracked.py").write_text("a = 1\n")
+    git("add", "tracked.py")
+    git("commit", "-q", "-m", "first")
+    commit = git("rev-parse", "HEAD")
+    # code_version asks git about the repository it lives in; these point git at the one made here instead
+    monkeypatch.setenv("GIT_DIR", str(tmp_path / ".git"))
+    monkeypatch.setenv("GIT_WORK_TREE", str(tmp_path))
+    (tmp_path / "untracked.txt").write_text("an output file\n")
+    assert code_version() == commit
+    (tmp_path / "tracked.py").write_text("a = 2\n")
+    assert code_version() == commit + "-dirty"
+    monkeypatch.setenv("GIT_DIR", str(tmp_path / "not-a-repository"))
+    assert code_version() == "unknown"
+
+
+def test_wandb_gets_each_numeric_value_under_its_record_type_at_the_records_iteration(tmp_path, capsys):
+    from training.metrics import Metrics
+    logged = []
+    run = types.SimpleNamespace(log=lambda values, step: logged.append((values, step)))
+    metrics = Metrics(str(tmp_path / "metrics.jsonl"), run)
+    record = {"type": "train", "iter": 7, "loss": 2.5, "tokens": 1024, "lr": None, "note": "text"}
+    metrics.write(record, "step 7")
+    assert logged == [({"train/loss": 2.5, "train/tokens": 1024}, 7)]
+    assert json.loads((tmp_path / "metrics.jsonl").read_text()) == record
+    assert capsys.readouterr().out == "step 7\n"
+
+
+def test_a_process_outside_torchrun_makes_no_process_group_and_one_inside_joins_it(monkeypatch):
+    import torch.distributed as dist
+    from training.distributed import Distributed
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    alone = Distributed("cpu")
+    assert (alone.enabled, alone.world_size, dist.is_initialized()) == (False, 1, False)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for name, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1"),
+                        ("MASTER_PORT", str(port))):
+        monkeypatch.setenv(name, value)
+    launched = Distributed("cpu", timeout_s=60)
+    try:
+        assert (launched.enabled, launched.is_main, dist.is_initialized(), dist.get_world_size()) == (True, True, True, 1)
+    finally:
+        launched.close()
+    assert not dist.is_initialized()
+
+
+def test_rotated_planes_keep_the_inputs_dtype_and_round_the_fp32_rotation():
+    from positional import rotate_planes
+    x = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    angles = torch.linspace(0, 3, 20).view(5, 4)
+    rotated = rotate_planes(x, angles)
+    x1, x2 = x.float().chunk(2, dim=-1)
+    reference = torch.cat((x1 * angles.cos() - x2 * angles.sin(), x1 * angles.sin() + x2 * angles.cos()), -1)
+    assert rotated.dtype == torch.bfloat16
+    assert torch.equal(rotated, reference.to(torch.bfloat16))
+
+
+def test_a_model_switched_to_the_chunked_loss_chunks_by_the_default_size():
+    from lm_loss import DEFAULT_CHUNK_TOKENS
+    from model import GPT, GPTConfig
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, head_dim=8, vocab_size=64, block_size=16))
+    tokens, targets = torch.randint(0, 64, (2, 16)), torch.randint(0, 64, (2, 16))
+    _, plain = model(tokens, targets)
+    model.loss_impl = "chunked"
+    _, chunked = model(tokens, targets)
+    assert model.loss_chunk_tokens == DEFAULT_CHUNK_TOKENS
+    assert chunked.item() == pytest.approx(plain.item(), rel=1e-6)
+
+
+@pytest.mark.parametrize("name", ["liger", "cce"])
+def test_the_fused_losses_get_the_hidden_states_the_head_and_the_targets(monkeypatch, name):
+    """The packages are CUDA-only; stand-ins with their signatures compute the loss from what they are given."""
+    import torch.nn.functional as F
+
+    from lm_loss import lm_loss, plain_loss
+
+    def fused(hidden, weight, targets, ignore_index):
+        return F.cross_entropy((hidden @ weight.T).float(), targets, ignore_index=ignore_index)
+    if name == "liger":
+        for module in ("liger_kernel", "liger_kernel.transformers"):
+            monkeypatch.setitem(sys.modules, module, types.ModuleType(module))
+        monkeypatch.setitem(sys.modules, "liger_kernel.transformers.functional",
+                            types.SimpleNamespace(liger_fused_linear_cross_entropy=fused))
+    else:
+        monkeypatch.setitem(sys.modules, "cut_cross_entropy", types.SimpleNamespace(linear_cross_entropy=fused))
+    g = torch.Generator().manual_seed(0)
+    hidden, weight = torch.randn(2, 6, 8, generator=g), torch.randn(40, 8, generator=g)
+    targets = torch.randint(0, 40, (2, 6), generator=g)
+    targets[0, 0] = -1
+    expected = plain_loss(hidden.view(-1, 8), weight, targets.view(-1))
+    assert lm_loss(name, hidden, weight, targets).item() == pytest.approx(expected.item(), rel=1e-6)
+
+
+def test_an_unknown_loss_lists_the_valid_ones():
+    from lm_loss import resolve_loss
+    with pytest.raises(ValueError, match=r"^unknown loss 'fused'; valid: auto, chunked, plain, liger, cce$"):
+        resolve_loss("fused", torch.device("cpu"))
+
+
+def test_a_ranks_table_with_a_token_that_is_no_merge_names_it():
+    from hf.tokenizer_files import merges_from_ranks
+    ranks = {bytes([b]): b for b in range(256)}
+    ranks[b"ab"] = 256
+    assert merges_from_ranks(ranks) == [(b"a", b"b")]
+    ranks[b"xyz"] = 257  # neither xy nor yz is a token
+    with pytest.raises(ValueError, match=r"^token b'xyz' \(rank 257\) is not one merge of two lower-ranked tokens$"):
+        merges_from_ranks(ranks)
+
+
+def test_optional_packages_are_imported_in_try_blocks_that_re_raise():
+    from hf.remote_code import rewrite
+    source = "import os\nimport triton\nimport triton.language as tl\n\n\ndef f():\n    import triton\n"
+    tree = ast.parse(rewrite(source, set(), "ns"))
+    imports = [node for node in ast.walk(tree) if isinstance(node, ast.Import)]
+    assert [ast.unparse(node) for node in imports] == ["import os", "import triton", "import triton.language as tl",
+                                                       "import triton"]
+    wrapped = [node for node in tree.body if isinstance(node, ast.Try)]
+    assert [ast.unparse(node.body[0]) for node in wrapped] == ["import triton", "import triton.language as tl"]
+    for node in wrapped:
+        (handler,) = node.handlers
+        assert ast.unparse(handler.type) == "ImportError" and [type(s) for s in handler.body] == [ast.Raise]
+        assert handler.body[0].exc is None  # the ImportError itself, re-raised
+    assert isinstance(tree.body[0], ast.Import) and isinstance(tree.body[-1], ast.FunctionDef)
+
+
+def tiny_export(tmp_path, pos):
+    from eval.tiny import save_run
+    from hf.export import export
+    from model import GPT
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, head_dim=8, vocab_size=320, block_size=16, pos=pos))
+    out = tmp_path / "export"
+    return out, export(save_run(model, str(tmp_path / "run")), str(out), "auto")
+
+
+@pytest.mark.parametrize("pos", ["rope", "alibi"])
+def test_an_export_is_an_ordinary_directory_with_a_card_that_loads_it(tmp_path, pos):
+    out, summary = tiny_export(tmp_path, pos)
+    native = pos == "rope"
+    umask = os.umask(0)
+    os.umask(umask)
+    assert os.stat(out).st_mode & 0o7777 == 0o777 & ~umask
+    assert {name: os.stat(out / name).st_mode & 0o7777 for name in os.listdir(out)} == \
+        {name: 0o666 & ~umask for name in os.listdir(out)}
+    code = sorted(name for name in os.listdir(out) if name.endswith(".py"))
+    assert sorted(summary["code"]) == code and bool(code) == (not native)
+    card = (out / "README.md").read_text()
+    trust = "" if native else ", trust_remote_code=True"
+    assert f"model = AutoModelForCausalLM.from_pretrained(path{trust})\n" in card
+    assert f"tokenizer = AutoTokenizer.from_pretrained(path{trust})\n" in card
+    no_padding = "The model has no padding mask: batch sequences of one length (or right-pad them without a cache)."
+    assert (no_padding in card) == (not native)
+    settings = json.loads((out / "config.json").read_text())
+    eot = 256  # the byte tokenizer's end-of-text
+    assert (settings["bos_token_id"], settings["eos_token_id"]) == (eot, eot)
+
+
+def test_an_export_whose_tokenizer_cannot_be_written_says_so_and_leaves_nothing(tmp_path, monkeypatch):
+    import hf.export
+
+    def unwritable(name, directory, length):
+        raise ValueError("the ranks file is damaged")
+    monkeypatch.setattr(hf.export, "write_tokenizer", unwritable)
+    with pytest.raises(hf.export.ExportError, match=r"^cannot write the tokenizer files: the ranks file is damaged$"):
+        tiny_export(tmp_path, "alibi")
+    assert sorted(os.listdir(tmp_path)) == ["run"]
+
+    def vanished(name, directory, length):  # the partial directory removed by someone else, then a failure
+        shutil.rmtree(directory)
+        raise ValueError("the ranks file is damaged")
+    monkeypatch.setattr(hf.export, "write_tokenizer", vanished)
+    with pytest.raises(hf.export.ExportError, match="the ranks file is damaged"):
+        tiny_export(tmp_path, "alibi")
+    assert sorted(os.listdir(tmp_path)) == ["run"]

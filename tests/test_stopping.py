@@ -76,6 +76,9 @@ def test_several_processes_vote_through_an_all_reduce():
     others_asked = SimpleNamespace(enabled=True, device=torch.device("cpu"), all_reduce_sum=all_reduce_sum)
     with StopSignals(lambda *a: None) as stops:
         assert stops.any_process(others_asked) is True and sums == [0.0]
+    nobody_asked = SimpleNamespace(enabled=True, device=torch.device("cpu"), all_reduce_sum=lambda tensor: tensor)
+    with StopSignals(lambda *a: None) as stops:
+        assert stops.any_process(nobody_asked) is False
 
 
 def test_outside_the_main_thread_no_handler_is_installed():
