@@ -101,6 +101,8 @@ def test_an_equivalence_entry_matches_its_function_and_lines_only():
     assert mutants.changed_lines(*twelfth) == ("return a + b", "return a - b")  # not its renamed def line
     decorated = tuple("@classmethod\n" + source.replace("(a,", "(cls, a,") for source in twelfth)
     assert mutants.changed_lines(*decorated) == ("return a + b", "return a - b")  # the def line after a decorator
+    removed = (twelfth[0].replace("    return", "    a += 1\n    return"), twelfth[0].replace("__mutmut_orig", "__mutmut_3"))
+    assert mutants.changed_lines(*removed) == ("a += 1", "")  # a statement taken out: nothing in its place
 
 
 def test_every_module_of_the_repository_reaches_the_mutants_copy():
@@ -310,8 +312,8 @@ def test_the_recording_run_keys_each_fixtures_set_up_time_as_the_tests_that_need
                        plugins=[mutants.RecordingRun(), Credit()]) == 0
     assert Credit.credited["test_costs.py::test_one"] == {"m.build", "m.check"}  # the module's first test
     assert Credit.credited["test_costs.py::test_two"] == set()
-    tests_by_function = {"m.check": {"test_costs.py::test_one"}}
-    assert mutants.RecordingRun.credit_fixture_calls(tests_by_function) == 2
+    tests_by_function = {"m.check": {"test_costs.py::test_one"}, "m.build": {"test_costs.py::test_one"}}
+    assert mutants.RecordingRun.credit_fixture_calls(tests_by_function) == 1  # the pairs not there before
     assert tests_by_function == {"m.check": {"test_costs.py::test_one"},
                                  "m.build": {"test_costs.py::test_one", "test_costs.py::test_two"}}
     fixture_s, uses = mutants.RecordingRun.fixture_s, mutants.RecordingRun.uses
@@ -399,11 +401,19 @@ def test_a_subprocess_counts_for_the_test_that_started_it_or_every_test_that_nee
                {"test": "b.py::t4", "functions": ["m.h"]}]  # a test that failed in the stats run
     for i, record in enumerate(records):
         (hits / f"{i}.json").write_text(json.dumps(record))
-    uses = {"a.py::t1": ["data|a.py", "tmp|a.py::t1"], "a.py::t2": ["data|a.py"], "a.py::t3": ["tmp|a.py::t3"],
-            "b.py::t4": ["data|a.py"]}
+    uses = {"b.py::t4": ["data|a.py"],  # (first: the tests after it still get their credit)
+            "a.py::t1": ["data|a.py", "tmp|a.py::t1"], "a.py::t2": ["data|a.py"], "a.py::t3": ["tmp|a.py::t3"]}
     tests_by_function = {"m.f": {"a.py::t1"}}
     assert mutants.credit_subprocess_calls(tests_by_function, uses, {"b.py::t4"}) == 3  # t1: m.g; t2: m.f, m.g
     assert tests_by_function == {"m.f": {"a.py::t1", "a.py::t2"}, "m.g": {"a.py::t1", "a.py::t2"}}
+
+
+def test_the_current_test_is_the_last_one_marked(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRAPE_MUTMUT_HITS", str(tmp_path))
+    monkeypatch.delenv("GRAPE_MUTMUT_TEST", raising=False)
+    for test in ("a.py::t1", "a.py::t2"):
+        mutants.mark_current_test(test)
+    assert (tmp_path / "current_test").read_text() == "a.py::t2" and os.environ["GRAPE_MUTMUT_TEST"] == "a.py::t2"
 
 
 def test_the_command_on_a_new_machine_takes_the_records_sittings_and_verdicts(tmp_path, monkeypatch):
