@@ -501,3 +501,12 @@ def test_an_export_whose_tokenizer_cannot_be_written_says_so_and_leaves_nothing(
     with pytest.raises(hf.export.ExportError, match="the ranks file is damaged"):
         tiny_export(tmp_path, "alibi")
     assert sorted(os.listdir(tmp_path)) == ["run"]
+
+    def vanished_disk_full(name, directory, length):  # the same, then an OSError
+        shutil.rmtree(directory)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(hf.export, "write_tokenizer", vanished_disk_full)
+    with pytest.raises(hf.export.ExportError, match=r"cannot write the export beside .*export \(No space left on "
+                                                    r"device\); check the free space and permissions there"):
+        tiny_export(tmp_path, "alibi")
+    assert sorted(os.listdir(tmp_path)) == ["run"]
