@@ -18,7 +18,7 @@ import config
 from data import prepare, verify
 from data.shards import DataError
 from helpers import write_position_shards
-from model import GPTConfig
+from model import GPT, GPTConfig
 
 
 def test_an_unknown_key_with_no_close_match_lists_every_valid_key():
@@ -366,7 +366,8 @@ def test_a_process_outside_torchrun_makes_no_process_group_and_one_inside_joins_
         monkeypatch.setenv(name, value)
     launched = Distributed("cpu", timeout_s=60)
     try:
-        assert (launched.enabled, launched.is_main, dist.is_initialized(), dist.get_world_size()) == (True, True, True, 1)
+        assert (launched.enabled, launched.is_main, dist.is_initialized(), dist.get_world_size()) == \
+            (True, True, True, 1)
     finally:
         launched.close()
     assert not dist.is_initialized()
@@ -383,16 +384,20 @@ def test_rotated_planes_keep_the_inputs_dtype_and_round_the_fp32_rotation():
     assert torch.equal(rotated, reference.to(torch.bfloat16))
 
 
-def test_a_model_switched_to_the_chunked_loss_chunks_by_the_default_size():
-    from lm_loss import DEFAULT_CHUNK_TOKENS
-    from model import GPT, GPTConfig
+def test_a_model_switched_to_the_chunked_loss_computes_the_plain_loss_in_chunks_of_the_default_size(monkeypatch):
+    import lm_loss
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, head_dim=8, vocab_size=64, block_size=16))
-    tokens, targets = torch.randint(0, 64, (2, 16)), torch.randint(0, 64, (2, 16))
+    tokens, targets = torch.randint(0, 64, (20, 16)), torch.randint(0, 64, (20, 16))  # 320 tokens: two chunks
     _, plain = model(tokens, targets)
+    chunk_sizes = []
+    real = lm_loss.chunked_cross_entropy
+    monkeypatch.setattr(lm_loss, "chunked_cross_entropy",
+                        lambda hidden, weight, targets, chunk_tokens: chunk_sizes.append(chunk_tokens)
+                        or real(hidden, weight, targets, chunk_tokens))
     model.loss_impl = "chunked"
     _, chunked = model(tokens, targets)
-    assert model.loss_chunk_tokens == DEFAULT_CHUNK_TOKENS
+    assert chunk_sizes == [lm_loss.DEFAULT_CHUNK_TOKENS] and lm_loss.DEFAULT_CHUNK_TOKENS < 320
     assert chunked.item() == pytest.approx(plain.item(), rel=1e-6)
 
 
@@ -455,7 +460,6 @@ def test_optional_packages_are_imported_in_try_blocks_that_re_raise():
 def tiny_export(tmp_path, pos):
     from eval.tiny import save_run
     from hf.export import export
-    from model import GPT
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, head_dim=8, vocab_size=320, block_size=16, pos=pos))
     out = tmp_path / "export"

@@ -101,7 +101,8 @@ def test_an_equivalence_entry_matches_its_function_and_lines_only():
     assert mutants.changed_lines(*twelfth) == ("return a + b", "return a - b")  # not its renamed def line
     decorated = tuple("@classmethod\n" + source.replace("(a,", "(cls, a,") for source in twelfth)
     assert mutants.changed_lines(*decorated) == ("return a + b", "return a - b")  # the def line after a decorator
-    removed = (twelfth[0].replace("    return", "    a += 1\n    return"), twelfth[0].replace("__mutmut_orig", "__mutmut_3"))
+    removed = (twelfth[0].replace("    return", "    a += 1\n    return"),
+               twelfth[0].replace("__mutmut_orig", "__mutmut_3"))
     assert mutants.changed_lines(*removed) == ("a += 1", "")  # a statement taken out: nothing in its place
 
 
