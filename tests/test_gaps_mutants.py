@@ -457,12 +457,14 @@ def test_optional_packages_are_imported_in_try_blocks_that_re_raise():
     assert isinstance(tree.body[0], ast.Import) and isinstance(tree.body[-1], ast.FunctionDef)
 
 
-def tiny_export(tmp_path, pos):
+def tiny_export(tmp_path, pos, out="export"):
+    """A 1-layer byte model with grouped heads (4 query heads, 2 key/value heads) exported to tmp_path / out."""
     from eval.tiny import save_run
     from hf.export import export
     torch.manual_seed(0)
-    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, head_dim=8, vocab_size=320, block_size=16, pos=pos))
-    out = tmp_path / "export"
+    model = GPT(GPTConfig(n_layer=1, n_head=4, n_kv_head=2, n_embd=16, head_dim=8, vocab_size=320, block_size=16,
+                          pos=pos))
+    out = tmp_path / out
     return out, export(save_run(model, str(tmp_path / "run")), str(out), "auto")
 
 
@@ -486,6 +488,9 @@ def test_an_export_is_an_ordinary_directory_with_a_card_that_loads_it(tmp_path, 
     settings = json.loads((out / "config.json").read_text())
     eot = 256  # the byte tokenizer's end-of-text
     assert (settings["bos_token_id"], settings["eos_token_id"]) == (eot, eot)
+    sizes = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+             "head_dim", "max_position_embeddings")
+    assert {key: settings[key] for key in sizes} == dict(zip(sizes, (320, 16, 1, 4, 2, 8, 16)))
 
 
 def test_an_export_whose_tokenizer_cannot_be_written_says_so_and_leaves_nothing(tmp_path, monkeypatch):
@@ -495,8 +500,8 @@ def test_an_export_whose_tokenizer_cannot_be_written_says_so_and_leaves_nothing(
         raise ValueError("the ranks file is damaged")
     monkeypatch.setattr(hf.export, "write_tokenizer", unwritable)
     with pytest.raises(hf.export.ExportError, match=r"^cannot write the tokenizer files: the ranks file is damaged$"):
-        tiny_export(tmp_path, "alibi")
-    assert sorted(os.listdir(tmp_path)) == ["run"]
+        tiny_export(tmp_path, "alibi", out="new/parents/export")
+    assert sorted(os.listdir(tmp_path)) == ["run"]  # the parents it made too
 
     def vanished(name, directory, length):  # the partial directory removed by someone else, then a failure
         shutil.rmtree(directory)

@@ -307,6 +307,13 @@ def test_the_generous_bound_is_above_the_plan_where_the_attention_matrices_domin
         assert bound < 2 * attention_matrices  # and the fused backends are not charged for them
 
 
+def test_the_generous_bound_holds_the_plain_losss_full_logits():
+    """With a large vocabulary the plain loss's (B·T, V) fp32 logits are most of the step."""
+    model_cfg, cfg = small_config(["--loss=plain", "--vocab_size=32768", "--block_size=512", "--n_embd=32",
+                                   "--n_head=2", "--head_dim=16", "--n_layer=1"])
+    assert memory.plan(model_cfg, cfg, 1).total < memory.generous_bound(model_cfg, cfg, 1)
+
+
 def test_largest_micro_batch_is_the_largest_that_fits():
     model_cfg, cfg = small_config([])
     capacity = memory.plan(model_cfg, cfg, 1, micro_batch=37).total + 1
