@@ -68,7 +68,8 @@ class ConfigError(Exception):
 @dataclass(kw_only=True)
 class TrainConfig:
     # data and output
-    data_dir: str = "default"        # a prepared data directory; "default" = the embedded corpus (prepared once, offline)
+    data_dir: str = "default"        # a prepared data directory; "default" / "default-byte" = the embedded corpus
+                                     # with GPT-2 or byte tokens (prepared once, offline)
     out_dir: str = ""                # run directory; "" = runs/<config path below configs/, without .toml>
     seed: int = 1337                 # initial weights and the sampler's order (the same on every process)
     init_from: str = ""              # start a new run from these weights: a run directory or checkpoint file, or a

@@ -152,14 +152,19 @@ def precision(cfg: TrainConfig, device: torch.device):
     return use_bf16, (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if autocast else contextlib.nullcontext
 
 
+# data_dir names of the embedded English corpus, prepared on first use, and the tokenizer each reads it with
+EMBEDDED_CORPORA = {"default": "gpt2", "default-byte": "byte"}
+
+
 def training_data(cfg: TrainConfig, vocab_size: int, block_size: int, ddp: Distributed):
     """(data directory, its tokenizer's name, the batch source), every shard checked."""
     from data.loader import RandomOffsetBatches, TrainBatches, data_description, verify_shards
     from data.manifest import adopt_command
     from data.prefetch import PrefetchedBatches
-    if cfg.data_dir == "default":  # the main process prepares it once; the others wait and use the same directory
+    if cfg.data_dir in EMBEDDED_CORPORA:  # the main process prepares it once; the others wait and use it
         from data.prepare import ensure_default_corpus
-        data_dir = ddp.from_main(ensure_default_corpus() if ddp.is_main else None)
+        tokenizer = EMBEDDED_CORPORA[cfg.data_dir]
+        data_dir = ddp.from_main(ensure_default_corpus(tokenizer=tokenizer) if ddp.is_main else None)
     else:
         data_dir = cfg.data_dir
     if not os.path.exists(data_dir):

@@ -43,11 +43,11 @@ from eval.cli import make_parser  # noqa: E402
 from model import GPTConfig  # noqa: E402
 from scripts import plot_runs  # noqa: E402
 
-LAUNCH_MODES = ("in_process", "torchrun", "per_gpu")
+LAUNCH_MODES = ("in_process", "torchrun", "per_gpu", "cpu_jobs")
 EVALUATIONS = {"extrapolation": extrapolation, "zero_shot": zero_shot,  # name -> module with main(argv)
                "long_context": long_context}
 STUDY_KEYS = {"name", "base", "encodings", "seeds", "reference", "out_dir", "overrides", "variants", "launch", "eval"}
-LAUNCH_KEYS = {"mode", "gpus", "gpus_per_run"}
+LAUNCH_KEYS = {"mode", "gpus", "gpus_per_run", "jobs"}
 DEFAULT_SEEDS = [1337]  # train.py's own default seed
 CONFIDENCE = 0.95
 # Every key with its default: the text of --help and of docs/study.md (a test holds them equal, and the
@@ -70,9 +70,10 @@ mha = {}                            # a variant's [model] or [train] values, app
 gqa = {n_kv_head = 2}
 
 [launch]
-mode = "torchrun"                   # default "in_process"; "torchrun" or "per_gpu" run jobs as subprocesses
+mode = "torchrun"                   # default "in_process"; "torchrun", "per_gpu" or "cpu_jobs" run jobs as subprocesses
 gpus_per_run = 8                    # default 1: torchrun's processes (GPUs) per run; per_gpu uses 1
 gpus = 8                            # default gpus_per_run: a count, or ids such as [0, 1, 2, 3]
+jobs = 2                            # cpu_jobs: runs side by side on the CPU (default: the cores), cores/jobs threads each
 
 [eval.extrapolation]                # default none: options of eval/extrapolation.py (its --help), _ for -
 factors = [1, 2, 4, 8]
@@ -125,6 +126,7 @@ class Study:
     gpus_per_run: int
     runs: list[Run]
     seeds_defaulted: bool = False  # the file names no seeds: said on the console, since one seed has no spread
+    jobs: int = 1                  # cpu_jobs: runs side by side
 
 
 # ----------------------------------------------------------------------------- the study file
@@ -204,16 +206,21 @@ def load_study(path: str) -> Study:
     launch = raw.get("launch") or {}
     if set(launch) - LAUNCH_KEYS:
         raise StudyError(f"{path}: unknown [launch] key(s) {sorted(set(launch) - LAUNCH_KEYS)}; "
-                         "use mode, gpus, gpus_per_run.")
+                         "use mode, gpus, gpus_per_run, jobs.")
     mode = launch.get("mode", "in_process")
     if mode not in LAUNCH_MODES:
         raise StudyError(f"{path}: [launch] mode {mode!r} is not one of {', '.join(LAUNCH_MODES)}.")
     gpus_per_run = launch.get("gpus_per_run", 1)
     if mode == "per_gpu":
         gpus_per_run = 1
+    jobs = launch.get("jobs", os.cpu_count() or 1)
+    if mode == "cpu_jobs":
+        if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+            raise StudyError(f"{path}: [launch] jobs must be a whole number of runs side by side, e.g. jobs = 2.")
+        gpus_per_run, launch["gpus"] = 0, []  # no GPU: each job is told to use none
     gpus = launch.get("gpus", gpus_per_run)
     gpus = [] if mode == "in_process" else [str(g) for g in (range(gpus) if isinstance(gpus, int) else gpus)]
-    if mode != "in_process" and (not isinstance(gpus_per_run, int) or gpus_per_run < 1 or len(gpus) < gpus_per_run):
+    if mode not in ("in_process", "cpu_jobs") and (not isinstance(gpus_per_run, int) or gpus_per_run < 1 or len(gpus) < gpus_per_run):
         raise StudyError(f"{path}: [launch] needs gpus_per_run >= 1 and at least that many gpus "
                          f"(gpus = 8 or a list of ids such as [0, 1, 2, 3]).")
 
@@ -224,10 +231,12 @@ def load_study(path: str) -> Study:
                              "(the final validation loss comes from training itself).")
 
     runs = []
-    for encoding, plain_encoding, variant in labels:
-        pos, kv_shift = split_encoding(plain_encoding)
-        variant_args = [arg for key, value in variants.get(variant, {}).items() for arg in as_cli(key, value)]
-        for seed in seeds:
+    # Seed by seed, every encoding for each: a study stopped part-way has comparable encodings, not some done
+    # with every seed and others with none.
+    for seed in seeds:
+        for encoding, plain_encoding, variant in labels:
+            pos, kv_shift = split_encoding(plain_encoding)
+            variant_args = [arg for key, value in variants.get(variant, {}).items() for arg in as_cli(key, value)]
             run_dir = os.path.join(out_dir, encoding, f"seed{seed}")
             train_args = [base, *overrides, *variant_args, f"--pos={pos}", f"--kv_shift={str(kv_shift).lower()}",
                           f"--seed={seed}", f"--out_dir={run_dir}"]
@@ -249,7 +258,7 @@ def load_study(path: str) -> Study:
                             dataclasses.asdict(model_cfg), tokens))
     return Study(name, os.path.abspath(path), base, out_dir, [label for label, _, _ in labels], list(seeds),
                  reference, overrides,
-                 mode, gpus, gpus_per_run, runs, "seeds" not in raw)
+                 mode, gpus, gpus_per_run, runs, "seeds" not in raw, jobs if mode == "cpu_jobs" else 1)
 
 
 # ----------------------------------------------------------------------------- what is already done
@@ -342,6 +351,11 @@ def eval_marker(run: Run, name: str) -> str:
     return os.path.join(run.run_dir, "eval", f"{name}.study.json")
 
 
+def diverged_marker(run: Run) -> str:
+    """Written when the run's training diverged: later invocations report it instead of diverging again."""
+    return os.path.join(run.run_dir, "study_diverged.json")
+
+
 def eval_finished(run: Run, name: str) -> bool:
     """Its output exists and the marker written after it says: same arguments, same checkpoint file."""
     output = os.path.join(run.run_dir, "eval", f"{name}.json")
@@ -381,7 +395,10 @@ def train_argv(run: Run) -> list[str]:
 
 
 def gpu_slots(study: Study) -> list[list[str]]:
-    """Disjoint groups of gpus_per_run GPUs; each runs one job at a time, the groups side by side."""
+    """Disjoint groups of gpus_per_run GPUs; each runs one job at a time, the groups side by side. Under cpu_jobs,
+    `jobs` slots of no GPU."""
+    if study.mode == "cpu_jobs":
+        return [[] for _ in range(study.jobs)]
     k = study.gpus_per_run
     return [study.gpus[i:i + k] for i in range(0, len(study.gpus) - k + 1, k)]
 
@@ -389,6 +406,10 @@ def gpu_slots(study: Study) -> list[list[str]]:
 def job_command(study: Study, job: str, argv: list[str], slot: list[str]) -> tuple[list[str], dict[str, str]]:
     """(command line, extra environment) of a train or evaluation job in a subprocess on the GPUs `slot`."""
     env = {"CUDA_VISIBLE_DEVICES": ",".join(slot)}
+    if study.mode == "cpu_jobs":
+        # Each job its share of the cores: a job with more threads than its cores stalls at every parallel region
+        # while one of them waits for a core (seen here: 13,000 tokens/s alone, 700-2,400 beside other work).
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // study.jobs))
     if job != "train":
         return [sys.executable, str(REPO / "eval" / f"{job}.py"), *argv], env
     if study.mode == "torchrun":
@@ -502,6 +523,12 @@ class Runner:
         try:
             if self.stop.is_set():
                 raise StudyInterrupted
+            diverged = read_json(diverged_marker(run))
+            if diverged and not run_trained(run):  # it would diverge again from the same checkpoint
+                status.update(status="diverged", errors=[f"training: {diverged['error']}"])
+                print(f"[study] DIVERGED {label} (earlier): {diverged['error']} (delete {diverged_marker(run)} to "
+                      "train it again)", flush=True)
+                return
             damaged = damaged_records(run)  # before training: a resume would drop those lines
             if damaged:
                 status.update(status="failed", errors=[f"records: {damaged}"])
@@ -517,6 +544,11 @@ class Runner:
                         raise StudyInterrupted
                     error = (f"training stopped at iteration {summary.get('iter')} of {run.final_iter} "
                              f"({summary.get('stopped')})")
+                if error is not None and error.startswith("training diverged"):
+                    atomic_write_text(diverged_marker(run), json.dumps({"error": error}) + "\n")
+                    status.update(status="diverged", errors=[f"training: {error}"])
+                    print(f"[study] DIVERGED {label}: {error}", flush=True)
+                    return
                 if error is not None:
                     status.update(status="failed", errors=[f"training: {error}"])
                     print(f"[study] FAILED {label}: training: {error}", flush=True)
