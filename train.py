@@ -129,14 +129,32 @@ def open_checkpoint(args: Arguments, cfg: TrainConfig, model_cfg: dict) -> tuple
 def accumulation_steps(cfg: TrainConfig, ddp: Distributed, resumed: bool) -> int:
     per_step = cfg.batch_size * ddp.world_size
     if cfg.global_batch_size % per_step:
-        raise ConfigError(f"global_batch_size {cfg.global_batch_size} is not a multiple of batch_size "
-                          f"{cfg.batch_size} x {ddp.world_size} processes; change --batch_size or --global_batch_size.")
+        problem = (f"global_batch_size {cfg.global_batch_size} is not a multiple of batch_size {cfg.batch_size} x "
+                   f"{ddp.world_size} processes")
+        if not resumed:
+            raise ConfigError(f"{problem}; change --batch_size or --global_batch_size.")
+        raise ConfigError(f"{problem}, and a resume keeps global_batch_size; {split_advice(cfg, ddp.world_size)}.")
     grad_accum = cfg.global_batch_size // per_step
     if ddp.device.type == "cpu" and grad_accum >= 16 and not resumed:
         ddp.say(f"note: each step accumulates {grad_accum} micro-batches ({cfg.global_batch_size} sequences, "
                 f"{'the GPU default' if cfg.global_batch_size == TrainConfig.global_batch_size else 'as configured'}) "
                 "on the CPU, so a step takes long; set global_batch_size in the config for a CPU-sized run.")
     return grad_accum
+
+
+def split_advice(cfg: TrainConfig, world_size: int) -> str:
+    """What splits a resumed run's global batch, which it must keep: another batch_size on these processes, or else
+    another number of processes (divisors of the global batch; the nearest below and above this one)."""
+    G = cfg.global_batch_size
+    if G % world_size == 0:
+        share = G // world_size
+        fits = max(b for b in range(1, min(cfg.batch_size, share) + 1) if share % b == 0)
+        return f"resume with --batch_size={fits} (it must divide {share}, each process's share of the global batch)"
+    below = max(n for n in range(1, world_size) if G % n == 0)
+    above = next((n for n in range(world_size + 1, G + 1) if G % n == 0), None)
+    counts = str(below) if above is None else f"{below} or {above}"
+    return (f"resume on {counts} processes instead (a number that divides {G}), with a --batch_size that divides "
+            f"each process's share of the {G}")
 
 
 def precision(cfg: TrainConfig, device: torch.device):
