@@ -4,7 +4,7 @@ resume on another number of processes, damage, and the readers of a sharded run 
 Two torchrun launches (4 and 2 gloo processes on the CPU, tests/distributed_runs.py) hold every multi-process run;
 the references run in this process. The tiny model trains 20 steps with gradient accumulation (2 micro-batches a
 step under FSDP, 8 in the 1-process reference) and clipping active at every step (grad_clip 0.3, below every
-step's norm).
+step's norm), and one pair without clipping (grad_clip 0, a branch of its own under FSDP).
 """
 import json
 import os
@@ -59,6 +59,7 @@ def runs(tmp_path_factory):
     torch.set_num_threads(1)
     # the reference: DDP's code path on one process, 8 micro-batches a step
     reference = {pos: train.run([config, f"--pos={pos}", f"--out_dir={root / 'ddp1' / pos}"]) for pos in ENCODINGS}
+    unclipped = train.run([config, "--pos=rope", "--grad_clip=0", f"--out_dir={root / 'ddp1_unclipped'}"])
     # a DDP checkpoint at step 10, resumed under FSDP by 2 processes below
     train.run([config, "--pos=fox", f"--out_dir={root / 'ddp_then_fsdp'}", "--stop_iter=10"])
 
@@ -74,7 +75,8 @@ def runs(tmp_path_factory):
                      + [fsdp("fox", "killed", "--batch_size=2", "--resume"),
                         fsdp("fox", "fsdp2_checkpointed", "--batch_size=2", "--activation_checkpointing=blocks"),
                         fsdp("rope", "fsdp2_reduce_each", "--batch_size=2", "--fsdp_reduce_each_micro_batch"),
-                        fsdp("fox", "ddp_then_fsdp", "--batch_size=2", "--resume")],
+                        fsdp("fox", "ddp_then_fsdp", "--batch_size=2", "--resume"),
+                        fsdp("rope", "fsdp2_unclipped", "--batch_size=2", "--grad_clip=0")],
                      "measure": [[QUICKSTART, *SMALL, *overrides] for overrides, _ in PLANNED_FSDP],
                      "results": str(root / "two.json")}, root)
     assert two.returncode == 0, two.stderr[-3000:]
@@ -88,7 +90,7 @@ def runs(tmp_path_factory):
     return {"root": root, "config": config, "data_dir": data_dir, "reference": reference, "four": four,
             "fsdp4": four_results, "fsdp2": dict(zip(ENCODINGS, runs[:3])), "resumed_by_2": runs[3],
             "checkpointed": runs[4], "reduce_each": runs[5], "ddp_then_fsdp": runs[6], "resumed_by_1": by_1,
-            "memory": two_results["memory"]}
+            "unclipped_reference": unclipped, "unclipped": runs[7], "memory": two_results["memory"]}
 
 
 def logged(run_dir, kind="train", key="loss"):
@@ -111,6 +113,18 @@ def test_fsdp_gives_the_losses_and_grad_norms_of_ddp(runs, processes):
     fox_val = logged(runs["root"] / f"fsdp{processes}" / "fox", "val", "val_loss")
     assert fox_val == pytest.approx([v for _, v in runs["reference"]["fox"]["val_losses"]], rel=FP32_ROUNDING)
     assert len(fox_val) == 3
+
+
+def test_fsdp_without_clipping_gives_the_losses_and_grad_norms_of_ddp(runs):
+    """grad_clip = 0 takes a branch of its own under FSDP (the whole gradient's norm from the shards, nothing clipped;
+    DDP clips to an infinite norm), which the comparisons above, all clipping, never reach."""
+    reference, fsdp = runs["unclipped_reference"], runs["unclipped"]
+    ref_norms = logged(runs["root"] / "ddp1_unclipped", key="grad_norm")
+    assert len(fsdp["losses"]) == 20 and min(ref_norms) > TRAIN["grad_clip"]  # each step one that clipping cuts
+    assert fsdp["losses"] == pytest.approx(reference["losses"], rel=FP32_ROUNDING)
+    assert fsdp["grad_norms"] == pytest.approx(ref_norms, rel=1e-4)
+    clipped = runs["fsdp2"]["rope"]["losses"]  # the same run clipped at 0.3: clipping off changed the losses
+    assert max(abs(a - b) / b for a, b in zip(fsdp["losses"], clipped)) > 100 * FP32_ROUNDING
 
 
 @pytest.mark.parametrize("case", range(len(PLANNED_FSDP)), ids=[case for _, case in PLANNED_FSDP])
