@@ -10,6 +10,7 @@ torch.distributed.checkpoint), with the sha256 of each file there. The small fil
 so it always names a complete set of shards; load() checks every shard against its checksum and, where "model" is
 asked for, assembles the full weights from the shards, so every reader takes a sharded run directory as it is.
 """
+import contextlib
 import errno
 import hashlib
 import os
@@ -75,9 +76,16 @@ def save(path: str, state: dict) -> None:
         except OSError:
             pass
         previous = "the previous checkpoint there is intact" if os.path.exists(path) else "no earlier checkpoint exists"
-        reason, remedy = _write_failure(cause, os.path.dirname(os.path.abspath(path)))
-        raise CheckpointError(f"could not write checkpoint {path}: {reason}; {previous}. {remedy}, then run again "
-                              "(with --resume if a checkpoint exists).") from None
+        directory = os.path.dirname(os.path.abspath(path))
+        raise CheckpointError(write_failure_sentence(f"checkpoint {path}", cause, directory, previous)) from None
+
+
+def write_failure_sentence(what: str, error: OSError | None, directory: str, previous: str) -> str:
+    """The one sentence of a checkpoint write that failed with the system's `error` (None: not known): `what` could
+    not be written and why, `previous` (what is still on disk), and what to do."""
+    reason, remedy = _write_failure(error, directory)
+    return (f"could not write {what}: {reason}; {previous}. {remedy}, then run again (with --resume if a checkpoint "
+            "exists).")
 
 
 class _RecordingWriter:
@@ -95,6 +103,14 @@ class _RecordingWriter:
 
     def flush(self) -> None:
         self.file.flush()
+
+
+class _RecordingStream(_RecordingWriter):
+    """A _RecordingWriter that is also the rest of the file (tell, fileno, ...), as torch.distributed.checkpoint's
+    writer uses its streams."""
+
+    def __getattr__(self, name):
+        return getattr(self.file, name)
 
 
 def _write_failure(error: OSError | None, directory: str) -> tuple[str, str]:
@@ -248,3 +264,24 @@ def unreferenced_shard_directories(run_dir: str) -> list[str]:
             return []
     return [os.path.join(root, name) for name in sorted(os.listdir(root))
             if os.path.join(SHARDS_DIR, name) != live]
+
+
+def shard_writer(directory: str):
+    """torch.distributed.checkpoint's writer of `directory`, whose failed writes raise the system's OSError (torch.save
+    inside it reports a full disk as RuntimeError("unexpected pos"), and the OSError is needed to say which it was)."""
+    import torch.distributed.checkpoint as dcp
+    writer = dcp.FileSystemWriter(directory)
+    open_stream = writer.fs.create_stream
+
+    @contextlib.contextmanager
+    def create_stream(path, mode):
+        with open_stream(path, mode) as stream:
+            recorder = _RecordingStream(stream)
+            try:
+                yield recorder
+            except RuntimeError:
+                if recorder.error is None:
+                    raise
+                raise recorder.error from None
+    writer.fs.create_stream = create_stream
+    return writer

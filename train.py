@@ -30,7 +30,7 @@ import signal
 import sys
 import time
 
-from training.errors import TrainError, exit_interrupted
+from training.errors import LostProcess, TrainError, exit_interrupted
 
 if __name__ == "__main__":  # a Ctrl-C while torch and the rest import (seconds) ends as a later one does
     signal.signal(signal.SIGINT, exit_interrupted)
@@ -533,11 +533,12 @@ def main() -> None:
     except KeyboardInterrupt:
         exit_interrupted()
     except (ConfigError, TrainError, DataError) as e:
-        if rank == 0 or isinstance(e, DamagedBatch):  # a damaged batch is seen only by the process that read it
+        # a damaged batch is seen only by the process that read it; a lost process may be the main one
+        if rank == 0 or isinstance(e, (DamagedBatch, LostProcess)):
             print(f"error: {e}", file=sys.stderr, flush=True)
         report_to_torchrun(f"error: {e}")
         code = 2 if isinstance(e, ConfigError) else 1
-        if dist.is_available() and dist.is_initialized():
+        if dist.is_available() and dist.is_initialized() and not isinstance(e, LostProcess):  # (it would wait on it)
             dist.destroy_process_group()
         sys.exit(code)
     except RuntimeError as e:  # DistBackendError and gloo's own errors are RuntimeErrors

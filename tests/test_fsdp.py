@@ -4,13 +4,18 @@ resume on another number of processes, damage, and the readers of a sharded run 
 Two torchrun launches (4 and 2 gloo processes on the CPU, tests/distributed_runs.py) hold every multi-process run;
 the references run in this process. The tiny model trains 20 steps with gradient accumulation (2 micro-batches a
 step under FSDP, 8 in the 1-process reference) and clipping active at every step (grad_clip 0.3, below every
-step's norm), and one pair without clipping (grad_clip 0, a branch of its own under FSDP).
+step's norm), and one pair without clipping (grad_clip 0, a branch of its own under FSDP). The faults of a sharded
+save (a full disk, an unwritable directory, a process killed during it) are here too.
 """
 import json
 import os
+import re
 import shutil
+import signal
+import socket
 import subprocess
 import sys
+import textwrap
 
 import pytest
 import torch
@@ -275,3 +280,158 @@ def test_bf16_policy_gathers_the_matrices_in_bf16_and_keeps_positional_parameter
         assert 0 < abs(loss.item() - fp32_loss) < 1e-2 * fp32_loss  # bf16 rounding, nothing more
     finally:
         ddp.release()
+
+
+# ----------------------------------------------------------------------------- a sharded save that fails
+
+def tree_bytes(root) -> dict:
+    """Every file under root, by its path below root."""
+    return {str(path.relative_to(root)): path.read_bytes() for path in sorted(root.rglob("*")) if path.is_file()}
+
+
+@pytest.fixture(scope="module")
+def tiny_fsdp(tmp_path_factory):
+    """The tiny model's config on a small corpus, and the run directory of 1 process under FSDP stopped at step 2."""
+    root = tmp_path_factory.mktemp("tiny_fsdp")
+    config = root / "tiny.toml"
+    config.write_text(tiny_config(synthetic_corpus(root, 20, 400), model={"pos": "rope"}))
+    torch.set_num_threads(1)
+    train.run([str(config), "--parallel=fsdp", "--stop_iter=2", f"--out_dir={root / 'run'}"])
+    return str(config), root / "run"
+
+
+def checkpoint_bytes(run_dir) -> dict:
+    """ckpt.pt and every shard file (a resume rewrites config.json and metrics.jsonl)."""
+    return {name: data for name, data in tree_bytes(run_dir).items()
+            if name == "ckpt.pt" or name.startswith(checkpoints.SHARDS_DIR)}
+
+
+def as_root(command: list[str]) -> bool:
+    return os.geteuid() == 0 and subprocess.run(command, capture_output=True).returncode == 0
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("fault", ["full disk", "immutable directory"])
+def test_a_sharded_save_on_a_full_disk_or_unwritable_directory_is_one_sentence(tiny_fsdp, tmp_path, fault):
+    """A full disk (a small tmpfs) or an unwritable ckpt.shards (chattr +i) during a sharded save: it was torch's
+    CheckpointException traceback (a BaseException, past the save's `except Exception`), naming neither; now one
+    sentence names the free space or the system's reason and says that the previous checkpoint is intact, which it
+    is, byte for byte, and the resume after the remedy goes on."""
+    config, saved = tiny_fsdp
+    mount = tmp_path / "small"
+    mount.mkdir()
+    if fault == "full disk":
+        if not as_root(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)]):
+            pytest.skip("needs root to mount a small tmpfs")
+        run_dir = mount / "run"
+        shutil.copytree(saved, run_dir)
+        with open(mount / "filler", "wb", buffering=0) as f:  # the disk filled up to 128 KiB, less than the shards
+            try:
+                while f.write(b"\0" * 65536):
+                    pass
+            except OSError:
+                pass
+        os.truncate(mount / "filler", os.path.getsize(mount / "filler") - 131072)
+        reason = r"no space left on the device \(\d+ MiB free in " + re.escape(str(run_dir)) + r"\)"
+        remedy = "Free space"
+        undo = [["rm", str(mount / "filler")]]
+    else:
+        run_dir = mount / "run"
+        shutil.copytree(saved, run_dir)
+        shards = str(run_dir / checkpoints.SHARDS_DIR)
+        if as_root(["chattr", "+i", shards]):
+            reason, undo = "Operation not permitted", [["chattr", "-i", shards]]
+        else:  # not root: a directory without write permission
+            os.chmod(shards, 0o555)
+            reason, undo = "Permission denied", [["chmod", "755", shards]]
+        remedy = "Make the directory writable"
+    before = checkpoint_bytes(run_dir)
+    args = [config, "--parallel=fsdp", "--stop_iter=3", f"--out_dir={run_dir}", "--resume"]
+    try:
+        with pytest.raises(TrainError) as info:
+            train.run(args)
+        shards = re.escape(str(run_dir / checkpoints.SHARDS_DIR))
+        assert re.fullmatch(rf"could not write the sharded checkpoint {shards}/00000003-[0-9a-f]{{8}}: {reason}; the "
+                            rf"previous checkpoint {re.escape(str(run_dir / 'ckpt.pt'))} is intact\. {remedy} \(or "
+                            r"choose another --out_dir\), then run again \(with --resume if a checkpoint exists\)\.",
+                            str(info.value)), str(info.value)
+        assert checkpoint_bytes(run_dir) == before  # the failed save's own files removed, nothing else touched
+        failed_step = logged(run_dir)[-1]
+        for command in undo:  # the remedy: free space, or make the directory writable
+            subprocess.run(command, check=True)
+        undo = []
+        resumed = train.run(args)
+        assert resumed["step"] == 3 and resumed["losses"] == [failed_step]
+    finally:
+        for command in undo:
+            subprocess.run(command)
+        if fault == "full disk":
+            subprocess.run(["umount", str(mount)], check=True)
+
+
+# Runs train.py as one rank of a 2-process job launched like torchrun does, without its supervisor (which would end
+# the survivor), so that the test sees what the survivor says: rank argv[1] SIGKILLs itself as it starts writing its
+# shards of the second sharded checkpoint.
+KILL_DURING_SHARDED_SAVE = """
+    import os, signal, sys
+    import torch.distributed.checkpoint.filesystem as filesystem
+    import train
+    victim, real_write, saves = sys.argv[1], filesystem._write_files_from_queue, []
+
+    def write_files(*args, **kwargs):
+        saves.append(1)
+        if os.environ["RANK"] == victim and len(saves) == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real_write(*args, **kwargs)
+
+    filesystem._write_files_from_queue = write_files
+    sys.argv = ["train.py"] + sys.argv[2:]
+    train.main()
+"""
+
+
+@pytest.mark.fault
+def test_a_process_killed_during_a_sharded_save_is_named_by_the_survivor(tiny_fsdp, tmp_path, capsys):
+    """kill -9 of one of 2 processes while they write a sharded checkpoint: the surviving main process said the
+    checkpoint could not be written and to free space or make the directory writable (a surviving rank 1 said
+    nothing); each survivor now says that another process died and that the previous checkpoint is intact, which
+    it is, and it resumes."""
+    config, _ = tiny_fsdp
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": REPO}
+    jobs = {}
+    for victim in (1, 0):  # both jobs at once, to save time
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        # (a dead peer's closed socket is seen at once; the timeout, also the start-up's wait for all processes to
+        # join, must outlast 4 processes importing torch on a loaded machine)
+        args = [str(victim), config, "--parallel=fsdp", "--batch_size=2", "--ckpt_interval=2", "--dist_timeout_s=60",
+                f"--out_dir={tmp_path / str(victim)}"]
+        jobs[victim] = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(KILL_DURING_SHARDED_SAVE), *args],
+                                         cwd=REPO, env={**env, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2",
+                                                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    try:
+        for victim, procs in jobs.items():
+            survivor, run_dir = 1 - victim, tmp_path / str(victim)
+            err = procs[survivor].communicate(timeout=120)[1]
+            procs[victim].communicate(timeout=30)
+            assert procs[victim].returncode == -signal.SIGKILL and procs[survivor].returncode == 1, err[-3000:]
+            shards = re.escape(str(run_dir / checkpoints.SHARDS_DIR))
+            assert re.fullmatch(rf"error: process {survivor} stopped: another process died or stopped responding while "
+                                rf"the sharded checkpoint {shards}/00000004-[0-9a-f]{{8}} was written \(.+\); the "
+                                rf"previous checkpoint {re.escape(str(run_dir / 'ckpt.pt'))} is intact\. Fix the cause, "
+                                r"then run again \(with --resume if a checkpoint exists\)\.", err.strip()), err[-3000:]
+            assert checkpoints.load(str(run_dir / "ckpt.pt"))["step"] == 2  # its shards all as their checksums say
+    finally:
+        for proc in (p for procs in jobs.values() for p in procs):
+            proc.kill()
+            proc.communicate()
+    # the main process survived rank 1 and removed what its save had written; rank 1 could not, so the next start does
+    assert [d.split("-")[0] for d in os.listdir(tmp_path / "1" / checkpoints.SHARDS_DIR)] == ["00000002"]
+    run_dir = tmp_path / "0"
+    before = logged(run_dir)  # iterations 3 and 4 were trained before the kill
+    capsys.readouterr()
+    resumed = train.run([config, "--parallel=fsdp", "--batch_size=2", f"--out_dir={run_dir}", "--resume"])
+    assert "note: removed 1 sharded checkpoint directory that ckpt.pt does not name" in capsys.readouterr().out
+    assert resumed["step"] == 6 and resumed["losses"][:2] == pytest.approx(before[2:4], rel=FP32_ROUNDING)

@@ -23,7 +23,8 @@ import torch.distributed as dist
 
 import checkpoints
 from config import AS_TRAINED_BEFORE_KEY_EXISTED, TrainConfig
-from training.errors import TrainError
+from training.distributed import is_collective_failure
+from training.errors import LostProcess, TrainError
 from training.optimizer import load_optimizer_state, set_optimizer_settings
 
 # Settings that shape the loss sequence: a resumed run must use the checkpoint's values unless --allow_changes
@@ -209,17 +210,17 @@ class Checkpointer:
         """Every process writes its shards into a new directory and hashes a share of its files; then the main
         process commits them by writing ckpt.pt, and removes the directories it no longer names."""
         import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
         run_dir, ddp = os.path.dirname(os.path.abspath(self.path)), self.ddp
         name = os.path.join(checkpoints.SHARDS_DIR,
                             ddp.from_main(f"{step:08d}-{uuid.uuid4().hex[:8]}" if ddp.is_main else None))
         directory = os.path.join(run_dir, name)
         try:
-            dcp.save(sharded_state(model, optimizer), checkpoint_id=directory)
-        except Exception as error:  # raised on every process (torch.distributed.checkpoint gathers the failures)
-            raise TrainError(f"could not write the sharded checkpoint {directory} ({first_line(error)}); the previous "
-                             f"checkpoint {self.path} is intact. Free space or make the directory writable (or "
-                             "choose another --out_dir), then run again (with --resume if a checkpoint exists).") \
-                from None
+            dcp.save(sharded_state(model, optimizer), storage_writer=checkpoints.shard_writer(directory))
+        except (Exception, CheckpointException) as error:  # CheckpointException is a BaseException
+            if ddp.is_main:  # this save's own files, which nothing names: no use, and on a full disk in the way
+                shutil.rmtree(directory, ignore_errors=True)
+            raise self.shard_write_failure(directory, error) from None
         ddp.barrier()
         files = sorted(os.listdir(directory))
         hashes = {file: checkpoints.file_sha256(os.path.join(directory, file))
@@ -232,6 +233,26 @@ class Checkpointer:
                       "world_size": ddp.world_size}
             self.write({**self.description(step, divergence), "shards": shards})
             remove_unreferenced_shards(self.path)
+
+    def shard_write_failure(self, directory: str, error: BaseException) -> TrainError:
+        """The sentence of a failed dcp.save: another process lost (every process says it: the main one may be the
+        one that died), or the system's reason (torch.distributed.checkpoint gathers each process's exception into
+        one CheckpointException, which arrives on every process)."""
+        from torch.distributed.checkpoint.api import CheckpointException
+        causes = [cause for cause, _ in error.failures.values()] if isinstance(error, CheckpointException) else [error]
+        previous = f"the previous checkpoint {self.path} is intact" if os.path.exists(self.path) else \
+            "no earlier checkpoint exists"
+        lost = [cause for cause in causes if isinstance(cause, RuntimeError) and is_collective_failure(cause)]
+        if lost:
+            return LostProcess(f"process {self.ddp.rank} stopped: another process died or stopped responding while the "
+                               f"sharded checkpoint {directory} was written ({first_line(lost[0])}); {previous}. Fix "
+                               "the cause, then run again (with --resume if a checkpoint exists).")
+        system = next((cause for cause in causes if isinstance(cause, OSError)), None)
+        if system is None:
+            return TrainError(f"could not write the sharded checkpoint {directory} ({first_line(causes[0])}); "
+                              f"{previous}. Fix the cause, then run again (with --resume if a checkpoint exists).")
+        return TrainError(checkpoints.write_failure_sentence(f"the sharded checkpoint {directory}", system,
+                                                             os.path.dirname(os.path.abspath(self.path)), previous))
 
 
 def remove_unreferenced_shards(path: str) -> None:
