@@ -896,6 +896,17 @@ def test_a_partial_checkpoint_write_left_by_a_kill_is_removed_at_the_next_start(
     assert "removed" in capsys.readouterr().out and checkpoints.load(str(run_dir / "ckpt.pt"))["step"] == 3
 
 
+def test_a_partial_write_of_the_first_checkpoint_is_not_said_to_leave_one_intact(config_file, tmp_path, capsys):
+    """A ckpt.pt.tmp left by a kill during a run's first checkpoint, and no ckpt.pt: the note on removing it said
+    "(ckpt.pt is intact)" where no ckpt.pt exists"""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "ckpt.pt.tmp").write_bytes(b"half a checkpoint")
+    train.run([config_file, "--max_iters=1", "--warmup_iters=0", f"--out_dir={run_dir}"])
+    notes = [line for line in capsys.readouterr().out.splitlines() if "ckpt.pt.tmp" in line]
+    assert notes == [f"note: removed {run_dir / 'ckpt.pt.tmp'}, a checkpoint write cut short by an earlier kill."]
+
+
 # ----------------------------------------------------------------------------- messages that show their values
 
 def test_under_torchrun_the_sentence_ends_torchruns_report(config_file, tmp_path):

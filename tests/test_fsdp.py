@@ -5,10 +5,11 @@ Two torchrun launches (4 and 2 gloo processes on the CPU, tests/distributed_runs
 the references run in this process. The tiny model trains 20 steps with gradient accumulation (2 micro-batches a
 step under FSDP, 8 in the 1-process reference) and clipping active at every step (grad_clip 0.3, below every
 step's norm), and one pair without clipping (grad_clip 0, a branch of its own under FSDP). The faults of a sharded
-save (a full disk, an unwritable directory, a process killed during it) are here too.
+save (a full disk, an unwritable directory, a process killed during it) and shards whose ckpt.pt is gone are here too.
 """
 import json
 import os
+import pickle
 import re
 import shutil
 import signal
@@ -22,6 +23,7 @@ import torch
 
 import checkpoints
 import train
+from config import ConfigError
 from data.loader import validation_batches
 from model import GPT
 from tests.helpers import SMALL, synthetic_corpus, tiny_config
@@ -81,7 +83,8 @@ def runs(tmp_path_factory):
                         fsdp("fox", "fsdp2_checkpointed", "--batch_size=2", "--activation_checkpointing=blocks"),
                         fsdp("rope", "fsdp2_reduce_each", "--batch_size=2", "--fsdp_reduce_each_micro_batch"),
                         fsdp("fox", "ddp_then_fsdp", "--batch_size=2", "--resume"),
-                        fsdp("rope", "fsdp2_unclipped", "--batch_size=2", "--grad_clip=0")],
+                        fsdp("rope", "fsdp2_unclipped", "--batch_size=2", "--grad_clip=0"),
+                        fsdp("fox", "fsdp2_stopped_at_10", "--batch_size=2", "--stop_iter=10")],
                      "measure": [[QUICKSTART, *SMALL, *overrides] for overrides, _ in PLANNED_FSDP],
                      "results": str(root / "two.json")}, root)
     assert two.returncode == 0, two.stderr[-3000:]
@@ -282,12 +285,111 @@ def test_bf16_policy_gathers_the_matrices_in_bf16_and_keeps_positional_parameter
         ddp.release()
 
 
-# ----------------------------------------------------------------------------- a sharded save that fails
+# ----------------------------------------------------------------------------- shards without their ckpt.pt
 
 def tree_bytes(root) -> dict:
     """Every file under root, by its path below root."""
     return {str(path.relative_to(root)): path.read_bytes() for path in sorted(root.rglob("*")) if path.is_file()}
 
+
+def without_ckpt_pt(runs, tmp_path):
+    """A copy of the 2-process sharded run stopped at step 10 whose ckpt.pt is gone, and its shard directory."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(runs["root"] / "fsdp2_stopped_at_10", run_dir)
+    os.remove(run_dir / "ckpt.pt")
+    [name] = os.listdir(run_dir / checkpoints.SHARDS_DIR)
+    return run_dir, run_dir / checkpoints.SHARDS_DIR / name
+
+
+@pytest.mark.fault
+def test_shards_whose_ckpt_pt_is_gone_are_kept_and_resume_recovers_them(runs, tmp_path, capsys):
+    """ckpt.pt deleted beside the complete sharded checkpoint of 2 processes at step 10: a new run there deleted the
+    shards, said "the checkpoint is intact" and started from scratch; it is refused now with every file left as it
+    was, and --resume continues from the shards with the uninterrupted run's losses."""
+    run_dir, shard_dir = without_ckpt_pt(runs, tmp_path)
+    left = tree_bytes(run_dir)
+    new_run = [runs["config"], "--pos=fox", "--parallel=fsdp", f"--out_dir={run_dir}"]
+    with pytest.raises(ConfigError) as info:
+        train.run(new_run)
+    assert str(info.value) == (f"{run_dir} holds the sharded checkpoint {shard_dir} of iteration 10 but no ckpt.pt; add "
+                               "--resume to continue from it, choose another --out_dir, or add --start_over to move it "
+                               "aside and start a new run.")
+    assert tree_bytes(run_dir) == left and checkpoints.unreferenced_shard_directories(str(run_dir)) == []
+    capsys.readouterr()
+    resumed = train.run(new_run + ["--resume"])
+    out = capsys.readouterr().out
+    assert (f"note: {run_dir / 'ckpt.pt'} is missing: resuming from the sharded checkpoint {shard_dir} of iteration 10, "
+            "the latest whose files are all there (its .metadata, written last, lists them), but they cannot be checked "
+            "against the checksums that were in ckpt.pt; the settings are config.json's, and the divergence checks' "
+            "loss history, also in ckpt.pt, starts afresh.\n") in out
+    assert "removed" not in out and "is intact" not in out
+    assert resumed["step"] == 20 and len(resumed["losses"]) == 10
+    assert resumed["losses"] == pytest.approx(runs["reference"]["fox"]["losses"][10:], rel=FP32_ROUNDING)
+    assert logged(run_dir, key="iter") == list(range(1, 21))
+    # its own checkpoint, written at the end, replaced the recovered shards
+    assert [d.split("-")[0] for d in os.listdir(run_dir / checkpoints.SHARDS_DIR)] == ["00000020"]
+
+
+@pytest.mark.fault
+def test_incomplete_or_planted_shards_without_ckpt_pt_are_kept_and_named(runs, tmp_path):
+    """The same run directory with its shards' .metadata deleted (a write cut short), then replaced by a pickle that
+    runs a command: neither a new run nor --resume removes or loads anything, each refusal names the problem, and
+    the command never runs."""
+    run_dir, shard_dir = without_ckpt_pt(runs, tmp_path)
+    os.remove(shard_dir / ".metadata")
+    left = tree_bytes(run_dir)
+    args = [runs["config"], "--pos=fox", "--parallel=fsdp", f"--out_dir={run_dir}"]
+    with pytest.raises(ConfigError) as info:
+        train.run(args)
+    assert str(info.value) == (f"{run_dir} holds sharded checkpoint files that no ckpt.pt names, none of them a "
+                               f"complete checkpoint ({shard_dir.name} in ckpt.shards); choose another --out_dir, or "
+                               "add --start_over to move them aside and start a new run.")
+    with pytest.raises(TrainError) as info:
+        train.run(args + ["--resume"])
+    assert str(info.value) == (f"cannot resume {run_dir}: its ckpt.pt is missing, and no sharded checkpoint in "
+                               f"ckpt.shards is complete ({shard_dir.name}: it has no .metadata, which is written last: "
+                               "the write was cut short); restore ckpt.pt from a backup, or start a new run with "
+                               "--start_over (which moves these files aside) or in another --out_dir.")
+    assert tree_bytes(run_dir) == left
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return os.system, (f"touch {marker}",)
+    (shard_dir / ".metadata").write_bytes(pickle.dumps(Payload()))
+    with pytest.raises(TrainError, match=r"\.metadata is refused: it names \w+\.system, which no checkpoint's "
+                                         "metadata holds, and loading it could run code"):
+        train.run(args + ["--resume"])
+    assert not marker.exists()
+
+
+@pytest.mark.fault
+def test_start_over_moves_the_earlier_run_aside_and_deletes_nothing(runs, tmp_path, capsys):
+    """--start_over in a run directory holding shards without their ckpt.pt, then in one holding a ckpt.pt: each
+    earlier run is moved whole into a folder of its own, byte for byte, a new run starts from step 0, and the folder
+    with a ckpt.pt resumes as a run directory."""
+    run_dir, _ = without_ckpt_pt(runs, tmp_path)
+    first = tree_bytes(run_dir)
+    args = [runs["config"], "--pos=fox", "--parallel=fsdp", f"--out_dir={run_dir}"]
+    started = train.run(args + ["--stop_iter=2", "--start_over"])
+    assert started["losses"] == pytest.approx(runs["reference"]["fox"]["losses"][:2], rel=FP32_ROUNDING)
+    [aside] = [path for path in run_dir.iterdir() if path.name.startswith("earlier-")]
+    assert tree_bytes(aside) == first
+    assert (f"note: --start_over: moved the earlier run's ckpt.shards, config.json, metrics.jsonl to {aside} (nothing "
+            "was deleted).") in capsys.readouterr().out
+    second = {name: data for name, data in tree_bytes(run_dir).items() if not name.startswith("earlier-")}
+    with pytest.raises(ConfigError, match="already holds a checkpoint; add --resume to continue it, choose another "
+                                          "--out_dir, or add --start_over to move it aside and start a new run"):
+        train.run(args + ["--stop_iter=1"])
+    train.run(args + ["--stop_iter=1", "--start_over"])
+    [again] = [path for path in run_dir.iterdir() if path.name.startswith("earlier-") and path != aside]
+    assert tree_bytes(again) == second and tree_bytes(aside) == first
+    assert train.run(args[:-1] + [f"--out_dir={again}", "--stop_iter=3", "--resume"])["step"] == 3
+    with pytest.raises(ConfigError, match="--start_over starts a new run"):
+        train.parse_args([runs["config"], "--resume", "--start_over"])
+
+
+# ----------------------------------------------------------------------------- a sharded save that fails
 
 @pytest.fixture(scope="module")
 def tiny_fsdp(tmp_path_factory):
