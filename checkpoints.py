@@ -9,11 +9,15 @@ the directory its "shards" entry names (RUN_DIR/ckpt.shards/<step>-<id>/, writte
 torch.distributed.checkpoint), with the sha256 of each file there. The small file is written last, atomically,
 so it always names a complete set of shards; load() checks every shard against its checksum and, where "model" is
 asked for, assembles the full weights from the shards, so every reader takes a sharded run directory as it is.
+Shards that no ckpt.pt names are removed only where a ckpt.pt exists (unreferenced_shard_directories): without one
+nothing says they are a cut-short write, and they may be all that is left of a run (train.py --resume recovers them).
 """
+import contextlib
 import errno
 import hashlib
 import os
 import pickle
+import re
 import shutil
 import warnings
 import zipfile
@@ -75,9 +79,16 @@ def save(path: str, state: dict) -> None:
         except OSError:
             pass
         previous = "the previous checkpoint there is intact" if os.path.exists(path) else "no earlier checkpoint exists"
-        reason, remedy = _write_failure(cause, os.path.dirname(os.path.abspath(path)))
-        raise CheckpointError(f"could not write checkpoint {path}: {reason}; {previous}. {remedy}, then run again "
-                              "(with --resume if a checkpoint exists).") from None
+        directory = os.path.dirname(os.path.abspath(path))
+        raise CheckpointError(write_failure_sentence(f"checkpoint {path}", cause, directory, previous)) from None
+
+
+def write_failure_sentence(what: str, error: OSError | None, directory: str, previous: str) -> str:
+    """The one sentence of a checkpoint write that failed with the system's `error` (None: not known): `what` could
+    not be written and why, `previous` (what is still on disk), and what to do."""
+    reason, remedy = _write_failure(error, directory)
+    return (f"could not write {what}: {reason}; {previous}. {remedy}, then run again (with --resume if a checkpoint "
+            "exists).")
 
 
 class _RecordingWriter:
@@ -95,6 +106,14 @@ class _RecordingWriter:
 
     def flush(self) -> None:
         self.file.flush()
+
+
+class _RecordingStream(_RecordingWriter):
+    """A _RecordingWriter that is also the rest of the file (tell, fileno, ...), as torch.distributed.checkpoint's
+    writer uses its streams."""
+
+    def __getattr__(self, name):
+        return getattr(self.file, name)
 
 
 def _write_failure(error: OSError | None, directory: str) -> tuple[str, str]:
@@ -235,16 +254,99 @@ def load_sharded_model(path: str, ckpt: dict) -> dict:
 
 def unreferenced_shard_directories(run_dir: str) -> list[str]:
     """The directories under RUN_DIR/ckpt.shards that RUN_DIR/ckpt.pt does not name: sharded checkpoints that a
-    kill cut short, or that a newer checkpoint replaced."""
-    root = os.path.join(run_dir, SHARDS_DIR)
-    if not os.path.isdir(root):
+    kill cut short, or that a newer checkpoint replaced. None at all without a ckpt.pt (or with one that cannot be
+    read): then nothing says which shards are this run's, and an earlier run's saved weights are never removed."""
+    root, path = os.path.join(run_dir, SHARDS_DIR), os.path.join(run_dir, "ckpt.pt")
+    if not os.path.isdir(root) or not os.path.isfile(path):
         return []
-    live = None
     try:
-        saved = torch.load(os.path.join(run_dir, "ckpt.pt"), map_location="cpu", weights_only=True)
-        live = saved.get("shards", {}).get("dir") if isinstance(saved, dict) else None
-    except Exception:  # no ckpt.pt, or one that cannot be read: its own load says so; nothing is removed then
-        if os.path.exists(os.path.join(run_dir, "ckpt.pt")):
-            return []
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:  # its own load says what is wrong with it
+        return []
+    live = saved.get("shards", {}).get("dir") if isinstance(saved, dict) else None
     return [os.path.join(root, name) for name in sorted(os.listdir(root))
             if os.path.join(SHARDS_DIR, name) != live]
+
+
+def shard_directories(run_dir: str) -> list[str]:
+    """Everything under RUN_DIR/ckpt.shards, as paths (sorted)."""
+    root = os.path.join(run_dir, SHARDS_DIR)
+    return [os.path.join(root, name) for name in sorted(os.listdir(root))] if os.path.isdir(root) else []
+
+
+def shard_writer(directory: str):
+    """torch.distributed.checkpoint's writer of `directory`, whose failed writes raise the system's OSError (torch.save
+    inside it reports a full disk as RuntimeError("unexpected pos"), and the OSError is needed to say which it was)."""
+    import torch.distributed.checkpoint as dcp
+    writer = dcp.FileSystemWriter(directory)
+    open_stream = writer.fs.create_stream
+
+    @contextlib.contextmanager
+    def create_stream(path, mode):
+        with open_stream(path, mode) as stream:
+            recorder = _RecordingStream(stream)
+            try:
+                yield recorder
+            except RuntimeError:
+                if recorder.error is None:
+                    raise
+                raise recorder.error from None
+    writer.fs.create_stream = create_stream
+    return writer
+
+
+# ----------------------------------------------------------------------------- shards without their ckpt.pt
+
+SHARD_DIRECTORY_NAME = re.compile(r"(\d{8,})-[0-9a-f]{8}")  # <step>-<id>, as Checkpointer.save_sharded names them
+
+
+class _RefusedGlobal(pickle.UnpicklingError):
+    """A pickle asked for a class or function beyond those allowed (the message names it)."""
+
+
+class _ShardMetadataUnpickler(pickle.Unpickler):
+    """torch.distributed.checkpoint's .metadata is a plain pickle; without the checksum that ckpt.pt held for it, only
+    the classes such a file is made of may be built (anything else could run code)."""
+
+    def find_class(self, module, name):
+        import torch.distributed.checkpoint.metadata as dcp_metadata
+        defined_there = getattr(dcp_metadata, name, None)
+        allowed = (module == dcp_metadata.__name__ and isinstance(defined_there, type)
+                   and defined_there.__module__ == module
+                   or (module, name) in {("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+                                         ("torch", "Size"), ("torch.serialization", "_get_layout"),
+                                         ("collections", "OrderedDict")}
+                   or module in ("pathlib", "pathlib._local") and name in ("PosixPath", "WindowsPath")
+                   or module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))
+        if not allowed:
+            raise _RefusedGlobal(f"{module}.{name}")
+        return super().find_class(module, name)
+
+
+def shard_set_problem(directory: str) -> str | None:
+    """What keeps `directory` from holding a whole sharded checkpoint, or None. torch.distributed.checkpoint writes its
+    .metadata last, once every process has written its files, and it lists the bytes of every tensor in them: so it
+    must be readable, every file it points into long enough, and the weights and optimizer state both there. (Without
+    ckpt.pt the contents of those files cannot be checked: the checksums were in it.)"""
+    try:
+        with open(os.path.join(directory, ".metadata"), "rb") as f:
+            metadata = _ShardMetadataUnpickler(f).load()
+    except FileNotFoundError:
+        return "it has no .metadata, which is written last: the write was cut short"
+    except _RefusedGlobal as error:
+        return (f"its .metadata is refused: it names {error}, which no checkpoint's metadata holds, and loading it "
+                "could run code")
+    except Exception:  # cut short or damaged bytes fail in many ways (EOFError, ValueError, ...)
+        return "its .metadata cannot be read"
+    ends = {}
+    for info in (getattr(metadata, "storage_data", None) or {}).values():
+        ends[info.relative_path] = max(ends.get(info.relative_path, 0), info.offset + info.length)
+    for name, end in sorted(ends.items()):
+        if not os.path.isfile(os.path.join(directory, name)):
+            return f"{name} is missing"
+        if os.path.getsize(os.path.join(directory, name)) < end:
+            return f"{name} is shorter than its .metadata says"
+    keys = getattr(metadata, "state_dict_metadata", None) or {}
+    if not any(key.startswith("model.") for key in keys) or not any(key.startswith("optimizer.") for key in keys):
+        return "its .metadata lists no model weights or no optimizer state"
+    return None

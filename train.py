@@ -30,7 +30,7 @@ import signal
 import sys
 import time
 
-from training.errors import TrainError, exit_interrupted
+from training.errors import LostProcess, TrainError, exit_interrupted
 
 if __name__ == "__main__":  # a Ctrl-C while torch and the rest import (seconds) ends as a later one does
     signal.signal(signal.SIGINT, exit_interrupted)
@@ -45,7 +45,7 @@ from data.shards import DataError
 from hf.init_from import initial_state
 from lm_loss import describe_loss
 from training.checkpointing import (FIXED_FOR_A_RUN, TRAJECTORY_KEYS, Checkpointer, check_resume_compatible,
-                                    load_checkpoint, restore)
+                                    load_checkpoint, refuse_earlier_checkpoint, restore, set_aside_earlier_run)
 from training.distributed import Distributed, is_collective_failure
 from training.metrics import (Metrics, Throughput, atomic_write_text, code_version, duration, gpu_peak_flops,
                               peak_memory, provenance, start_wandb, trim_metrics)
@@ -56,16 +56,20 @@ from training.step import StepResult, confirmation, evaluate, train_step
 from training.stopping import StopSignals
 
 
-HELP_OPTIONS = """usage: python train.py CONFIG [--key=value ...] [--resume [--allow_changes=KEY,...]]
+HELP_OPTIONS = """usage: python train.py CONFIG [--key=value ...] [--resume [--allow_changes=KEY,...] | --start_over]
        python train.py --resume RUN_DIR [--key=value ...]
 
 options:
   CONFIG                  a TOML config file (configs/); or, with --resume, a run directory or its config.json,
                           which continues that run with its own settings
   --resume                continue RUN_DIR/ckpt.pt exactly (RUN_DIR: train.out_dir); the settings that shape the
-                          loss sequence must be the checkpoint's
+                          loss sequence must be the checkpoint's (without ckpt.pt: the latest complete sharded
+                          checkpoint in RUN_DIR/ckpt.shards/, with the settings of RUN_DIR/config.json)
   --allow_changes=K1,K2   with --resume: let these of those settings change on purpose (recorded in the run): """ \
     + ", ".join(k for k in TRAJECTORY_KEYS if k not in FIXED_FOR_A_RUN) + """
+  --start_over            a new run in a RUN_DIR that holds an earlier run's checkpoint (ckpt.pt, or shards in
+                          ckpt.shards/ without it), which a new run otherwise refuses: the earlier run's files are
+                          moved into RUN_DIR/earlier-<UTC time>-*/ first; nothing is deleted
   --key=value             any key below (a bare --flag sets a true/false key to true)
   -h, --help              this text"""
 
@@ -74,16 +78,19 @@ options:
 class Arguments:
     config_path: str
     resume: bool
+    start_over: bool            # a new run: move the earlier run's checkpoint aside (never deleted)
     overrides: list[str]        # --key=value
     allowed_changes: list[str]  # the keys --allow_changes=k1,k2 names
     argv: list[str]             # all of them, as given (recorded in config.json)
 
 
 def parse_args(argv: list[str]) -> Arguments:
-    config_path, resume, overrides, allowed = None, False, [], []
+    config_path, resume, start_over, overrides, allowed = None, False, False, [], []
     for arg in argv:
         if arg == "--resume":
             resume = True
+        elif arg == "--start_over":
+            start_over = True
         elif arg.split("=")[0] in ("--allow_changes", "--allow-changes"):
             allowed += [key.strip() for key in arg.partition("=")[2].split(",") if key.strip()]
             unknown = [key for key in allowed if key not in TRAJECTORY_KEYS]
@@ -107,7 +114,10 @@ def parse_args(argv: list[str]) -> Arguments:
                           "a run with its own settings")
     if allowed and not resume:
         raise ConfigError("--allow_changes only applies to --resume (a new run takes any settings).")
-    return Arguments(config_path, resume, overrides, allowed, list(argv))
+    if start_over and resume:
+        raise ConfigError("--start_over starts a new run, moving the earlier run's checkpoint aside; give --resume to "
+                          "continue it, or --start_over, not both.")
+    return Arguments(config_path, resume, start_over, overrides, allowed, list(argv))
 
 
 # ----------------------------------------------------------------------------- set-up, in the order run() calls it
@@ -118,9 +128,8 @@ def open_checkpoint(args: Arguments, cfg: TrainConfig, model_cfg: dict) -> tuple
     before the data, so that a mistake fails fast."""
     path = os.path.join(cfg.out_dir, "ckpt.pt")
     if not args.resume:
-        if os.path.exists(path):
-            raise ConfigError(f"{cfg.out_dir} already holds a checkpoint; add --resume to continue it, "
-                              "or choose another --out_dir.")
+        if not args.start_over:
+            refuse_earlier_checkpoint(cfg.out_dir)
         return None, [], initial_state(cfg.init_from, model_cfg) if cfg.init_from else None
     ckpt = load_checkpoint(path)  # fail fast on a missing or damaged checkpoint
     return ckpt, check_resume_compatible(ckpt, model_cfg, cfg, path, args.allowed_changes), None
@@ -129,14 +138,32 @@ def open_checkpoint(args: Arguments, cfg: TrainConfig, model_cfg: dict) -> tuple
 def accumulation_steps(cfg: TrainConfig, ddp: Distributed, resumed: bool) -> int:
     per_step = cfg.batch_size * ddp.world_size
     if cfg.global_batch_size % per_step:
-        raise ConfigError(f"global_batch_size {cfg.global_batch_size} is not a multiple of batch_size "
-                          f"{cfg.batch_size} x {ddp.world_size} processes; change --batch_size or --global_batch_size.")
+        problem = (f"global_batch_size {cfg.global_batch_size} is not a multiple of batch_size {cfg.batch_size} x "
+                   f"{ddp.world_size} processes")
+        if not resumed:
+            raise ConfigError(f"{problem}; change --batch_size or --global_batch_size.")
+        raise ConfigError(f"{problem}, and a resume keeps global_batch_size; {split_advice(cfg, ddp.world_size)}.")
     grad_accum = cfg.global_batch_size // per_step
     if ddp.device.type == "cpu" and grad_accum >= 16 and not resumed:
         ddp.say(f"note: each step accumulates {grad_accum} micro-batches ({cfg.global_batch_size} sequences, "
                 f"{'the GPU default' if cfg.global_batch_size == TrainConfig.global_batch_size else 'as configured'}) "
                 "on the CPU, so a step takes long; set global_batch_size in the config for a CPU-sized run.")
     return grad_accum
+
+
+def split_advice(cfg: TrainConfig, world_size: int) -> str:
+    """What splits a resumed run's global batch, which it must keep: another batch_size on these processes, or else
+    another number of processes (divisors of the global batch; the nearest below and above this one)."""
+    G = cfg.global_batch_size
+    if G % world_size == 0:
+        share = G // world_size
+        fits = max(b for b in range(1, min(cfg.batch_size, share) + 1) if share % b == 0)
+        return f"resume with --batch_size={fits} (it must divide {share}, each process's share of the global batch)"
+    below = max(n for n in range(1, world_size) if G % n == 0)
+    above = next((n for n in range(world_size + 1, G + 1) if G % n == 0), None)
+    counts = str(below) if above is None else f"{below} or {above}"
+    return (f"resume on {counts} processes instead (a number that divides {G}), with a --batch_size that divides "
+            f"each process's share of the {G}")
 
 
 def precision(cfg: TrainConfig, device: torch.device):
@@ -286,6 +313,9 @@ def build_model(model_cfg, cfg: TrainConfig, ddp: Distributed, ckpt: dict | None
 def resume_from(ckpt: dict, model, optimizer, cfg: TrainConfig, ddp: Distributed, grad_accum: int) -> int:
     path = os.path.join(cfg.out_dir, "ckpt.pt")
     step = restore(ckpt, model, optimizer, cfg, ddp.device, ddp, path)
+    if "recovered" in ckpt:
+        ddp.say(f"note: {ckpt['recovered']}.")
+        path = os.path.join(cfg.out_dir, ckpt["shards"]["dir"])
     ddp.say(f"resuming {path} at iteration {step} ({'sharded, ' if 'shards' in ckpt else ''}saved by code "
             f"{ckpt.get('code_version', 'unknown')})")
     saved_world = ckpt.get("world_size", ddp.world_size)
@@ -311,20 +341,26 @@ def resolved_config(args: Arguments, model_cfg, cfg: TrainConfig, ckpt: dict | N
 
 
 def open_run_directory(cfg: TrainConfig, resolved: dict, step: int, resumed: bool, changes: list[dict],
-                       ddp: Distributed, wandb_id: str | None) -> Metrics:
+                       ddp: Distributed, wandb_id: str | None, start_over: bool = False) -> Metrics:
     """config.json written, metrics.jsonl made ready (trimmed to the checkpoint on resume), the deliberate
-    changes recorded and wandb started, on the main process; elsewhere a Metrics that writes nothing."""
+    changes recorded and wandb started, on the main process; elsewhere a Metrics that writes nothing.
+    `start_over`: the earlier run's files are moved aside first."""
     if not ddp.is_main:
         return Metrics(None)
     metrics_path = os.path.join(cfg.out_dir, "metrics.jsonl")
     try:
         os.makedirs(cfg.out_dir, exist_ok=True)
+        aside = set_aside_earlier_run(cfg.out_dir) if start_over else None
+        if aside:
+            ddp.say(f"note: --start_over: moved the earlier run's {', '.join(aside[1])} to {aside[0]} (nothing was "
+                    "deleted).")
         atomic_write_text(os.path.join(cfg.out_dir, "config.json"), json.dumps(resolved, indent=2) + "\n")
         partial = os.path.join(cfg.out_dir, "ckpt.pt.tmp")
         if os.path.exists(partial):  # a checkpoint write that a kill cut short; ckpt.pt itself is whole
             os.remove(partial)
-            ddp.say(f"note: removed {partial}, a checkpoint write cut short by an earlier kill (ckpt.pt is intact).")
-        stale = unreferenced_shard_directories(cfg.out_dir)
+            ddp.say(f"note: removed {partial}, a checkpoint write cut short by an earlier kill"
+                    + (" (ckpt.pt is intact)." if os.path.exists(os.path.join(cfg.out_dir, "ckpt.pt")) else "."))
+        stale = unreferenced_shard_directories(cfg.out_dir)  # (only beside a ckpt.pt, which a resume has checked)
         for directory in stale:  # sharded writes that a kill cut short before ckpt.pt named them
             shutil.rmtree(directory, ignore_errors=True)
         if stale:
@@ -441,7 +477,7 @@ def train(args: Arguments, model_cfg, cfg: TrainConfig, ckpt: dict | None, chang
     raw_model, optimizer, step, monitor = build_model(model_cfg, cfg, ddp, ckpt, init_state, grad_accum, use_bf16)
     resolved = resolved_config(args, model_cfg, cfg, ckpt, changes, ddp, grad_accum, data_dir, tokenizer_name)
     wandb_id = ckpt.get("wandb_id") if ckpt else None
-    metrics = open_run_directory(cfg, resolved, step, ckpt is not None, changes, ddp, wandb_id)
+    metrics = open_run_directory(cfg, resolved, step, ckpt is not None, changes, ddp, wandb_id, args.start_over)
     del ckpt
     model = ddp.wrap(torch.compile(raw_model) if cfg.compile and not ddp.sharded else raw_model)
     tokens_per_step = cfg.global_batch_size * T
@@ -520,11 +556,12 @@ def main() -> None:
     except KeyboardInterrupt:
         exit_interrupted()
     except (ConfigError, TrainError, DataError) as e:
-        if rank == 0 or isinstance(e, DamagedBatch):  # a damaged batch is seen only by the process that read it
+        # a damaged batch is seen only by the process that read it; a lost process may be the main one
+        if rank == 0 or isinstance(e, (DamagedBatch, LostProcess)):
             print(f"error: {e}", file=sys.stderr, flush=True)
         report_to_torchrun(f"error: {e}")
         code = 2 if isinstance(e, ConfigError) else 1
-        if dist.is_available() and dist.is_initialized():
+        if dist.is_available() and dist.is_initialized() and not isinstance(e, LostProcess):  # (it would wait on it)
             dist.destroy_process_group()
         sys.exit(code)
     except RuntimeError as e:  # DistBackendError and gloo's own errors are RuntimeErrors

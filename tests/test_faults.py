@@ -687,6 +687,31 @@ def test_allowed_optimizer_changes_take_effect_and_fixed_keys_are_refused(config
             train.parse_args([config_file, "--resume", f"--allow_changes={key}"])
 
 
+def test_a_resume_on_processes_that_cannot_split_the_global_batch_names_counts_that_can():
+    """Resuming a global-batch-8 run on 3 processes: the advice was to change --batch_size or --global_batch_size
+    (no batch size splits 8 over 3, and --allow_changes=global_batch_size is refused); it names the process counts
+    that work, and where another --batch_size would do, that one; each works when followed"""
+    from types import SimpleNamespace
+    from config import TrainConfig
+    processes = lambda n: SimpleNamespace(world_size=n, device=torch.device("cpu"), say=print)  # noqa: E731
+    resumed = TrainConfig(global_batch_size=8, batch_size=1, device="cpu")
+    with pytest.raises(ConfigError) as info:
+        train.accumulation_steps(resumed, processes(3), resumed=True)
+    assert str(info.value) == ("global_batch_size 8 is not a multiple of batch_size 1 x 3 processes, and a resume keeps "
+                               "global_batch_size; resume on 2 or 4 processes instead (a number that divides 8), with a "
+                               "--batch_size that divides each process's share of the 8.")
+    assert [train.accumulation_steps(resumed, processes(n), resumed=True) for n in (2, 4)] == [4, 2]
+    too_large = TrainConfig(global_batch_size=8, batch_size=3, device="cpu")
+    with pytest.raises(ConfigError) as info:
+        train.accumulation_steps(too_large, processes(2), resumed=True)
+    assert str(info.value).endswith("a resume keeps global_batch_size; resume with --batch_size=2 (it must divide 4, "
+                                    "each process's share of the global batch).")
+    assert train.accumulation_steps(TrainConfig(global_batch_size=8, batch_size=2, device="cpu"), processes(2),
+                                    resumed=True) == 2
+    with pytest.raises(ConfigError, match="1 x 3 processes; change --batch_size or --global_batch_size.$"):
+        train.accumulation_steps(resumed, processes(3), resumed=False)  # a new run may change either
+
+
 def test_a_resume_rewrites_the_change_records_of_its_step(config_file, tmp_path):
     # A resume killed before its next checkpoint, then resumed again without the change: the log must not keep
     # the first resume's change record.
@@ -869,6 +894,17 @@ def test_a_partial_checkpoint_write_left_by_a_kill_is_removed_at_the_next_start(
     train.run([config_file, "--stop_iter=3", "--resume", f"--out_dir={run_dir}"])
     assert not (run_dir / "ckpt.pt.tmp").exists()
     assert "removed" in capsys.readouterr().out and checkpoints.load(str(run_dir / "ckpt.pt"))["step"] == 3
+
+
+def test_a_partial_write_of_the_first_checkpoint_is_not_said_to_leave_one_intact(config_file, tmp_path, capsys):
+    """A ckpt.pt.tmp left by a kill during a run's first checkpoint, and no ckpt.pt: the note on removing it said
+    "(ckpt.pt is intact)" where no ckpt.pt exists"""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "ckpt.pt.tmp").write_bytes(b"half a checkpoint")
+    train.run([config_file, "--max_iters=1", "--warmup_iters=0", f"--out_dir={run_dir}"])
+    notes = [line for line in capsys.readouterr().out.splitlines() if "ckpt.pt.tmp" in line]
+    assert notes == [f"note: removed {run_dir / 'ckpt.pt.tmp'}, a checkpoint write cut short by an earlier kill."]
 
 
 # ----------------------------------------------------------------------------- messages that show their values

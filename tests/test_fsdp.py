@@ -4,19 +4,26 @@ resume on another number of processes, damage, and the readers of a sharded run 
 Two torchrun launches (4 and 2 gloo processes on the CPU, tests/distributed_runs.py) hold every multi-process run;
 the references run in this process. The tiny model trains 20 steps with gradient accumulation (2 micro-batches a
 step under FSDP, 8 in the 1-process reference) and clipping active at every step (grad_clip 0.3, below every
-step's norm).
+step's norm), and one pair without clipping (grad_clip 0, a branch of its own under FSDP). The faults of a sharded
+save (a full disk, an unwritable directory, a process killed during it) and shards whose ckpt.pt is gone are here too.
 """
 import json
 import os
+import pickle
+import re
 import shutil
+import signal
+import socket
 import subprocess
 import sys
+import textwrap
 
 import pytest
 import torch
 
 import checkpoints
 import train
+from config import ConfigError
 from data.loader import validation_batches
 from model import GPT
 from tests.helpers import SMALL, synthetic_corpus, tiny_config
@@ -59,6 +66,7 @@ def runs(tmp_path_factory):
     torch.set_num_threads(1)
     # the reference: DDP's code path on one process, 8 micro-batches a step
     reference = {pos: train.run([config, f"--pos={pos}", f"--out_dir={root / 'ddp1' / pos}"]) for pos in ENCODINGS}
+    unclipped = train.run([config, "--pos=rope", "--grad_clip=0", f"--out_dir={root / 'ddp1_unclipped'}"])
     # a DDP checkpoint at step 10, resumed under FSDP by 2 processes below
     train.run([config, "--pos=fox", f"--out_dir={root / 'ddp_then_fsdp'}", "--stop_iter=10"])
 
@@ -74,7 +82,9 @@ def runs(tmp_path_factory):
                      + [fsdp("fox", "killed", "--batch_size=2", "--resume"),
                         fsdp("fox", "fsdp2_checkpointed", "--batch_size=2", "--activation_checkpointing=blocks"),
                         fsdp("rope", "fsdp2_reduce_each", "--batch_size=2", "--fsdp_reduce_each_micro_batch"),
-                        fsdp("fox", "ddp_then_fsdp", "--batch_size=2", "--resume")],
+                        fsdp("fox", "ddp_then_fsdp", "--batch_size=2", "--resume"),
+                        fsdp("rope", "fsdp2_unclipped", "--batch_size=2", "--grad_clip=0"),
+                        fsdp("fox", "fsdp2_stopped_at_10", "--batch_size=2", "--stop_iter=10")],
                      "measure": [[QUICKSTART, *SMALL, *overrides] for overrides, _ in PLANNED_FSDP],
                      "results": str(root / "two.json")}, root)
     assert two.returncode == 0, two.stderr[-3000:]
@@ -88,7 +98,7 @@ def runs(tmp_path_factory):
     return {"root": root, "config": config, "data_dir": data_dir, "reference": reference, "four": four,
             "fsdp4": four_results, "fsdp2": dict(zip(ENCODINGS, runs[:3])), "resumed_by_2": runs[3],
             "checkpointed": runs[4], "reduce_each": runs[5], "ddp_then_fsdp": runs[6], "resumed_by_1": by_1,
-            "memory": two_results["memory"]}
+            "unclipped_reference": unclipped, "unclipped": runs[7], "memory": two_results["memory"]}
 
 
 def logged(run_dir, kind="train", key="loss"):
@@ -111,6 +121,18 @@ def test_fsdp_gives_the_losses_and_grad_norms_of_ddp(runs, processes):
     fox_val = logged(runs["root"] / f"fsdp{processes}" / "fox", "val", "val_loss")
     assert fox_val == pytest.approx([v for _, v in runs["reference"]["fox"]["val_losses"]], rel=FP32_ROUNDING)
     assert len(fox_val) == 3
+
+
+def test_fsdp_without_clipping_gives_the_losses_and_grad_norms_of_ddp(runs):
+    """grad_clip = 0 takes a branch of its own under FSDP (the whole gradient's norm from the shards, nothing clipped;
+    DDP clips to an infinite norm), which the comparisons above, all clipping, never reach."""
+    reference, fsdp = runs["unclipped_reference"], runs["unclipped"]
+    ref_norms = logged(runs["root"] / "ddp1_unclipped", key="grad_norm")
+    assert len(fsdp["losses"]) == 20 and min(ref_norms) > TRAIN["grad_clip"]  # each step one that clipping cuts
+    assert fsdp["losses"] == pytest.approx(reference["losses"], rel=FP32_ROUNDING)
+    assert fsdp["grad_norms"] == pytest.approx(ref_norms, rel=1e-4)
+    clipped = runs["fsdp2"]["rope"]["losses"]  # the same run clipped at 0.3: clipping off changed the losses
+    assert max(abs(a - b) / b for a, b in zip(fsdp["losses"], clipped)) > 100 * FP32_ROUNDING
 
 
 @pytest.mark.parametrize("case", range(len(PLANNED_FSDP)), ids=[case for _, case in PLANNED_FSDP])
@@ -261,3 +283,257 @@ def test_bf16_policy_gathers_the_matrices_in_bf16_and_keeps_positional_parameter
         assert 0 < abs(loss.item() - fp32_loss) < 1e-2 * fp32_loss  # bf16 rounding, nothing more
     finally:
         ddp.release()
+
+
+# ----------------------------------------------------------------------------- shards without their ckpt.pt
+
+def tree_bytes(root) -> dict:
+    """Every file under root, by its path below root."""
+    return {str(path.relative_to(root)): path.read_bytes() for path in sorted(root.rglob("*")) if path.is_file()}
+
+
+def without_ckpt_pt(runs, tmp_path):
+    """A copy of the 2-process sharded run stopped at step 10 whose ckpt.pt is gone, and its shard directory."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(runs["root"] / "fsdp2_stopped_at_10", run_dir)
+    os.remove(run_dir / "ckpt.pt")
+    [name] = os.listdir(run_dir / checkpoints.SHARDS_DIR)
+    return run_dir, run_dir / checkpoints.SHARDS_DIR / name
+
+
+@pytest.mark.fault
+def test_shards_whose_ckpt_pt_is_gone_are_kept_and_resume_recovers_them(runs, tmp_path, capsys):
+    """ckpt.pt deleted beside the complete sharded checkpoint of 2 processes at step 10: a new run there deleted the
+    shards, said "the checkpoint is intact" and started from scratch; it is refused now with every file left as it
+    was, and --resume continues from the shards with the uninterrupted run's losses."""
+    run_dir, shard_dir = without_ckpt_pt(runs, tmp_path)
+    left = tree_bytes(run_dir)
+    new_run = [runs["config"], "--pos=fox", "--parallel=fsdp", f"--out_dir={run_dir}"]
+    with pytest.raises(ConfigError) as info:
+        train.run(new_run)
+    assert str(info.value) == (f"{run_dir} holds the sharded checkpoint {shard_dir} of iteration 10 but no ckpt.pt; add "
+                               "--resume to continue from it, choose another --out_dir, or add --start_over to move it "
+                               "aside and start a new run.")
+    assert tree_bytes(run_dir) == left and checkpoints.unreferenced_shard_directories(str(run_dir)) == []
+    capsys.readouterr()
+    resumed = train.run(new_run + ["--resume"])
+    out = capsys.readouterr().out
+    assert (f"note: {run_dir / 'ckpt.pt'} is missing: resuming from the sharded checkpoint {shard_dir} of iteration 10, "
+            "the latest whose files are all there (its .metadata, written last, lists them), but they cannot be checked "
+            "against the checksums that were in ckpt.pt; the settings are config.json's, and the divergence checks' "
+            "loss history, also in ckpt.pt, starts afresh.\n") in out
+    assert "removed" not in out and "is intact" not in out
+    assert resumed["step"] == 20 and len(resumed["losses"]) == 10
+    assert resumed["losses"] == pytest.approx(runs["reference"]["fox"]["losses"][10:], rel=FP32_ROUNDING)
+    assert logged(run_dir, key="iter") == list(range(1, 21))
+    # its own checkpoint, written at the end, replaced the recovered shards
+    assert [d.split("-")[0] for d in os.listdir(run_dir / checkpoints.SHARDS_DIR)] == ["00000020"]
+
+
+@pytest.mark.fault
+def test_incomplete_or_planted_shards_without_ckpt_pt_are_kept_and_named(runs, tmp_path):
+    """The same run directory with its shards' .metadata deleted (a write cut short), then replaced by a pickle that
+    runs a command: neither a new run nor --resume removes or loads anything, each refusal names the problem, and
+    the command never runs."""
+    run_dir, shard_dir = without_ckpt_pt(runs, tmp_path)
+    os.remove(shard_dir / ".metadata")
+    left = tree_bytes(run_dir)
+    args = [runs["config"], "--pos=fox", "--parallel=fsdp", f"--out_dir={run_dir}"]
+    with pytest.raises(ConfigError) as info:
+        train.run(args)
+    assert str(info.value) == (f"{run_dir} holds sharded checkpoint files that no ckpt.pt names, none of them a "
+                               f"complete checkpoint ({shard_dir.name} in ckpt.shards); choose another --out_dir, or "
+                               "add --start_over to move them aside and start a new run.")
+    with pytest.raises(TrainError) as info:
+        train.run(args + ["--resume"])
+    assert str(info.value) == (f"cannot resume {run_dir}: its ckpt.pt is missing, and no sharded checkpoint in "
+                               f"ckpt.shards is complete ({shard_dir.name}: it has no .metadata, which is written last: "
+                               "the write was cut short); restore ckpt.pt from a backup, or start a new run with "
+                               "--start_over (which moves these files aside) or in another --out_dir.")
+    assert tree_bytes(run_dir) == left
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return os.system, (f"touch {marker}",)
+    (shard_dir / ".metadata").write_bytes(pickle.dumps(Payload()))
+    with pytest.raises(TrainError, match=r"\.metadata is refused: it names \w+\.system, which no checkpoint's "
+                                         "metadata holds, and loading it could run code"):
+        train.run(args + ["--resume"])
+    assert not marker.exists()
+
+
+@pytest.mark.fault
+def test_start_over_moves_the_earlier_run_aside_and_deletes_nothing(runs, tmp_path, capsys):
+    """--start_over in a run directory holding shards without their ckpt.pt, then in one holding a ckpt.pt: each
+    earlier run is moved whole into a folder of its own, byte for byte, a new run starts from step 0, and the folder
+    with a ckpt.pt resumes as a run directory."""
+    run_dir, _ = without_ckpt_pt(runs, tmp_path)
+    first = tree_bytes(run_dir)
+    args = [runs["config"], "--pos=fox", "--parallel=fsdp", f"--out_dir={run_dir}"]
+    started = train.run(args + ["--stop_iter=2", "--start_over"])
+    assert started["losses"] == pytest.approx(runs["reference"]["fox"]["losses"][:2], rel=FP32_ROUNDING)
+    [aside] = [path for path in run_dir.iterdir() if path.name.startswith("earlier-")]
+    assert tree_bytes(aside) == first
+    assert (f"note: --start_over: moved the earlier run's ckpt.shards, config.json, metrics.jsonl to {aside} (nothing "
+            "was deleted).") in capsys.readouterr().out
+    second = {name: data for name, data in tree_bytes(run_dir).items() if not name.startswith("earlier-")}
+    with pytest.raises(ConfigError, match="already holds a checkpoint; add --resume to continue it, choose another "
+                                          "--out_dir, or add --start_over to move it aside and start a new run"):
+        train.run(args + ["--stop_iter=1"])
+    train.run(args + ["--stop_iter=1", "--start_over"])
+    [again] = [path for path in run_dir.iterdir() if path.name.startswith("earlier-") and path != aside]
+    assert tree_bytes(again) == second and tree_bytes(aside) == first
+    assert train.run(args[:-1] + [f"--out_dir={again}", "--stop_iter=3", "--resume"])["step"] == 3
+    with pytest.raises(ConfigError, match="--start_over starts a new run"):
+        train.parse_args([runs["config"], "--resume", "--start_over"])
+
+
+# ----------------------------------------------------------------------------- a sharded save that fails
+
+@pytest.fixture(scope="module")
+def tiny_fsdp(tmp_path_factory):
+    """The tiny model's config on a small corpus, and the run directory of 1 process under FSDP stopped at step 2."""
+    root = tmp_path_factory.mktemp("tiny_fsdp")
+    config = root / "tiny.toml"
+    config.write_text(tiny_config(synthetic_corpus(root, 20, 400), model={"pos": "rope"}))
+    torch.set_num_threads(1)
+    train.run([str(config), "--parallel=fsdp", "--stop_iter=2", f"--out_dir={root / 'run'}"])
+    return str(config), root / "run"
+
+
+def checkpoint_bytes(run_dir) -> dict:
+    """ckpt.pt and every shard file (a resume rewrites config.json and metrics.jsonl)."""
+    return {name: data for name, data in tree_bytes(run_dir).items()
+            if name == "ckpt.pt" or name.startswith(checkpoints.SHARDS_DIR)}
+
+
+def as_root(command: list[str]) -> bool:
+    return os.geteuid() == 0 and subprocess.run(command, capture_output=True).returncode == 0
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("fault", ["full disk", "immutable directory"])
+def test_a_sharded_save_on_a_full_disk_or_unwritable_directory_is_one_sentence(tiny_fsdp, tmp_path, fault):
+    """A full disk (a small tmpfs) or an unwritable ckpt.shards (chattr +i) during a sharded save: it was torch's
+    CheckpointException traceback (a BaseException, past the save's `except Exception`), naming neither; now one
+    sentence names the free space or the system's reason and says that the previous checkpoint is intact, which it
+    is, byte for byte, and the resume after the remedy goes on."""
+    config, saved = tiny_fsdp
+    mount = tmp_path / "small"
+    mount.mkdir()
+    if fault == "full disk":
+        if not as_root(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)]):
+            pytest.skip("needs root to mount a small tmpfs")
+        run_dir = mount / "run"
+        shutil.copytree(saved, run_dir)
+        with open(mount / "filler", "wb", buffering=0) as f:  # the disk filled up to 128 KiB, less than the shards
+            try:
+                while f.write(b"\0" * 65536):
+                    pass
+            except OSError:
+                pass
+        os.truncate(mount / "filler", os.path.getsize(mount / "filler") - 131072)
+        reason = r"no space left on the device \(\d+ MiB free in " + re.escape(str(run_dir)) + r"\)"
+        remedy = "Free space"
+        undo = [["rm", str(mount / "filler")]]
+    else:
+        run_dir = mount / "run"
+        shutil.copytree(saved, run_dir)
+        shards = str(run_dir / checkpoints.SHARDS_DIR)
+        if as_root(["chattr", "+i", shards]):
+            reason, undo = "Operation not permitted", [["chattr", "-i", shards]]
+        else:  # not root: a directory without write permission
+            os.chmod(shards, 0o555)
+            reason, undo = "Permission denied", [["chmod", "755", shards]]
+        remedy = "Make the directory writable"
+    before = checkpoint_bytes(run_dir)
+    args = [config, "--parallel=fsdp", "--stop_iter=3", f"--out_dir={run_dir}", "--resume"]
+    try:
+        with pytest.raises(TrainError) as info:
+            train.run(args)
+        shards = re.escape(str(run_dir / checkpoints.SHARDS_DIR))
+        assert re.fullmatch(rf"could not write the sharded checkpoint {shards}/00000003-[0-9a-f]{{8}}: {reason}; the "
+                            rf"previous checkpoint {re.escape(str(run_dir / 'ckpt.pt'))} is intact\. {remedy} \(or "
+                            r"choose another --out_dir\), then run again \(with --resume if a checkpoint exists\)\.",
+                            str(info.value)), str(info.value)
+        assert checkpoint_bytes(run_dir) == before  # the failed save's own files removed, nothing else touched
+        failed_step = logged(run_dir)[-1]
+        for command in undo:  # the remedy: free space, or make the directory writable
+            subprocess.run(command, check=True)
+        undo = []
+        resumed = train.run(args)
+        assert resumed["step"] == 3 and resumed["losses"] == [failed_step]
+    finally:
+        for command in undo:
+            subprocess.run(command)
+        if fault == "full disk":
+            subprocess.run(["umount", str(mount)], check=True)
+
+
+# Runs train.py as one rank of a 2-process job launched like torchrun does, without its supervisor (which would end
+# the survivor), so that the test sees what the survivor says: rank argv[1] SIGKILLs itself as it starts writing its
+# shards of the second sharded checkpoint.
+KILL_DURING_SHARDED_SAVE = """
+    import os, signal, sys
+    import torch.distributed.checkpoint.filesystem as filesystem
+    import train
+    victim, real_write, saves = sys.argv[1], filesystem._write_files_from_queue, []
+
+    def write_files(*args, **kwargs):
+        saves.append(1)
+        if os.environ["RANK"] == victim and len(saves) == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real_write(*args, **kwargs)
+
+    filesystem._write_files_from_queue = write_files
+    sys.argv = ["train.py"] + sys.argv[2:]
+    train.main()
+"""
+
+
+@pytest.mark.fault
+def test_a_process_killed_during_a_sharded_save_is_named_by_the_survivor(tiny_fsdp, tmp_path, capsys):
+    """kill -9 of one of 2 processes while they write a sharded checkpoint: the surviving main process said the
+    checkpoint could not be written and to free space or make the directory writable (a surviving rank 1 said
+    nothing); each survivor now says that another process died and that the previous checkpoint is intact, which
+    it is, and it resumes."""
+    config, _ = tiny_fsdp
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": REPO}
+    jobs = {}
+    for victim in (1, 0):  # both jobs at once, to save time
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        # (a dead peer's closed socket is seen at once; the timeout, also the start-up's wait for all processes to
+        # join, must outlast 4 processes importing torch on a loaded machine)
+        args = [str(victim), config, "--parallel=fsdp", "--batch_size=2", "--ckpt_interval=2", "--dist_timeout_s=60",
+                f"--out_dir={tmp_path / str(victim)}"]
+        jobs[victim] = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(KILL_DURING_SHARDED_SAVE), *args],
+                                         cwd=REPO, env={**env, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2",
+                                                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    try:
+        for victim, procs in jobs.items():
+            survivor, run_dir = 1 - victim, tmp_path / str(victim)
+            err = procs[survivor].communicate(timeout=120)[1]
+            procs[victim].communicate(timeout=30)
+            assert procs[victim].returncode == -signal.SIGKILL and procs[survivor].returncode == 1, err[-3000:]
+            shards = re.escape(str(run_dir / checkpoints.SHARDS_DIR))
+            assert re.fullmatch(rf"error: process {survivor} stopped: another process died or stopped responding while "
+                                rf"the sharded checkpoint {shards}/00000004-[0-9a-f]{{8}} was written \(.+\); the "
+                                rf"previous checkpoint {re.escape(str(run_dir / 'ckpt.pt'))} is intact\. Fix the cause, "
+                                r"then run again \(with --resume if a checkpoint exists\)\.", err.strip()), err[-3000:]
+            assert checkpoints.load(str(run_dir / "ckpt.pt"))["step"] == 2  # its shards all as their checksums say
+    finally:
+        for proc in (p for procs in jobs.values() for p in procs):
+            proc.kill()
+            proc.communicate()
+    # the main process survived rank 1 and removed what its save had written; rank 1 could not, so the next start does
+    assert [d.split("-")[0] for d in os.listdir(tmp_path / "1" / checkpoints.SHARDS_DIR)] == ["00000002"]
+    run_dir = tmp_path / "0"
+    before = logged(run_dir)  # iterations 3 and 4 were trained before the kill
+    capsys.readouterr()
+    resumed = train.run([config, "--parallel=fsdp", "--batch_size=2", f"--out_dir={run_dir}", "--resume"])
+    assert "note: removed 1 sharded checkpoint directory that ckpt.pt does not name" in capsys.readouterr().out
+    assert resumed["step"] == 6 and resumed["losses"][:2] == pytest.approx(before[2:4], rel=FP32_ROUNDING)

@@ -269,15 +269,19 @@ def test_peak_memory_names_what_it_measured_on_each_device(monkeypatch):
 
 
 def test_shard_directories_without_a_readable_checkpoint(tmp_path):
-    """No ckpt.pt yet (killed before the first commit): every shard directory is unreferenced. A ckpt.pt that cannot
-    be read: none is, so nothing is removed before its own load reports the damage."""
+    """No ckpt.pt (killed before the first commit, or lost): no shard directory counts as unreferenced, since nothing
+    says they are this run's (they may be all that is left of a run, which --resume recovers). A ckpt.pt that cannot
+    be read: none is either, so nothing is removed before its own load reports the damage. A readable one: every
+    directory it does not name."""
     import checkpoints
     for name in ("step_000004", "step_000008"):
         (tmp_path / checkpoints.SHARDS_DIR / name).mkdir(parents=True)
-    assert checkpoints.unreferenced_shard_directories(str(tmp_path)) == [
-        str(tmp_path / checkpoints.SHARDS_DIR / "step_000004"), str(tmp_path / checkpoints.SHARDS_DIR / "step_000008")]
+    assert checkpoints.unreferenced_shard_directories(str(tmp_path)) == []
     (tmp_path / "ckpt.pt").write_bytes(b"not a checkpoint")
     assert checkpoints.unreferenced_shard_directories(str(tmp_path)) == []
+    checkpoints.save(str(tmp_path / "ckpt.pt"), {"shards": {"dir": os.path.join(checkpoints.SHARDS_DIR, "step_000008")}})
+    assert checkpoints.unreferenced_shard_directories(str(tmp_path)) == [str(tmp_path / checkpoints.SHARDS_DIR /
+                                                                            "step_000004")]
 
 
 # ----------------------------------------------------------------------------- the fifth session's survivors

@@ -9,12 +9,19 @@ torch.distributed.checkpoint into a new directory RUN_DIR/ckpt.shards/<step>-<id
 sha256, and remove the older directories. ckpt.pt is the commit: a kill before it leaves the previous checkpoint
 whole (the unnamed directory is removed at the next start), a kill after it the new one. Either kind of
 checkpoint resumes under either mode and on any number of processes (torch.distributed.checkpoint reshards).
+
+Nothing an earlier run saved is removed by a run that did not write it: a new run refuses a directory that holds
+a checkpoint, or shards without their ckpt.pt (refuse_earlier_checkpoint), unless --start_over, which moves them
+aside; --resume recovers shards whose ckpt.pt is gone (recover_from_shards).
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
+import tempfile
+import time
 import uuid
 import warnings
 
@@ -22,8 +29,9 @@ import torch
 import torch.distributed as dist
 
 import checkpoints
-from config import AS_TRAINED_BEFORE_KEY_EXISTED, TrainConfig
-from training.errors import TrainError
+from config import AS_TRAINED_BEFORE_KEY_EXISTED, ConfigError, TrainConfig
+from training.distributed import is_collective_failure
+from training.errors import LostProcess, TrainError
 from training.optimizer import load_optimizer_state, set_optimizer_settings
 
 # Settings that shape the loss sequence: a resumed run must use the checkpoint's values unless --allow_changes
@@ -46,8 +54,11 @@ RESTORE_ADVICE = "restore it from a backup, or delete the run directory and star
 
 def load_checkpoint(path: str) -> dict:
     """The checkpoint at path, its checksum verified; every kind of damage is one TrainError sentence. A sharded
-    checkpoint's shards are checked later, by all processes together (restore)."""
+    checkpoint's shards are checked later, by all processes together (restore). Where path is gone but shards
+    are beside it, what they hold (recover_from_shards)."""
     if not os.path.isfile(path):
+        if checkpoints.shard_directories(os.path.dirname(path)):
+            return recover_from_shards(path)
         raise TrainError(f"no checkpoint at {path}; run without --resume to start this run, "
                          "or point --out_dir at the run directory to continue.")
     try:
@@ -58,6 +69,88 @@ def load_checkpoint(path: str) -> dict:
         raise TrainError(f"checkpoint {path} is sharded, but its shard directory {checkpoints.shard_directory(path, ckpt)} "
                          f"is missing; {RESTORE_ADVICE}.")
     return ckpt
+
+
+def latest_complete_shards(run_dir: str) -> tuple[str, int] | None:
+    """(directory, step) of the latest sharded checkpoint in RUN_DIR/ckpt.shards whose set of files is complete
+    (checkpoints.shard_set_problem), or None."""
+    named = [(int(name.group(1)), directory) for directory in checkpoints.shard_directories(run_dir)
+             if (name := checkpoints.SHARD_DIRECTORY_NAME.fullmatch(os.path.basename(directory)))]
+    for step, directory in sorted(named, reverse=True):
+        if checkpoints.shard_set_problem(directory) is None:
+            return directory, step
+    return None
+
+
+def recover_from_shards(path: str) -> dict:
+    """The checkpoint of a run directory whose ckpt.pt (at `path`) is gone but whose ckpt.shards/ holds complete
+    sharded checkpoints: the latest one's weights and Adam moments, its step (the directory's name), and from
+    config.json the settings, tokenizer and deliberate changes that ckpt.pt held too. Lost with ckpt.pt: the shards'
+    checksums (only .metadata, whose own checksum is taken now, is checked again before the load), the divergence
+    checks' loss history (they start afresh) and the random-number state (training draws none)."""
+    run_dir = os.path.dirname(path)
+    found = latest_complete_shards(run_dir)
+    if found is None:
+        problems = "; ".join(f"{os.path.basename(d)}: {checkpoints.shard_set_problem(d) or 'not named <step>-<id>'}"
+                             for d in checkpoints.shard_directories(run_dir))
+        raise TrainError(f"cannot resume {run_dir}: its ckpt.pt is missing, and no sharded checkpoint in "
+                         f"{checkpoints.SHARDS_DIR} is complete ({problems}); restore ckpt.pt from a backup, or start "
+                         "a new run with --start_over (which moves these files aside) or in another --out_dir.")
+    directory, step = found
+    try:
+        with open(os.path.join(run_dir, "config.json")) as f:
+            run = json.load(f)
+        settings = {"model_config": run["model"], "train_config": run["train"], "tokenizer": run["tokenizer"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        raise TrainError(f"cannot resume {run_dir} from the shards in {directory}: its ckpt.pt is missing, and so is a "
+                         "readable config.json, without which the shards do not say which model and settings they "
+                         "belong to; restore ckpt.pt or config.json from a backup.") from None
+    relative = os.path.relpath(directory, run_dir)
+    metadata = os.path.join(directory, ".metadata")
+    processes = len([name for name in os.listdir(directory) if name.endswith(".distcp")])  # one file each
+    return {**settings, "step": step, "world_size": processes, "changes": run.get("resume_changes", []),
+            "code_version": run.get("code_version", "unknown"),
+            "shards": {"dir": relative, "files": {".metadata": checkpoints.file_sha256(metadata)}},
+            "recovered": f"{path} is missing: resuming from the sharded checkpoint {directory} of iteration {step}, "
+                         "the latest whose files are all there (its .metadata, written last, lists them), but they "
+                         "cannot be checked against the checksums that were in ckpt.pt; the settings are "
+                         "config.json's, and the divergence checks' loss history, also in ckpt.pt, starts afresh"}
+
+
+def refuse_earlier_checkpoint(run_dir: str) -> None:
+    """For a new run: an earlier run's checkpoint in run_dir (ckpt.pt, or shards whose ckpt.pt is gone, the
+    weights that recover_from_shards can resume) is a ConfigError that names the way out; the run must not
+    overwrite or remove it (--start_over moves it aside instead)."""
+    if os.path.exists(os.path.join(run_dir, "ckpt.pt")):
+        raise ConfigError(f"{run_dir} already holds a checkpoint; add --resume to continue it, choose another "
+                          "--out_dir, or add --start_over to move it aside and start a new run.")
+    shards = checkpoints.shard_directories(run_dir)
+    if not shards:
+        return
+    found = latest_complete_shards(run_dir)
+    if found:
+        raise ConfigError(f"{run_dir} holds the sharded checkpoint {found[0]} of iteration {found[1]} but no ckpt.pt; "
+                          "add --resume to continue from it, choose another --out_dir, or add --start_over to move it "
+                          "aside and start a new run.")
+    raise ConfigError(f"{run_dir} holds sharded checkpoint files that no ckpt.pt names, none of them a complete "
+                      f"checkpoint ({', '.join(os.path.basename(d) for d in shards)} in {checkpoints.SHARDS_DIR}); "
+                      "choose another --out_dir, or add --start_over to move them aside and start a new run.")
+
+
+EARLIER_RUN_FILES = ("ckpt.pt", "ckpt.pt.tmp", checkpoints.SHARDS_DIR, "config.json", "metrics.jsonl")
+
+
+def set_aside_earlier_run(run_dir: str) -> tuple[str, list[str]] | None:
+    """For --start_over: the earlier run's files moved into a new folder RUN_DIR/earlier-<UTC time>-<random>/,
+    nothing deleted (with its ckpt.pt the folder is a run directory that --resume continues). Returns the folder and
+    the names moved, or None when there was nothing to move."""
+    present = [name for name in EARLIER_RUN_FILES if os.path.exists(os.path.join(run_dir, name))]
+    if not present:
+        return None
+    folder = tempfile.mkdtemp(prefix=time.strftime("earlier-%Y%m%dT%H%M%SZ-", time.gmtime()), dir=run_dir)
+    for name in present:
+        os.rename(os.path.join(run_dir, name), os.path.join(folder, name))
+    return folder, present
 
 
 def check_resume_compatible(ckpt: dict, model_cfg: dict, train_cfg: TrainConfig, path: str,
@@ -119,9 +212,10 @@ def restore(ckpt: dict, model: torch.nn.Module, optimizer: torch.optim.Optimizer
     else:
         model.load_state_dict(ckpt["model"])
         load_optimizer_state(optimizer, ckpt["optimizer"], cfg)
-    torch.set_rng_state(ckpt["rng"]["torch"])
-    if device.type == "cuda" and ckpt["rng"].get("cuda") is not None:
-        torch.cuda.set_rng_state(ckpt["rng"]["cuda"], device)
+    if "rng" in ckpt:  # (not in one recovered from its shards alone; training draws no random numbers)
+        torch.set_rng_state(ckpt["rng"]["torch"])
+        if device.type == "cuda" and ckpt["rng"].get("cuda") is not None:
+            torch.cuda.set_rng_state(ckpt["rng"]["cuda"], device)
     return ckpt["step"]
 
 
@@ -209,17 +303,17 @@ class Checkpointer:
         """Every process writes its shards into a new directory and hashes a share of its files; then the main
         process commits them by writing ckpt.pt, and removes the directories it no longer names."""
         import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
         run_dir, ddp = os.path.dirname(os.path.abspath(self.path)), self.ddp
         name = os.path.join(checkpoints.SHARDS_DIR,
                             ddp.from_main(f"{step:08d}-{uuid.uuid4().hex[:8]}" if ddp.is_main else None))
         directory = os.path.join(run_dir, name)
         try:
-            dcp.save(sharded_state(model, optimizer), checkpoint_id=directory)
-        except Exception as error:  # raised on every process (torch.distributed.checkpoint gathers the failures)
-            raise TrainError(f"could not write the sharded checkpoint {directory} ({first_line(error)}); the previous "
-                             f"checkpoint {self.path} is intact. Free space or make the directory writable (or "
-                             "choose another --out_dir), then run again (with --resume if a checkpoint exists).") \
-                from None
+            dcp.save(sharded_state(model, optimizer), storage_writer=checkpoints.shard_writer(directory))
+        except (Exception, CheckpointException) as error:  # CheckpointException is a BaseException
+            if ddp.is_main:  # this save's own files, which nothing names: no use, and on a full disk in the way
+                shutil.rmtree(directory, ignore_errors=True)
+            raise self.shard_write_failure(directory, error) from None
         ddp.barrier()
         files = sorted(os.listdir(directory))
         hashes = {file: checkpoints.file_sha256(os.path.join(directory, file))
@@ -232,6 +326,26 @@ class Checkpointer:
                       "world_size": ddp.world_size}
             self.write({**self.description(step, divergence), "shards": shards})
             remove_unreferenced_shards(self.path)
+
+    def shard_write_failure(self, directory: str, error: BaseException) -> TrainError:
+        """The sentence of a failed dcp.save: another process lost (every process says it: the main one may be the
+        one that died), or the system's reason (torch.distributed.checkpoint gathers each process's exception into
+        one CheckpointException, which arrives on every process)."""
+        from torch.distributed.checkpoint.api import CheckpointException
+        causes = [cause for cause, _ in error.failures.values()] if isinstance(error, CheckpointException) else [error]
+        previous = f"the previous checkpoint {self.path} is intact" if os.path.exists(self.path) else \
+            "no earlier checkpoint exists"
+        lost = [cause for cause in causes if isinstance(cause, RuntimeError) and is_collective_failure(cause)]
+        if lost:
+            return LostProcess(f"process {self.ddp.rank} stopped: another process died or stopped responding while the "
+                               f"sharded checkpoint {directory} was written ({first_line(lost[0])}); {previous}. Fix "
+                               "the cause, then run again (with --resume if a checkpoint exists).")
+        system = next((cause for cause in causes if isinstance(cause, OSError)), None)
+        if system is None:
+            return TrainError(f"could not write the sharded checkpoint {directory} ({first_line(causes[0])}); "
+                              f"{previous}. Fix the cause, then run again (with --resume if a checkpoint exists).")
+        return TrainError(checkpoints.write_failure_sentence(f"the sharded checkpoint {directory}", system,
+                                                             os.path.dirname(os.path.abspath(self.path)), previous))
 
 
 def remove_unreferenced_shards(path: str) -> None:

@@ -9,6 +9,11 @@ class TrainError(Exception):
     """A problem the user must act on (bad checkpoint, diverged run, ...); the message says what to do."""
 
 
+class LostProcess(TrainError):
+    """Another process died or froze: every process says so (the main one may be the one that died), and none closes
+    the process group (that would wait on the dead process)."""
+
+
 def exit_interrupted(signum=None, frame=None) -> None:
     """Ctrl-C outside the training loop (which saves a checkpoint first): one line, on the main process only, and
     exit status 130. Also a SIGINT handler, for the seconds in which train.py imports torch."""
