@@ -50,6 +50,7 @@ STUDY_KEYS = {"name", "base", "encodings", "seeds", "reference", "out_dir", "ove
 LAUNCH_KEYS = {"mode", "gpus", "gpus_per_run", "jobs"}
 DEFAULT_SEEDS = [1337]  # train.py's own default seed
 CONFIDENCE = 0.95
+MIN_SEEDS_FOR_A_FINDING = 3  # with fewer, an interval that excludes 0 is too easily luck to report as a result
 # Every key with its default: the text of --help and of docs/study.md (a test holds them equal, and the
 # defaults stated here equal those load_study applies).
 STUDY_FILE_EXAMPLE = """\
@@ -638,18 +639,33 @@ def describe(values: list[float]) -> dict:
             "std": statistics.stdev(values) if n > 1 else None}
 
 
-def paired_difference(values: dict[int, float], reference: dict[int, float]) -> dict:
-    """Per-seed differences to the reference encoding (same seed = same data order and init) and whether the
-    two-sided 95% t-interval of their mean excludes 0: the rule for "exceeds the seed spread"."""
+def mean_interval(values: list[float]) -> dict:
+    """describe(values) with the two-sided 95% Student-t interval of their mean, whether it excludes 0 ("exceeds
+    the seed spread"), and whether that is a finding: it excludes 0 over at least MIN_SEEDS_FOR_A_FINDING seeds."""
     from scipy.stats import t as student_t
 
-    seeds = sorted(set(values) & set(reference))
-    result = describe([values[s] - reference[s] for s in seeds]) | {"seeds": seeds}
+    result = describe(values)
     if result["n"] < 2:
-        return result | {"interval": None, "exceeds_seed_spread": None}
+        return result | {"interval": None, "exceeds_seed_spread": None, "finding": False}
     half_width = student_t.ppf(0.5 + CONFIDENCE / 2, result["n"] - 1) * result["std"] / math.sqrt(result["n"])
     interval = [result["mean"] - half_width, result["mean"] + half_width]
-    return result | {"interval": interval, "exceeds_seed_spread": not interval[0] <= 0 <= interval[1]}
+    excludes = not interval[0] <= 0 <= interval[1]
+    return result | {"interval": interval, "exceeds_seed_spread": excludes,
+                     "finding": excludes and result["n"] >= MIN_SEEDS_FOR_A_FINDING}
+
+
+def paired_difference(values: dict[int, float], reference: dict[int, float]) -> dict:
+    """mean_interval of the per-seed differences to the reference encoding (same seed = same data order and
+    init), over the seeds both have."""
+    seeds = sorted(set(values) & set(reference))
+    return mean_interval([values[s] - reference[s] for s in seeds]) | {"seeds": seeds}
+
+
+def finding_word(diff: dict | None) -> str:
+    """The table's word for a difference: lower / higher where it is a finding, else not resolved."""
+    if not diff or not diff["n"]:
+        return "–"
+    return ("lower" if diff["mean"] < 0 else "higher") if diff["finding"] else "not resolved"
 
 
 def verdict(encoding: str, reference: str, diff: dict | None) -> str:
@@ -657,14 +673,16 @@ def verdict(encoding: str, reference: str, diff: dict | None) -> str:
         return f"{encoding} is the reference."
     if diff is None or diff["n"] == 0:
         return f"{encoding}: no seed finished for both {encoding} and {reference}, so there is no comparison."
-    if diff["n"] == 1:
-        return (f"{encoding} − {reference} = {diff['mean']:+.4f} on one seed: one seed has no spread to compare "
-                "with; run more seeds to tell.")
+    spread = f" ± {diff['std']:.4f} (mean ± sample std)" if diff["std"] is not None else ""
+    head = f"{encoding} − {reference} = {diff['mean']:+.4f}{spread} over {diff['n']} paired seed(s)"
+    if diff["n"] < MIN_SEEDS_FOR_A_FINDING:
+        return (f"{head}: not resolved at this budget (a difference counts only when its {CONFIDENCE:.0%} paired "
+                f"t-interval over at least {MIN_SEEDS_FOR_A_FINDING} seeds excludes 0).")
     lo, hi = diff["interval"]
-    words = ("excludes 0: the difference exceeds the seed spread" if diff["exceeds_seed_spread"]
-             else "contains 0: the difference is within the seed spread")
-    return (f"{encoding} − {reference} = {diff['mean']:+.4f} ± {diff['std']:.4f} (mean ± sample std over "
-            f"{diff['n']} paired seeds); the {CONFIDENCE:.0%} t-interval [{lo:+.4f}, {hi:+.4f}] {words}.")
+    if diff["finding"]:
+        return (f"{head}; the {CONFIDENCE:.0%} t-interval [{lo:+.4f}, {hi:+.4f}] excludes 0: {encoding} is "
+                f"{finding_word(diff)} than {reference} at this budget.")
+    return f"{head}; the {CONFIDENCE:.0%} t-interval [{lo:+.4f}, {hi:+.4f}] contains 0: not resolved at this budget."
 
 
 # ----------------------------------------------------------------------------- the report, from the runs' files
@@ -751,15 +769,51 @@ def long_context_summary(reports: list[dict]) -> dict:
     return out
 
 
+def eval_outputs_by_seed(study: Study, encoding: str, name: str) -> dict[int, dict]:
+    """seed -> the finished evaluation `name` of that encoding's run (its first result where the file holds a list)."""
+    found = {}
+    for run in study.runs:
+        if run.encoding == encoding and name in run.evals and run_finished(run) and eval_finished(run, name):
+            output = read_json(os.path.join(run.run_dir, "eval", f"{name}.json"))
+            output = output[0] if isinstance(output, list) and output else output
+            if output:
+                found[run.seed] = output
+    return found
+
+
+def extrapolation_comparison(study: Study, encoding: str) -> dict:
+    """Per seed, then over seeds: the non-overlapping loss at L, and for each longer context kL the loss beyond L
+    and its rise over the loss at L (does the loss grow past the training context?), and the paired difference of
+    the loss beyond L to the reference encoding's."""
+    def per_seed(results):
+        out = {}
+        for seed, r in results.items():
+            train_context = r["train_context"]
+            cells = {int(c) // train_context: cell["nonoverlapping"] for c, cell in r["contexts"].items()}
+            if 1 in cells:
+                out[seed] = {"at_L": cells[1]["mean"], "beyond": {k: c["mean_beyond_train_context"]
+                                                                    for k, c in cells.items() if k > 1}}
+        return out
+
+    mine = per_seed(eval_outputs_by_seed(study, encoding, "extrapolation"))
+    if not mine:
+        return {}
+    reference = per_seed(eval_outputs_by_seed(study, study.reference, "extrapolation"))
+    factors = sorted({k for v in mine.values() for k in v["beyond"]})
+    seeds = sorted(mine)
+    return {"seeds": seeds, "at_L": mean_interval([mine[s]["at_L"] for s in seeds]),
+            "rise": {str(k): mean_interval([mine[s]["beyond"][k] - mine[s]["at_L"] for s in seeds
+                                            if mine[s]["beyond"].get(k) is not None]) for k in factors},
+            "beyond_minus_reference": {str(k): paired_difference(
+                {s: v["beyond"][k] for s, v in mine.items() if v["beyond"].get(k) is not None},
+                {s: v["beyond"][k] for s, v in reference.items() if v["beyond"].get(k) is not None})
+                for k in factors}}
+
+
 def long_context_differences(study: Study, encoding: str) -> dict:
     """Per family and length, the paired difference of the average to the reference encoding's (same seed)."""
     def by_seed(name):
-        found = {}
-        for run in study.runs:
-            if run.encoding == name and "long_context" in run.evals and run_finished(run) \
-                    and eval_finished(run, "long_context"):
-                found[run.seed] = read_json(os.path.join(run.run_dir, "eval", "long_context.json"))
-        return {seed: r for seed, r in found.items() if r}
+        return eval_outputs_by_seed(study, name, "long_context")
 
     mine, reference = by_seed(encoding), by_seed(study.reference)
     if not mine or not reference:
@@ -834,12 +888,19 @@ def build_report(study: Study, statuses: dict) -> dict:
                 first_outputs.setdefault(name, outputs[0])
         if "long_context" in entry and encoding != study.reference:
             entry["long_context"]["difference_to_reference"] = long_context_differences(study, encoding)
+        if "extrapolation" in entry:
+            entry["extrapolation"]["by_seed"] = extrapolation_comparison(study, encoding)
+        entry["diverged_seeds"] = [r["seed"] for r in rows if r["encoding"] == encoding and r["status"] == "diverged"]
+        if entry["diverged_seeds"]:
+            entry["verdict"] += (f" Diverged (no final loss, left out above): seed(s) "
+                                 f"{', '.join(map(str, entry['diverged_seeds']))}.")
         encodings[encoding] = entry
     return {"study": study.name, "study_file": study.path, "base": study.base, "overrides": study.overrides,
             "seeds": study.seeds, "reference": study.reference, "launch": {"mode": study.mode, "gpus": study.gpus,
                                                                            "gpus_per_run": study.gpus_per_run},
-            "rule": f"a difference to {study.reference} exceeds the seed spread when the two-sided "
-                    f"{CONFIDENCE:.0%} Student-t interval of the mean per-seed paired difference excludes 0",
+            "rule": f"a difference to {study.reference} is a finding only when the two-sided {CONFIDENCE:.0%} "
+                    f"Student-t interval of the mean per-seed paired difference, over at least "
+                    f"{MIN_SEEDS_FOR_A_FINDING} seeds, excludes 0; otherwise it is not resolved at this budget",
             "setup": setup_summary(study, first_outputs), "runs": rows, "encodings": encodings}
 
 
@@ -900,14 +961,13 @@ def markdown(report: dict, plots: dict) -> str:
              "", "## Setup", "", *setup_lines(report["setup"]),
              "", "## Final validation loss", "",
              f"| encoding | seeds | val loss | − {ref} (paired) | {CONFIDENCE:.0%} t-interval "
-             "| exceeds seed spread |",
-             "|---|---:|---:|---:|---:|---|"]
+             "| finding | diverged |",
+             "|---|---:|---:|---:|---:|---|---:|"]
     for name, e in enc.items():
         d = e["difference_to_reference"]
         interval = f"[{d['interval'][0]:+.4f}, {d['interval'][1]:+.4f}]" if d and d["interval"] else "–"
-        exceeds = {True: "yes", False: "no", None: "–"}[d["exceeds_seed_spread"] if d else None]
         lines.append(f"| {name} | {e['final_val_loss']['n']} | {fmt(e['final_val_loss'])} | {fmt(d)} | "
-                     f"{interval} | {exceeds} |")
+                     f"{interval} | {finding_word(d) if name != ref else '–'} | {len(e.get('diverged_seeds', []))} |")
     lines += ["", f"Rule: {report['rule']}.", ""] + [f"- {e['verdict']}" for e in enc.values()]
     if "loss_curves" in plots:
         lines += ["", f"![loss curves]({plots['loss_curves']})"]
@@ -918,6 +978,7 @@ def markdown(report: dict, plots: dict) -> str:
             for factor, c in e.get("extrapolation", {}).get("contexts", {}).items():
                 lines.append(f"| {name} | {factor} | {c['context']} | {fmt(c['nonoverlapping'])} | "
                              f"{fmt(c['beyond_train_context'])} | {fmt(c['sliding'])} |")
+        lines += extrapolation_comparison_lines(report)
         if "loss_vs_position" in plots:
             lines += ["", f"![loss vs position]({plots['loss_vs_position']})"]
         passkeys = {n: e["extrapolation"]["passkey"] for n, e in enc.items() if "passkey" in e.get("extrapolation", {})}
@@ -958,9 +1019,44 @@ def markdown(report: dict, plots: dict) -> str:
                      f"{sum(r['wall_clock_s'].values()) / 3600:.3f} | {r['gpu_hours']:.2f} | `{r['run_dir']}` |")
     failed = [r for r in report["runs"] if r["errors"]]
     if failed:
-        lines += ["", "## Failures", ""]
+        lines += ["", "## Failed or diverged runs", ""]
         lines += [f"- {r['encoding']} seed {r['seed']}: {'; '.join(r['errors'])}" for r in failed]
     return "\n".join(lines) + "\n"
+
+
+def interval_cell(stat: dict | None, digits: int = 3) -> str:
+    """mean [95% interval], with * where it is a finding (excludes 0 over enough seeds)."""
+    if not stat or stat.get("mean") is None:
+        return "–"
+    if stat["interval"] is None:
+        return f"{stat['mean']:+.{digits}f} ({stat['n']} seed)"
+    lo, hi = stat["interval"]
+    return f"{stat['mean']:+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}]" + ("*" if stat["finding"] else "")
+
+
+def extrapolation_comparison_lines(report: dict) -> list[str]:
+    comparisons = {n: e["extrapolation"]["by_seed"] for n, e in report["encodings"].items()
+                   if e.get("extrapolation", {}).get("by_seed")}
+    if not comparisons:
+        return []
+    factors = sorted({k for c in comparisons.values() for k in c["rise"]}, key=int)
+    header = " | ".join(f"{k}L" for k in factors)
+    ref = report["reference"]
+    lines = ["", f"Per seed, then the mean and its {CONFIDENCE:.0%} t-interval over seeds (* where the interval "
+             f"excludes 0 over at least {MIN_SEEDS_FOR_A_FINDING} seeds): the rise of the loss beyond L over the "
+             "loss at L, in the same windows (positive: the loss grows past the training context).", "",
+             f"| encoding | loss at L | rise at {header.replace(' | ', ' | rise at ')} |",
+             "|---|---:|" + "---:|" * len(factors)]
+    for name, c in comparisons.items():
+        lines.append(f"| {name} | {fmt(c['at_L'], 3)} | "
+                     + " | ".join(interval_cell(c["rise"].get(k)) for k in factors) + " |")
+    lines += ["", f"The loss beyond L minus {ref}'s (paired by seed):", "", f"| encoding | {header} |",
+              "|---|" + "---:|" * len(factors)]
+    for name, c in comparisons.items():
+        if name != ref:
+            lines.append(f"| {name} − {ref} | "
+                         + " | ".join(interval_cell(c["beyond_minus_reference"].get(k)) for k in factors) + " |")
+    return lines
 
 
 def long_context_lines(report: dict) -> list[str]:
@@ -986,20 +1082,14 @@ def long_context_lines(report: dict) -> list[str]:
     diffs = {n: lc.get("difference_to_reference") for n, lc in enc.items() if lc.get("difference_to_reference")}
     if diffs:
         lines += ["", f"Paired difference to {ref} (per seed, then mean; {CONFIDENCE:.0%} t-interval; * where it "
-                      "excludes 0, i.e. exceeds the seed spread):", "", f"| encoding | average | {header} |",
+                      f"excludes 0 over at least {MIN_SEEDS_FOR_A_FINDING} seeds):", "", f"| encoding | average | {header} |",
                   "|---|---|" + "---:|" * len(lengths)]
         for name, families in diffs.items():
             for family, label in (("ruler", "RULER"), ("babilong", "BABILong")):
                 cells = []
                 for n in lengths:
                     d = families[family][n]
-                    if not d["n"]:
-                        cells.append("–")
-                    elif d["interval"] is None:
-                        cells.append(f"{d['mean']:+.2f} (1 seed)")
-                    else:
-                        lo, hi = d["interval"]
-                        cells.append(f"{d['mean']:+.2f} [{lo:+.2f}, {hi:+.2f}]" + ("*" if d["exceeds_seed_spread"] else ""))
+                    cells.append(interval_cell(d, 2) if d["n"] else "–")
                 if any(c != "–" for c in cells):
                     lines.append(f"| {name} − {ref} | {label} | " + " | ".join(cells) + " |")
     lines += ["", "Per task:", "", f"| encoding | task | {header} |", "|---|---|" + "---:|" * len(lengths)]
@@ -1009,6 +1099,16 @@ def long_context_lines(report: dict) -> list[str]:
     if "long_context" in report.get("plots", {}):
         lines += ["", f"![accuracy against context length]({report['plots']['long_context']})"]
     return lines
+
+
+def mean_over_seeds(results: list[dict]) -> dict:
+    """An extrapolation result whose longest context's binned loss curve is the mean of the seeds' curves (the
+    same validation tokens and bins for every seed)."""
+    longest = max(results[0]["contexts"], key=int)
+    curves = [r["contexts"][longest]["nonoverlapping"]["binned_loss"] for r in results]
+    cell = {"binned_positions": results[0]["contexts"][longest]["nonoverlapping"]["binned_positions"],
+            "binned_loss": [statistics.fmean(column) for column in zip(*curves)]}
+    return {"train_context": results[0]["train_context"], "contexts": {longest: {"nonoverlapping": cell}}}
 
 
 def write_plots(study: Study, report: dict) -> dict:
@@ -1021,11 +1121,12 @@ def write_plots(study: Study, report: dict) -> dict:
             plot_runs.main([r["run_dir"] for r in done] + ["--out", path, "--title", study.name, "--labels", *labels,
                                                            "--groups", *[r["encoding"] for r in done]])
         plots["loss_curves"] = "loss_curves.png"
-    results = []
-    for run in study.runs:
-        if "extrapolation" in run.evals and eval_finished(run, "extrapolation"):
-            result = read_json(os.path.join(run.run_dir, "eval", "extrapolation.json"))[0]
-            results.append(result | {"name": f"{run.encoding} seed {run.seed}"})
+    results = []  # one line per encoding: its seeds' loss at each position of the longest context, averaged
+    for encoding in study.encodings:
+        seeds = eval_outputs_by_seed(study, encoding, "extrapolation")
+        if seeds:
+            results.append(mean_over_seeds(list(seeds.values())) | {"name": encoding,
+                                                                     "encoding": f"{len(seeds)} seeds"})
     if results:
         extrapolation.plot_loss_vs_position(results, os.path.join(study.out_dir, "loss_vs_position.png"))
         plots["loss_vs_position"] = "loss_vs_position.png"
@@ -1054,7 +1155,33 @@ def write_report(study: Study, statuses: dict) -> dict:
     return report
 
 
-def run_study(path: str) -> dict:
+REPORT_BEGIN, REPORT_END = "<!-- study report: begin (scripts/study.py --publish writes this part) -->", \
+    "<!-- study report: end -->"
+
+
+def publish(study: Study, report: dict, target: str) -> None:
+    """The report into `target` between REPORT_BEGIN and REPORT_END (the text around them is kept; a new file gets
+    just the markers and the report), one heading level down, with its plots copied beside the file as
+    <target stem>_<plot>.png."""
+    import shutil
+
+    folder, stem = os.path.dirname(os.path.abspath(target)), Path(target).stem
+    plots = {}
+    for key, name in report["plots"].items():
+        plots[key] = f"{stem}_{name}"
+        shutil.copyfile(os.path.join(study.out_dir, name), os.path.join(folder, plots[key]))
+    body = "\n".join("#" + line if line.startswith("#") else line for line in markdown(report, plots).splitlines())
+    text = Path(target).read_text() if os.path.exists(target) else f"{REPORT_BEGIN}\n{REPORT_END}\n"
+    if text.count(REPORT_BEGIN) != 1 or text.count(REPORT_END) != 1 or text.index(REPORT_BEGIN) > text.index(REPORT_END):
+        raise StudyError(f"{target} must hold the lines {REPORT_BEGIN} and {REPORT_END} once each, in that order: "
+                         "the report goes between them; add them where it belongs.")
+    before, rest = text.split(REPORT_BEGIN)
+    after = rest.split(REPORT_END)[1]
+    atomic_write_text(target, f"{before}{REPORT_BEGIN}\n{body}\n{REPORT_END}{after}")
+    print(f"[study] wrote the report into {target} and its plots beside it", flush=True)
+
+
+def run_study(path: str, publish_to: str | None = None) -> dict:
     study = load_study(path)
     seeds = f"seeds {study.seeds}" + (" (the default; set seeds = [...] for a seed spread)"
                                       if study.seeds_defaulted else "")
@@ -1064,8 +1191,12 @@ def run_study(path: str) -> dict:
     runner.run_all()
     report = write_report(study, runner.status)
     failed = sum(r["status"] == "failed" for r in report["runs"])
+    diverged = sum(r["status"] == "diverged" for r in report["runs"])
+    trouble = [f"{n} run(s) {word}" for n, word in ((failed, "failed"), (diverged, "diverged")) if n]
     print(f"[study] wrote {os.path.join(study.out_dir, 'report.md')} and report.json"
-          + (f"; {failed} run(s) failed, see the report's Failures section" if failed else ""), flush=True)
+          + (f"; {' and '.join(trouble)}, see the report's last section" if trouble else ""), flush=True)
+    if publish_to:
+        publish(study, report, publish_to)
     return report
 
 
@@ -1073,13 +1204,17 @@ def build_parser():
     parser = make_parser(__doc__, epilog="The study file (TOML), every key with its default:\n\n"
                          + STUDY_FILE_EXAMPLE)
     parser.add_argument("study", help="the study file, e.g. configs/studies/smoke.toml")
+    parser.add_argument("--publish", metavar="FILE.md",
+                        help="also write the report into FILE.md between the lines "
+                             f"'{REPORT_BEGIN}' and '{REPORT_END}' (the rest of the file is kept; a missing file is "
+                             "made), its plots beside it as FILE_<plot>.png (docs/results_cpu.md is made this way)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> dict:
     args = build_parser().parse_args(argv)
     try:
-        report = run_study(args.study)
+        report = run_study(args.study, args.publish)
     except StudyError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
