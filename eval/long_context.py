@@ -379,10 +379,10 @@ def check_lengths_fit(model, lengths, device, tasks):
     for n in lengths:
         if all(shorter_than_answer(task, n) for task in tasks):
             shortest = min(ANSWER_TOKENS[t] for t in tasks)
+            answers = ", ".join(f"{t} {ANSWER_TOKENS[t]}" for t in tasks[:4]) + (", ..." if len(tasks) > 4 else "")
             raise UserError(f"--lengths asks for {named(n)}, too short for every chosen task: a document is a prompt "
-                            f"plus the answer lm-eval generates within the length ("
-                            + ", ".join(f"{t} {ANSWER_TOKENS[t]}" for t in tasks[:4]) + (", ..." if len(tasks) > 4 else "")
-                            + f" tokens), so none can run below {shortest + 1} tokens; ask for longer --lengths")
+                            f"plus the answer lm-eval generates within the length ({answers} tokens), so none can run "
+                            f"below {shortest + 1} tokens; ask for longer --lengths")
     available = available_memory_bytes(device)
     if available is None:
         return

@@ -538,7 +538,8 @@ def error_line(capsys):
 
 
 @pytest.mark.fault
-@pytest.mark.parametrize("lengths,why", [("infx", "infx is not a finite factor"), ("1x,nanx", "nanx is not a finite factor"),
+@pytest.mark.parametrize("lengths,why", [("infx", "infx is not a finite factor"),
+                                         ("1x,nanx", "nanx is not a finite factor"),
                                          ("-infx", "-infx is not a finite factor"),
                                          ("1e9", "1e9 is neither a factor such as 2x nor a whole number of tokens"),
                                          ("2k", "2k is neither a factor such as 2x nor a whole number of tokens")])
@@ -580,7 +581,8 @@ def test_a_length_whose_kv_cache_cannot_fit_is_refused_with_the_longest_that_fit
     run = save_run(model, str(tmp_path / "run"))
     weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     monkeypatch.setattr(long_context, "available_memory_bytes", lambda device: weights + 100_000)
-    for lengths, named in (("1000000000", "1,000,000,000 tokens (3.90625e+06x"), ("1e9x", "256,000,000,000 tokens (1e+09x")):
+    for lengths, named in (("1000000000", "1,000,000,000 tokens (3.90625e+06x"),
+                           ("1e9x", "256,000,000,000 tokens (1e+09x")):
         with pytest.raises(SystemExit) as info:
             long_context.main(["--ckpt", run, "--lengths", lengths, "--tasks", "niah_single_1"])
         assert info.value.code == 2
