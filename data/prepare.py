@@ -14,8 +14,14 @@ split (train_NNNNNN.bin, numbered on from the validation shards); the shard that
 --max-tokens the one in which the stream stops, is cut in two. So the output depends only on the arguments and
 the input, never on the number of workers, and a re-run of an interrupted run with the same arguments keeps the
 finished pieces, redoes the others and ends with byte-identical files. manifest.json marks the end.
+
+Preparations of one OUT take turns: each holds an exclusive lock on the file .NAME.lock beside OUT (flock), so a
+second one started meanwhile (two runs of a study on a fresh clone) says that it waits, then finds the first one's
+result and uses it.
 """
 import argparse
+import contextlib
+import errno
 import functools
 import glob
 import json
@@ -446,6 +452,59 @@ def _repair_shards(source, out_dir, manifest, tok, workers, progress_bar):
               + ", ".join(shard["file"] for shard in damaged), file=sys.stderr)
 
 
+_held_locks = {}  # lock file -> how many preparation_lock blocks of this process hold it (they nest)
+
+
+def lock_path(out_dir):
+    """The lock file of out_dir: beside it, not in it, so that removing or rebuilding the directory (an old cache
+    of the embedded corpus) never removes a lock another process waits on."""
+    out_dir = os.path.abspath(out_dir)
+    return os.path.join(os.path.dirname(out_dir), f".{os.path.basename(out_dir)}.lock")
+
+
+@contextlib.contextmanager
+def preparation_lock(out_dir):
+    """Hold the exclusive lock of out_dir while open: a second process preparing the same directory waits here
+    (and says so in one line), then continues with what the first one left, normally a finished preparation. No
+    lock where none can be made (no fcntl, or a parent directory that is read-only, where this process cannot
+    write either): then this process takes no turn."""
+    path = lock_path(out_dir)
+    if _held_locks.get(path):  # already held by this process (ensure_default_corpus calls prepare)
+        _held_locks[path] += 1
+        try:
+            yield
+        finally:
+            _held_locks[path] -= 1
+        return
+    try:
+        import fcntl
+    except ImportError:  # not POSIX
+        yield
+        return
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        handle = open(path, "a")
+    except OSError as error:
+        if error.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"waiting for another process to finish preparing {out_dir} (it holds {path})", file=sys.stderr,
+                  flush=True)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        _held_locks[path] = 1
+        try:
+            yield
+        finally:
+            del _held_locks[path]
+    finally:
+        handle.close()  # (closing releases the lock)
+
+
 def available_cores():
     """Cores this process may use (a SLURM or taskset CPU mask counts, not the machine's size)."""
     try:
@@ -468,19 +527,34 @@ def prepare(source, out_dir, tokenizer="gpt2", val_tokens=DEFAULT_FILES_VAL_TOKE
     tok = get_tokenizer(tokenizer)
     if tok.n_vocab > 2**16:
         raise DataError(f"tokenizer {tokenizer} has {tok.n_vocab} ids; uint16 shards hold at most 65536")
-    created = not os.path.isdir(out_dir)
     try:
         config = {"source": describe(source, workers), "tokenizer": tokenizer, "val_tokens": val_tokens,
                   "shard_tokens": shard_tokens, "max_tokens": max_tokens}
-        return _prepare(source, out_dir, tok, config, workers, progress_bar, stop_after_pieces, created)
+        with preparation_lock(out_dir):
+            created = not os.path.isdir(out_dir)
+            return _prepare(source, out_dir, tok, config, workers, progress_bar, stop_after_pieces, created)
     except OSError as error:  # a full disk or a read-only directory: what was completed stays usable for a re-run
-        for folder in (out_dir, os.path.join(out_dir, PARTS)):
-            for name in os.listdir(folder) if os.path.isdir(folder) else ():
-                if name.endswith(".tmp"):
+        raise _write_error(out_dir, error) from None
+
+
+def _write_error(out_dir, error):
+    """The DataError for an OSError while preparing out_dir, after removing the temporary files it left. A file of
+    out_dir that vanished (or the directory itself) was removed by someone else, not by a full disk."""
+    for folder in (out_dir, os.path.join(out_dir, PARTS)):
+        for name in os.listdir(folder) if os.path.isdir(folder) else ():
+            if name.endswith(".tmp"):
+                with contextlib.suppress(FileNotFoundError):
                     os.remove(os.path.join(folder, name))
-        where = f" ({error.filename})" if error.filename else ""
-        raise DataError(f"cannot write to {out_dir}{where}: {error.strerror or error}; completed pieces are kept: "
-                        "free space or fix the permissions, then run the same command again to continue") from None
+    inside = error.filename is not None and os.path.abspath(str(error.filename)).startswith(
+        os.path.abspath(out_dir) + os.sep)
+    if isinstance(error, FileNotFoundError) and inside:
+        return DataError(f"{error.filename} vanished while this process was writing it: another process removed or "
+                         f"replaced {out_dir} meanwhile (a program that deletes it, or a preparation by an older "
+                         f"version, which does not wait for others); let nothing else write to or delete {out_dir}, "
+                         "then run the same command again to continue")
+    where = f" ({error.filename})" if error.filename else ""
+    return DataError(f"cannot write to {out_dir}{where}: {error.strerror or error}; completed pieces are kept: "
+                     "free space or fix the permissions, then run the same command again to continue")
 
 
 def _prepare(source, out_dir, tok, config, workers, progress_bar, stop_after_pieces, created):
@@ -618,18 +692,22 @@ def ensure_default_corpus(out_dir=None, tokenizer="gpt2", progress_bar=True):
     manifest_path = os.path.join(out_dir, "manifest.json")
     expected = {"source": source.description, "tokenizer": tokenizer, "val_tokens": DEFAULT_CORPUS_VAL_TOKENS,
                 "shard_tokens": DEFAULT_CORPUS_SHARD_TOKENS, "max_tokens": None}
-    if os.path.exists(manifest_path):
-        try:
-            with open(manifest_path) as f:
-                config = json.load(f).get("config", {})
-        except ValueError:  # a damaged manifest of this cache: rebuild it
-            config = {"source": {"kind": "default"}}
-        if config != expected and config.get("source", {}).get("kind") == "default":
-            # A cache of another version of the embedded corpus (e.g. after a git pull): rebuild it.
-            shutil.rmtree(out_dir)
-    os.makedirs(out_dir, exist_ok=True)
-    prepare(source, out_dir, tokenizer=tokenizer, val_tokens=expected["val_tokens"],
-            shard_tokens=expected["shard_tokens"], progress_bar=progress_bar)
+    try:
+        with preparation_lock(out_dir):  # the check and the rebuild too: another process may be preparing it now
+            if os.path.exists(manifest_path):
+                try:
+                    with open(manifest_path) as f:
+                        config = json.load(f).get("config", {})
+                except ValueError:  # a damaged manifest of this cache: rebuild it
+                    config = {"source": {"kind": "default"}}
+                if config != expected and config.get("source", {}).get("kind") == "default":
+                    # A cache of another version of the embedded corpus (e.g. after a git pull): rebuild it.
+                    shutil.rmtree(out_dir)
+            os.makedirs(out_dir, exist_ok=True)
+            prepare(source, out_dir, tokenizer=tokenizer, val_tokens=expected["val_tokens"],
+                    shard_tokens=expected["shard_tokens"], progress_bar=progress_bar)
+    except OSError as error:
+        raise _write_error(out_dir, error) from None
     return out_dir
 
 

@@ -23,6 +23,13 @@ RUN/eval) and the plot of accuracy against context length (--plot; default OUT/l
 Lengths run shortest first; the report is rewritten after each, and stderr gets progress lines (tokens, elapsed,
 ETA) over the whole run. Tasks that need downloaded data (the essay haystack, SQuAD, HotpotQA, BABILong) read it
 from --data-dir; offline without it the program stops at once naming the missing files.
+
+Before anything slow, the program also stops with one sentence at a length that cannot work: one whose KV cache
+for a single prompt of that many tokens (every layer's keys, values and encoding state, measured on the model)
+exceeds the memory available on the device (the message names the longest length that fits), one shorter than the
+answer of every chosen task (each document is a prompt plus the answer lm-eval generates within the length), and
+an output directory it cannot write. A length at which no task got a score after all (lm-eval could not build a
+document that short) ends the program with an error line and exit status 1, after the report is written.
 """
 import contextlib
 import importlib
@@ -58,7 +65,9 @@ def build_parser():
     p.add_argument("--ckpt", nargs="+", help="run directories holding ckpt.pt, or checkpoint files (required, except "
                                              "with --export-data)")
     p.add_argument("--lengths", default=DEFAULT_LENGTHS,
-                   help="context lengths, comma-separated: multiples of the training context (2x) or tokens (8192)")
+                   help="context lengths, comma-separated: multiples of the training context (2x) or tokens (8192); "
+                        "refused before anything runs: a length whose KV cache for one prompt exceeds the memory "
+                        "available on the device, or that is shorter than every chosen task's answer")
     p.add_argument("--tasks", default="ruler,babilong",
                    help="comma-separated: the groups ruler (13 tasks) and babilong (qa1-qa5), or task names")
     p.add_argument("--data-dir", help="folder made by --export-data, for the tasks that download data (default: "
@@ -97,10 +106,13 @@ def parse_lengths(text):
     """'1x,2x,8192' -> [(1.0, None), (2.0, None), (None, 8192)]: factors of the training context or token counts."""
     lengths = []
     for item in (s.strip() for s in text.split(",") if s.strip()):
-        if item.endswith("x"):
-            lengths.append((float(item[:-1]), None))
-        else:
-            lengths.append((None, int(item)))
+        try:
+            lengths.append((float(item[:-1]), None) if item.endswith("x") else (None, int(item)))
+        except ValueError:
+            raise ValueError(f"{item} is neither a factor such as 2x nor a whole number of tokens") from None
+        factor = lengths[-1][0]
+        if factor is not None and not math.isfinite(factor):
+            raise ValueError(f"{item} is not a finite factor")
     if not lengths or any((n if f is None else f) <= 0 for f, n in lengths):  # (0x is a factor of 0)
         raise ValueError("no lengths, or one that is not positive")
     return lengths
@@ -279,13 +291,125 @@ class Counter:
 
 
 def plan_run(ckpt, args):
-    """(lengths, tasks to run, {task: why not run}) of one checkpoint, before anything slow: a missing data file
-    stops the program here, naming it."""
+    """(lengths, tasks to run, {task: why not run}) of one checkpoint, before anything slow: a missing data file,
+    a length that cannot fit in memory or holds no task's answer, and an output directory that cannot be written
+    stop the program here, naming them."""
     from eval.checkpoint import load_model
 
     model, _, _ = load_model(ckpt, "cpu")
     lengths = resolve_lengths(args.lengths, model.config.block_size)
-    return (lengths, *plan_tasks(args, lengths, args.data_dir))
+    check_lengths_fit(model, lengths, evaluation_device(args.device), args.tasks)
+    plan = (lengths, *plan_tasks(args, lengths, args.data_dir))
+    check_writable(out_dir_of(args, ckpt), "the report")
+    return plan
+
+
+# ----------------------------------------------------------------------------- lengths that cannot work
+
+# The tokens lm-eval lets each task generate (its generation_kwargs.max_gen_toks; RULER sizes prompt + answer to
+# the length with the same number, its tokens_to_generate): a length must hold that and at least one prompt token.
+ANSWER_TOKENS = {**{t: 128 for t in RULER_TASKS if t.startswith("niah_")}, "ruler_vt": 30, "ruler_cwe": 120,
+                 "ruler_fwe": 50, "ruler_qa_squad": 32, "ruler_qa_hotpot": 32,
+                 **{t: 16 for t in BABILONG_TASKS}}
+
+
+def shorter_than_answer(task, length):
+    """Why `task` cannot run at `length` tokens because its answer alone does not leave room for a prompt, or None."""
+    if length <= ANSWER_TOKENS[task]:
+        return (f"a document of {length:,} tokens leaves no room for a prompt beside the {ANSWER_TOKENS[task]} answer "
+                f"tokens lm-eval generates")
+    return None
+
+
+def evaluation_device(device):
+    """The device the evaluation will run on (eval.checkpoint.pick_device's choice, without its note)."""
+    import torch
+
+    if not device or (str(device).startswith("cuda") and not torch.cuda.is_available()):
+        return "cuda" if not device and torch.cuda.is_available() else "cpu"
+    return str(device)
+
+
+def available_memory_bytes(device):
+    """Bytes of memory free for this process on `device` now (CUDA: free device memory; CPU: the kernel's
+    MemAvailable), or None where that cannot be known."""
+    import torch
+
+    if str(device).startswith("cuda"):
+        return torch.cuda.mem_get_info(torch.device(device))[0]
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:")) * 1024
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
+def kv_cache_bytes_of(model, device):
+    """A function n -> bytes of the KV cache of one sequence of n tokens (keys, values and every encoding's
+    cached features and running state, in every layer; a layer with a sliding window keeps window - 1 slots),
+    measured on a two-slot cache of the model itself, in the precision it runs in on `device` (bf16 autocast on
+    CUDA)."""
+    import torch
+
+    cache = model.new_cache(1, 2)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=str(device).startswith("cuda")):
+        model(torch.zeros(1, 1, dtype=torch.long), cache=cache, last_logits=0)
+    layers = []
+    for layer in cache.layers:
+        slots = layer.capacity
+        per_slot = sum(t.numel() * t.element_size() for t in layer.buffers.values()) / slots if slots else 0.0
+        state = sum(t.numel() * t.element_size() for t in layer.state.values())
+        layers.append((per_slot, state, layer.window))
+
+    def kv_bytes(n):
+        return sum(per_slot * (n if window is None else min(window - 1, n)) + state
+                   for per_slot, state, window in layers)
+    return kv_bytes
+
+
+def check_lengths_fit(model, lengths, device, tasks):
+    """UserError for a length that cannot work: one whose KV cache for one prompt of that many tokens is more than
+    the memory available on `device` beside the weights (so a batch of them cannot fit either), or one too short
+    for the answer of every chosen task."""
+    train = model.config.block_size
+
+    def named(n):
+        return f"{n:,} tokens ({n / train:g}x the training context of {train:,})"
+
+    for n in lengths:
+        if all(shorter_than_answer(task, n) for task in tasks):
+            shortest = min(ANSWER_TOKENS[t] for t in tasks)
+            answers = ", ".join(f"{t} {ANSWER_TOKENS[t]}" for t in tasks[:4]) + (", ..." if len(tasks) > 4 else "")
+            raise UserError(f"--lengths asks for {named(n)}, too short for every chosen task: a document is a prompt "
+                            f"plus the answer lm-eval generates within the length ({answers} tokens), so none can run "
+                            f"below {shortest + 1} tokens; ask for longer --lengths")
+    available = available_memory_bytes(device)
+    if available is None:
+        return
+    free = available - sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    kv_bytes = kv_cache_bytes_of(model, device)
+    for n in lengths:
+        if kv_bytes(n) > free:
+            low, high = 0, n  # kv_bytes grows with n: the longest that fits lies below n
+            while high - low > 1:
+                middle = (low + high) // 2
+                low, high = (middle, high) if kv_bytes(middle) <= free else (low, middle)
+            fits = f"the longest that fits is {named(low)}" if low else "not even one token fits"
+            raise UserError(f"--lengths asks for {named(n)}, and the KV cache of one prompt that long takes "
+                            f"{kv_bytes(n) / 1e9:,.1f} GB, more than the {max(free, 0) / 1e9:,.1f} GB of {device} "
+                            f"memory available beside the model's weights; {fits}, so ask for at most that")
+
+
+def check_writable(directory, what, option="--out"):
+    """UserError unless a file can be written in `directory` (made if missing): checked before the evaluation, so
+    that its scores are never computed only to be lost."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".long_context_probe_"):
+            pass
+    except OSError as error:
+        raise UserError(f"cannot write {what} to {directory} ({error.strerror or error}); choose a writable "
+                        f"{option} (or make that directory writable)") from None
 
 
 def evaluate_run(ckpt, args, plan, task_manager, yaml_dir):
@@ -362,7 +486,12 @@ def evaluate_run(ckpt, args, plan, task_manager, yaml_dir):
         }
         summarize(report)
         report["elapsed_s"] = timing.clock() - start
-        write_report(report, out_dir)
+        try:
+            write_report(report, out_dir)
+        except OSError as error:  # (checked writable at the start): the scores so far must not be lost
+            print(markdown_report(report))
+            raise UserError(f"cannot write the report to {out_dir} ({error.strerror or error}), so the scores so far "
+                            "are printed above instead; free space or choose another --out, then run again") from None
     return report
 
 
@@ -371,6 +500,9 @@ def run_cell(lm, task, length, args, task_manager, yaml_dir, hf_tokenizer_dir, h
     """One task at one length through lm_eval.simple_evaluate; the table cell (score, documents, status)."""
     import lm_eval
 
+    reason = shorter_than_answer(task, length)
+    if reason:
+        return {"score": None, "status": f"not run: {reason}"}
     if task in BABILONG_TASKS:
         split = babilong_split(length)
         if (task, split) in babilong_done:
@@ -568,6 +700,7 @@ def run(args):
     from eval.long_context_tasks import task_manager as make_task_manager
 
     plans = [plan_run(ckpt, args) for ckpt in args.ckpt]  # every data problem before lm-eval's slow start
+    check_writable(os.path.dirname(os.path.abspath(plot_path(args))), "the plot", "--plot")
     use_local_nltk_data(args.data_dir)  # before lm-eval imports RULER, which otherwise tries to download it
     task_manager = make_task_manager()
     reports = []
@@ -606,6 +739,9 @@ def main(argv=None):
             return None
         if args.report_only:
             reports = read_reports(args)
+            for report in reports:
+                check_writable(out_dir_of(args, report["ckpt"]), "the report")
+            check_writable(os.path.dirname(os.path.abspath(plot_path(args))), "the plot", "--plot")
         else:
             reports = run(args)
     except UserError as error:
@@ -616,11 +752,26 @@ def main(argv=None):
         if args.report_only:
             write_report(report, out_dir)
         print(markdown_report(report))
-    plot = args.plot or os.path.join(out_dir_of(args, args.ckpt[0]), "long_context.png")
-    written = plot_accuracy_vs_length(reports, plot)
+    written = plot_accuracy_vs_length(reports, plot_path(args))
     where = ", ".join(os.path.join(out_dir_of(args, r["ckpt"]), "long_context.{json,md}") for r in reports)
     print(f"wrote {where}" + (f" and {written}" if written else " (no scores to plot)"))
+    unscored = [(r, n) for r in reports for n in r["lengths"]
+                if r["tasks"] and all(r["scores"][t].get(str(n), {}).get("score") is None for t in r["tasks"])]
+    if unscored and not args.report_only:
+        report, n = unscored[0]
+        why = report["scores"][report["tasks"][0]].get(str(n), {}).get("status", "not reached").split(". ")[0]
+        print(f"error: no task got a score at {n:,} tokens ({n / report['train_context']:g}x) of {report['ckpt']}"
+              + (f" and at {len(unscored) - 1} more length(s)" if len(unscored) > 1 else "")
+              + f" ({report['tasks'][0]}: {why[:200]}; each cell's reason is in "
+              f"{os.path.join(out_dir_of(args, report['ckpt']), 'long_context.md')}); evaluate longer --lengths or "
+              "other --tasks",
+              file=sys.stderr)
+        sys.exit(1)
     return reports
+
+
+def plot_path(args):
+    return args.plot or os.path.join(out_dir_of(args, args.ckpt[0]), "long_context.png")
 
 
 if __name__ == "__main__":

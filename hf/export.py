@@ -106,21 +106,26 @@ def make_parents(directory: str) -> list[str]:
     while not os.path.isdir(directory):
         missing.append(directory)
         directory = os.path.dirname(directory)
+    made = []  # deepest first, as they are made (a failure leaves the deeper ones never made)
     try:
         for path in reversed(missing):
             os.mkdir(path)
+            made.insert(0, path)
     except OSError as error:
-        remove_empty(missing)
+        remove_empty(made)
         raise ExportError(f"cannot make the output's parent directory {path} ({error.strerror or error}); check "
                           "the permissions there or choose another output path") from None
-    return missing
+    return made
 
 
 def remove_empty(made: list[str]) -> None:
-    """Remove the directories an export made, deepest first, if nothing else was put in them meanwhile."""
+    """Remove the directories an export made (deepest first), each only if it is empty: one that something else
+    was put in meanwhile stays, and so do the ones above it, which then hold it. One already gone is skipped."""
     for path in made:
         try:
             os.rmdir(path)
+        except FileNotFoundError:
+            continue
         except OSError:
             return
 

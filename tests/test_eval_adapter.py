@@ -1,4 +1,5 @@
 """The lm-eval adapter against independent computations from the model's own logits."""
+import math
 import random
 from types import SimpleNamespace
 
@@ -241,3 +242,67 @@ def test_sampling_settings_follow_do_sample(lm):
         "until": [], "max_gen_toks": WINDOW - 1, "temperature": 0.7, "top_k": 5}
     assert lm._generation_settings({"temperature": 0.7, "until": "\n", "max_gen_toks": 3}) == {
         "until": ["\n"], "max_gen_toks": 3, "temperature": 0.0, "top_k": None}
+
+
+class NamedTokens:
+    """The byte tokenizer, decoding every id to its own text ("<id>"): a lone byte >= 128 would decode to the same
+    replacement character as any other, and each drawn token must be told apart from its text."""
+
+    def __init__(self):
+        self.inner = get_tokenizer("byte")
+        self.n_vocab, self.eot_token, self.name = self.inner.n_vocab, self.inner.eot_token, self.inner.name
+
+    def encode(self, text):
+        return self.inner.encode(text)
+
+    def decode(self, ids):
+        return "".join(f"<{i}>" for i in ids)
+
+
+def chi_square(counts, probs, min_expected=5.0):
+    """Pearson's statistic of the counts against probs, over the tokens expected at least min_expected times and
+    the rest (if any) pooled in one cell; returns (statistic, degrees of freedom)."""
+    n = counts.sum()
+    expected = n * probs
+    big = expected >= min_expected
+    observed, expected = counts[big], expected[big]
+    if not big.all():
+        observed = torch.cat([observed, counts[~big].sum()[None]])
+        expected = torch.cat([expected, n * probs[~big].sum()[None]])
+    return float(((observed - expected) ** 2 / expected).sum()), len(observed) - 1
+
+
+def test_sampled_decoding_draws_from_the_tempered_softmax_of_the_models_logits(one_thread):
+    """generate_until with do_sample and temperature 0.6: 20,000 seeded draws of one token after the same prompt
+    follow softmax(logits / 0.6) of the model's own next-token logits (Pearson's chi-square far below its 1e-6 tail),
+    and the same draws reject the softmax without the temperature and with it applied twice; with top_k = 5 only
+    the five most likely tokens are drawn, in the proportions of the tempered softmax renormalised over them."""
+    model = tiny_model(pos="rope", block_size=WINDOW, seed=1)
+    with torch.no_grad():
+        model.norm.weight.mul_(15.0)  # sharper logits (std about 2): the temperature changes the draws a lot
+    tok = NamedTokens()
+    lm = GrapeLM(model=model, tokenizer=tok, batch_size=5000)
+    prompt = "O"  # one token: 20,000 prompts are one cheap forward pass
+    with torch.no_grad():
+        logits = model(torch.tensor([tok.encode(prompt)]))[0][0, -1, :tok.n_vocab].double()
+    temperature, n = 0.6, 20_000
+
+    def draw(**settings):
+        torch.manual_seed(0)
+        texts = lm.generate_until([request(prompt, {"do_sample": True, "temperature": temperature, "max_gen_toks": 1,
+                                                    "until": [], **settings}) for _ in range(n)])
+        ids = [tok.eot_token if text == "" else int(text[1:-1]) for text in texts]  # "" : the end-of-text token
+        return torch.bincount(torch.tensor(ids), minlength=tok.n_vocab).double()
+
+    counts = draw()
+    tempered = torch.softmax(logits / temperature, -1)
+    statistic, dof = chi_square(counts, tempered)
+    bound = dof + 7 * math.sqrt(2 * dof)  # about the 1e-6 tail of chi-square at these degrees of freedom
+    assert dof >= 20 and statistic < bound, (statistic, dof)
+    for wrong in (torch.softmax(logits, -1), torch.softmax(logits / temperature ** 2, -1)):  # ignored, twice
+        assert chi_square(counts, wrong)[0] > 10 * bound
+    counts = draw(top_k=5)
+    top = torch.topk(logits, 5).indices
+    assert counts[top].sum() == n
+    statistic, dof = chi_square(counts[top], tempered[top] / tempered[top].sum())
+    assert dof == 4 and statistic < dof + 7 * math.sqrt(2 * dof), statistic

@@ -521,3 +521,181 @@ def test_length_probes_leave_every_random_generator_as_they_found_it():
         assert random.getstate() == states[0], task
         assert np.array_equal(np.random.get_state()[1], states[1]), task
         assert cwe_utils.RNG.getstate() == states[2], task
+
+
+# ----------------------------------------------------------------------------- lengths and outputs that cannot work
+
+def no_lm_eval(monkeypatch):
+    """Make any start of lm-eval's task machinery fail the test: the checks must come before it."""
+    import lm_eval.tasks
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", lambda *a, **k: pytest.fail("lm-eval was started"))
+
+
+def error_line(capsys):
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    return err.strip().splitlines()[-1]
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("lengths,why", [("infx", "infx is not a finite factor"),
+                                         ("1x,nanx", "nanx is not a finite factor"),
+                                         ("-infx", "-infx is not a finite factor"),
+                                         ("1e9", "1e9 is neither a factor such as 2x nor a whole number of tokens"),
+                                         ("2k", "2k is neither a factor such as 2x nor a whole number of tokens")])
+def test_lengths_that_are_not_finite_numbers_are_one_usage_error(lengths, why, capsys):
+    """--lengths with an inf or nan factor, or a token count that is not a whole number (each was a traceback or
+    a length nobody meant): one usage error naming the item."""
+    with pytest.raises(SystemExit) as info:
+        long_context.main(["--ckpt", "runs/any", f"--lengths={lengths}"])
+    assert info.value.code == 2
+    assert error_line(capsys).split(": error: ", 1)[1] == (  # (after the program's name, which argv[0] gives)
+        f"--lengths takes multiples of the training context such as 1x,2x,4x,8x or token counts such as 4096,8192 "
+        f"({why})")
+
+
+def test_the_kv_cache_bytes_of_a_length_are_those_of_a_filled_cache(one_thread):
+    """The bound is measured on the model, not assumed: for multi-head RoPE it is keys + values in fp32 (2 x heads x
+    head_dim x 4 bytes a token and layer), and for every kind of cached state (FoX's gate sums, GRAPE-AP's path
+    vectors, KV-shift, a sliding window's ring) it equals what a real cache holds after reading that many tokens."""
+    rope = tiny_model(block_size=256)
+    assert long_context.kv_cache_bytes_of(rope, "cpu")(1000) == 1000 * 2 * (2 * 4 * 16 * 4)
+    for model in (tiny_model("fox", block_size=64), tiny_model("grape_ap", block_size=64, kv_shift=True),
+                  GPT(GPTConfig(n_layer=2, n_head=4, n_kv_head=2, n_embd=64, head_dim=16, vocab_size=320,
+                                block_size=64, pos="rope", window=8, global_every=2)).eval()):
+        kv_bytes = long_context.kv_cache_bytes_of(model, "cpu")
+        for n in (5, 40):
+            cache = model.new_cache(1, n)
+            with torch.no_grad():
+                model(torch.randint(0, 256, (1, n)), cache=cache)
+            assert kv_bytes(n) == cache.nbytes(), (model.config.pos, n)
+
+
+@pytest.mark.fault
+def test_a_length_whose_kv_cache_cannot_fit_is_refused_with_the_longest_that_fits(tmp_path, monkeypatch, capsys):
+    """--lengths 1000000000 (and 1e9x), which spun for minutes before anything was checked: refused before lm-eval
+    starts, with the KV cache's size against the memory available and the longest length whose cache fits (here
+    with 100,000 bytes beside the weights: 97 tokens of 1,024 bytes)."""
+    no_lm_eval(monkeypatch)
+    model = tiny_model(block_size=256)
+    run = save_run(model, str(tmp_path / "run"))
+    weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    monkeypatch.setattr(long_context, "available_memory_bytes", lambda device: weights + 100_000)
+    for lengths, named in (("1000000000", "1,000,000,000 tokens (3.90625e+06x"),
+                           ("1e9x", "256,000,000,000 tokens (1e+09x")):
+        with pytest.raises(SystemExit) as info:
+            long_context.main(["--ckpt", run, "--lengths", lengths, "--tasks", "niah_single_1"])
+        assert info.value.code == 2
+        cache_gb = 1024 * int(named.split(" ")[0].replace(",", "")) / 1e9
+        assert error_line(capsys) == (
+            f"error: --lengths asks for {named} the training context of 256), and the KV cache of one prompt that "
+            f"long takes {cache_gb:,.1f} GB, more than the 0.0 GB of cpu memory available beside the model's weights; "
+            "the longest that fits is 97 tokens (0.378906x the training context of 256), so ask for at most that")
+    assert not (tmp_path / "run" / "eval").exists()
+
+
+@pytest.mark.fault
+def test_a_length_too_short_for_every_tasks_answer_is_refused_before_lm_eval_starts(tmp_path, monkeypatch, capsys):
+    """--lengths 0.01x (3 tokens of a 256-token context), where lm-eval skipped every sample and the run reported
+    success without a score: refused up front, naming each task's answer length and the shortest length any of
+    them can run at."""
+    no_lm_eval(monkeypatch)
+    run = save_run(tiny_model(block_size=256), str(tmp_path / "run"))
+    with pytest.raises(SystemExit) as info:
+        long_context.main(["--ckpt", run, "--lengths", "0.01x,1x"])
+    assert info.value.code == 2
+    assert error_line(capsys) == (
+        "error: --lengths asks for 3 tokens (0.0117188x the training context of 256), too short for every chosen "
+        "task: a document is a prompt plus the answer lm-eval generates within the length (niah_single_1 128, "
+        "niah_single_2 128, niah_single_3 128, niah_multikey_1 128, ... tokens), so none can run below 17 tokens; "
+        "ask for longer --lengths")
+    assert not (tmp_path / "run" / "eval").exists()
+
+
+def test_the_answer_lengths_are_lm_evals_own():
+    """ANSWER_TOKENS is each task's generation_kwargs.max_gen_toks in lm-eval's own YAML (includes followed)."""
+    import lm_eval
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+    Loader.add_multi_constructor("!", lambda loader, suffix, node: None)
+    stock = Path(lm_eval.__file__).parent / "tasks"
+
+    def merged(path):
+        config = yaml.load(path.read_text(), Loader=Loader)
+        if "include" in config:
+            base = merged(path.parent / config["include"])
+            config = {**base, **config, "generation_kwargs": {**base.get("generation_kwargs", {}),
+                                                              **config.get("generation_kwargs", {})}}
+        return config
+    found = {}
+    for path in list((stock / "ruler").glob("*.yaml")) + list((stock / "babilong").glob("babilong_qa*.yaml")):
+        config = merged(path)
+        if isinstance(config.get("task"), str) and config["task"] in LONG_CONTEXT_TASKS:
+            found[config["task"]] = config["generation_kwargs"]["max_gen_toks"]
+    assert found == long_context.ANSWER_TOKENS
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("how", ["read-only", "a file in the way"])
+def test_an_output_directory_that_cannot_be_written_is_refused_before_any_evaluation(tmp_path, monkeypatch, capsys,
+                                                                                      how):
+    """A read-only --out (a read-only mount, or a file where the directory would go): one sentence before lm-eval
+    starts, where before the traceback came after the first length was evaluated and its scores were lost."""
+    import subprocess
+    no_lm_eval(monkeypatch)
+    run = save_run(tiny_model(block_size=256), str(tmp_path / "run"))
+    if how == "read-only":
+        out, reason = tmp_path / "ro", "Read-only file system"
+        out.mkdir()
+        if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(out)],
+                                               capture_output=True).returncode != 0:
+            pytest.skip("needs root to mount a read-only tmpfs")
+    else:
+        (tmp_path / "file").write_text("mine")
+        out, reason = tmp_path / "file" / "out", "Not a directory"
+    try:
+        with pytest.raises(SystemExit) as info:
+            long_context.main(["--ckpt", run, "--lengths", "1x", "--tasks", "niah_single_1", "--out", str(out)])
+        assert info.value.code == 2
+        assert error_line(capsys) == (f"error: cannot write the report to {out} ({reason}); choose a writable --out "
+                                      "(or make that directory writable)")
+    finally:
+        if how == "read-only":
+            subprocess.run(["umount", str(out)], check=True)
+    assert (tmp_path / "file").read_text() == "mine" if how != "read-only" else not os.listdir(out)
+
+
+@pytest.mark.fault
+def test_a_length_at_which_no_task_gets_a_score_ends_with_an_error_line_and_a_failing_status(tmp_path, monkeypatch,
+                                                                                             capsys):
+    """Variable tracking alone at 100 tokens with the byte tokenizer, which lm-eval cannot build at any length (its
+    in-context example alone is longer than it allows): the report is written with the cell's reason, and instead
+    of a success without a score the last line is an error and the exit status 1. A disk that fills up when the
+    report is written prints the scores instead of losing them."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    run = save_run(tiny_model(block_size=256), str(tmp_path / "run"))
+    args = ["--ckpt", run, "--lengths", "100", "--tasks", "ruler_vt", "--out", str(tmp_path / "out")]
+    with pytest.raises(SystemExit) as info:
+        long_context.main(args)
+    assert info.value.code == 1
+    saved = json.loads((tmp_path / "out" / "long_context.json").read_text())
+    status = saved["scores"]["ruler_vt"]["100"]["status"]
+    assert saved["scores"]["ruler_vt"]["100"]["score"] is None and status.startswith(
+        "not run: cannot be built with this tokenizer at any length")
+    assert error_line(capsys) == (
+        f"error: no task got a score at 100 tokens (0.390625x) of {run} (ruler_vt: {status}; each cell's reason is "
+        f"in {tmp_path / 'out' / 'long_context.md'}); evaluate longer --lengths or other --tasks")
+
+    def full(report, out_dir):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(long_context, "write_report", full)
+    with pytest.raises(SystemExit) as info:
+        long_context.main(args[:-1] + [str(tmp_path / "other")])
+    assert info.value.code == 2
+    captured = capsys.readouterr()
+    assert "| ruler_vt | – |" in captured.out and f"- ruler_vt at every length: {status}" in captured.out
+    assert captured.err.strip().splitlines()[-1] == (
+        f"error: cannot write the report to {tmp_path / 'other'} (No space left on device), so the scores so far are "
+        "printed above instead; free space or choose another --out, then run again")

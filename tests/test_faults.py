@@ -513,6 +513,95 @@ def test_a_full_disk_while_preparing_is_one_sentence_and_resumable(corpus, data_
         subprocess.run(["umount", str(mount)], check=True)
 
 
+# Runs data/prepare.py in this process once a second copy of this script has started too (both wait for each other's
+# file beside argv[1]), recording every piece it tokenises in argv[1]; each piece takes at least half a second, so
+# the two are sure to overlap.
+PREPARE_AT_ONCE = """
+    import os, sys, time
+    from data import prepare as prep
+    record = sys.argv[1]
+    real_tokenize = prep._tokenize_piece
+
+    def tokenize(task):
+        with open(record, "a") as f:
+            f.write(f"{os.getpid()} {task[0]}\\n")
+        time.sleep(0.5)
+        return real_tokenize(task)
+
+    prep._tokenize_piece = tokenize
+    open(f"{record}.{os.getpid()}.started", "w").close()
+    folder = os.path.dirname(record)
+    while sum(name.endswith(".started") for name in os.listdir(folder)) < 2:
+        time.sleep(0.01)
+    sys.exit(prep.main(sys.argv[2:]))
+"""
+
+
+def embedded_corpus_bytes():
+    import lzma
+    with open(prep.DEFAULT_CORPUS_FILE, "rb") as f:
+        docs = [json.loads(line)["text"] for line in lzma.decompress(f.read()).decode("utf-8").splitlines()]
+    return np.array([t for doc in docs for t in [256, *doc.encode("utf-8")]], dtype=np.uint16)
+
+
+@pytest.mark.parametrize("what", ["--default", "--files"])
+def test_two_preparations_of_one_directory_at_once_take_turns(corpus, data_dir, tmp_path, what):
+    """Two processes prepare the same fresh output directory at the same moment (what two runs of a study launched
+    per GPU do with the embedded corpus on a fresh clone). One tokenises, the other says that it waits, then finds
+    the finished preparation: both succeed, and the shards are those of one preparation alone."""
+    from data.loader import load_split_tokens
+    out = tmp_path / "cache" / "prepared"
+    args = (["--default", "--out", str(out), "--tokenizer", "byte", "--quiet"] if what == "--default"
+            else prepare_args(corpus, out))
+    (tmp_path / "sync").mkdir()
+    record = tmp_path / "sync" / "tokenised"
+    both = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(PREPARE_AT_ONCE), str(record), *args], cwd=REPO,
+                             env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    results = [p.communicate(timeout=180) + (p.returncode,) for p in both]
+    for stdout, stderr, code in results:
+        assert code == 0 and stdout.strip() == str(out) and "Traceback" not in stderr, stderr[-3000:]
+    waited = [stderr for _, stderr, _ in results if "waiting for another process to finish preparing" in stderr]
+    assert len(waited) == 1, [stderr for _, stderr, _ in results]
+    assert f"waiting for another process to finish preparing {out} (it holds {tmp_path / 'cache' / '.prepared.lock'})" \
+        in waited[0]
+    pids = {line.split()[0] for line in record.read_text().splitlines()}
+    assert len(pids) == 1  # one preparation, not two
+    if what == "--files":
+        assert directory_bytes(out) == directory_bytes(type(tmp_path)(data_dir))
+    else:
+        tokens = np.concatenate([load_split_tokens(str(out), "val"), load_split_tokens(str(out), "train")])
+        assert np.array_equal(tokens, embedded_corpus_bytes())
+    assert prep.main(["--verify", str(out)]) == 0
+
+
+def test_an_output_directory_removed_by_another_process_is_named_as_the_cause(corpus, tmp_path, monkeypatch):
+    """Another process deletes the output directory while a shard is being written (what a second, unlocked
+    preparation of the same directory did): the one sentence names that cause, not a full disk, and once nothing
+    interferes the same command prepares it."""
+    import shutil
+    out = tmp_path / "out"
+    real_write_shard = prep.write_shard
+    calls = {"n": 0}
+
+    def write_shard(path, tokens):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            shutil.rmtree(out)
+        return real_write_shard(path, tokens)
+
+    monkeypatch.setattr(prep, "write_shard", write_shard)
+    with pytest.raises(DataError) as info:
+        prep.prepare(prep.files_source(corpus), str(out), progress_bar=False, **PREPARE_SETTINGS)
+    message = str(info.value)
+    assert message.startswith(f"{out}/parts/piece_000000_000001.bin.tmp vanished while this process was writing it: "
+                              f"another process removed or replaced {out} meanwhile"), message
+    assert "free space" not in message and "\n" not in message
+    assert message.endswith(f"let nothing else write to or delete {out}, then run the same command again to continue")
+    monkeypatch.setattr(prep, "write_shard", real_write_shard)
+    prep.prepare(prep.files_source(corpus), str(out), progress_bar=False, **PREPARE_SETTINGS)
+    assert prep.main(["--verify", str(out)]) == 0
+
+
 # ----------------------------------------------------------------------------- two processes (gloo)
 
 # One rank of a 2-process job (launched like torchrun does, without its supervisor, so that the test sees

@@ -471,3 +471,35 @@ def test_a_missing_run_directory_is_named_as_the_command_takes_it_and_the_output
     monkeypatch.setattr(hf.export, "generate", real_generate)
     export_hf.main(["runs/fox", "exports/new/fox"])
     assert json.loads((tmp_path / "exports/new/fox/config.json").read_text())["model_config"]["pos"] == "fox"
+
+
+@pytest.mark.fault
+def test_a_parent_that_cannot_be_made_leaves_none_of_the_parents_the_export_made(tmp_path, monkeypatch):
+    """Making the third of four missing parent directories of the output fails (permission denied): the two this
+    export made are removed again, deepest first, and the directory that existed before, with what it holds, stays;
+    a made directory that someone else removed meanwhile does not stop the removal of those above it."""
+    import hf.export
+    run_dir = save_run(perturbed_model("fox"), str(tmp_path / "run"))
+    (tmp_path / "existing").mkdir()
+    (tmp_path / "existing" / "mine.txt").write_text("keep")
+    blocked = str(tmp_path / "existing" / "a" / "b" / "c")
+    real_mkdir = os.mkdir
+
+    def mkdir(path, *args, **kwargs):
+        if str(path) == blocked:
+            raise PermissionError(13, "Permission denied")
+        return real_mkdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(hf.export.os, "mkdir", mkdir)
+    with pytest.raises(ExportError) as error:
+        export(run_dir, str(tmp_path / "existing" / "a" / "b" / "c" / "d" / "out"))
+    assert str(error.value) == (f"cannot make the output's parent directory {blocked} (Permission denied); check the "
+                                "permissions there or choose another output path")
+    assert os.listdir(tmp_path / "existing") == ["mine.txt"] and no_leftovers(tmp_path / "existing")
+    monkeypatch.setattr(hf.export.os, "mkdir", real_mkdir)
+
+    made = hf.export.make_parents(str(tmp_path / "x" / "y" / "z"))
+    assert made == [str(tmp_path / "x" / "y" / "z"), str(tmp_path / "x" / "y"), str(tmp_path / "x")]
+    os.rmdir(made[0])  # someone else removed the deepest one
+    hf.export.remove_empty(made)
+    assert sorted(os.listdir(tmp_path)) == ["existing", "run"]

@@ -343,3 +343,36 @@ def test_startup_check_refuses_a_step_that_does_not_fit_and_names_the_micro_batc
                                           r"--batch_size=[1-7] \(the largest micro-batch that fits\)"):
         train.run([config_file, "--batch_size=8", f"--out_dir={tmp_path / 'run'}"])
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "0", "-3"])
+def test_a_gpu_memory_that_is_not_a_positive_number_is_one_sentence(value, capsys):
+    """--gpu-memory nan, inf or not positive (argparse's float() takes them all): one usage error, no plan."""
+    quickstart = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "quickstart.toml")
+    with pytest.raises(SystemExit) as info:
+        memory.main([quickstart, f"--gpu-memory={value}"])  # (= : "-inf" alone reads as an option)
+    captured = capsys.readouterr()
+    assert info.value.code == 2 and captured.out == "" and "Traceback" not in captured.err
+    assert captured.err.splitlines()[-1] == (f"python -m training.memory: error: --gpu-memory must be a positive "
+                                             f"number of GiB, such as 80 (got {float(value):g})")
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("text", ["", "# nothing here yet\n", "[model]\n[train]\n", 'include = "empty.toml"\n'])
+def test_a_config_file_that_sets_nothing_is_refused_not_planned_as_the_defaults(tmp_path, text, capsys):
+    """An empty config file (or one whose sections, or includes, hold no key) is given to the planner: one sentence
+    says so, instead of a plan of the built-in defaults."""
+    (tmp_path / "empty.toml").write_text("")
+    path = tmp_path / "run.toml"
+    path.write_text(text)
+    with pytest.raises(SystemExit) as info:
+        memory.main([str(path), "--activation_checkpointing=blocks"])
+    captured = capsys.readouterr()
+    assert info.value.code == 2 and captured.out == ""
+    assert captured.err == (f"error: config file {path} sets no key of [model] or [train] (with its includes), so "
+                            "there is no run to plan, only the defaults; name a config file of train.py, such as "
+                            "configs/quickstart.toml\n")
+    path.write_text('include = "empty.toml"\n[train]\nbatch_size = 2\n')  # one key is a configuration
+    memory.main([str(path), "--gpus", "1", *[a for a in SMALL if not a.startswith("--batch_size")]])
+    assert "micro-batch 2 x" in capsys.readouterr().out

@@ -24,6 +24,7 @@ import argparse
 import contextlib
 import dataclasses
 import math
+import os
 import sys
 import weakref
 from dataclasses import dataclass
@@ -437,7 +438,7 @@ def table(model_cfg, cfg, gpus: int, gpu_memory_gb: float, use_bf16: bool) -> st
 
 
 def main(argv=None) -> None:
-    from config import ConfigError, resolve
+    from config import ConfigError, read_toml, resolve
     from model import GPTConfig
     parser = argparse.ArgumentParser(prog="python -m training.memory", allow_abbrev=False, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -448,9 +449,17 @@ def main(argv=None) -> None:
     parser.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16",
                         help="the run's precision on the GPUs (default bf16, what dtype = auto gives on CUDA)")
     args, overrides = parser.parse_known_args(argv)
-    if args.gpus < 1 or args.gpu_memory <= 0:
-        parser.error("--gpus must be at least 1 and --gpu-memory positive")
+    if args.gpus < 1:
+        parser.error(f"--gpus must be at least 1 (got {args.gpus})")
+    if not math.isfinite(args.gpu_memory) or args.gpu_memory <= 0:
+        parser.error(f"--gpu-memory must be a positive number of GiB, such as 80 (got {args.gpu_memory:g})")
     try:
+        if os.path.isfile(args.config) and not args.config.endswith(".json"):  # (a run's config.json has every key)
+            merged = read_toml(args.config)
+            if not any(merged.values()):
+                raise ConfigError(f"config file {args.config} sets no key of [model] or [train] (with its includes), "
+                                  "so there is no run to plan, only the defaults; name a config file of train.py, "
+                                  "such as configs/quickstart.toml")
         model_cfg, cfg = resolve(args.config, overrides, GPTConfig)
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
