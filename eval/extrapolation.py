@@ -31,7 +31,7 @@ import torch.nn.functional as F  # noqa: E402
 from data.shards import DataError  # noqa: E402
 from eval.checkpoint import UserError, autocast_context, describe_encoding, load_model, pick_device  # noqa: E402
 from eval.cli import make_parser  # noqa: E402
-from eval.lm_adapter import plan_windows  # noqa: E402
+from eval.windows import plan_windows  # noqa: E402
 from eval import progress as timing  # noqa: E402
 
 PASSKEY_INTRO = "A pass key is hidden in the text below. Remember it.\n"

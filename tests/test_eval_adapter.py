@@ -9,7 +9,8 @@ import torch.nn.functional as F
 
 from data.tokenizer import get_tokenizer
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
-from eval.lm_adapter import GrapeLM, plan_windows
+from eval.lm_adapter import GrapeLM
+from eval.windows import plan_windows
 from eval.tiny import tiny_model
 from test_eval_progress import check_work_clock_lines, progress_lines
 
