@@ -13,6 +13,7 @@ the study's progress with an ETA. docs/study.md has the details.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import dataclasses
 import io
 import json
@@ -37,15 +38,19 @@ import train  # noqa: E402
 from training.metrics import atomic_write_text
 from config import ConfigError, resolve  # noqa: E402
 from data.shards import DataError  # noqa: E402
-from eval import extrapolation, long_context, zero_shot  # noqa: E402
 from eval import progress as timing  # noqa: E402
 from eval.cli import make_parser  # noqa: E402
 from model import GPTConfig  # noqa: E402
 from scripts import plot_runs  # noqa: E402
 
 LAUNCH_MODES = ("in_process", "torchrun", "per_gpu", "cpu_jobs")
-EVALUATIONS = {"extrapolation": extrapolation, "zero_shot": zero_shot,  # name -> module with main(argv)
-               "long_context": long_context}
+EVALUATIONS = ("extrapolation", "zero_shot", "long_context")  # eval/<name>.py, each with parse_args and main
+
+
+def evaluation(name: str):
+    """eval/<name>.py, imported when a study uses it: lm-eval and its dependencies are not needed by a study that
+    runs no lm-eval task (the GPU study on an image with torch alone)."""
+    return importlib.import_module(f"eval.{name}")
 STUDY_KEYS = {"name", "base", "encodings", "seeds", "reference", "out_dir", "overrides", "variants", "launch", "eval"}
 LAUNCH_KEYS = {"mode", "gpus", "gpus_per_run", "jobs"}
 DEFAULT_SEEDS = [1337]  # train.py's own default seed
@@ -155,7 +160,7 @@ def check_eval_args(name: str, argv: list[str], path: str) -> None:
     captured = io.StringIO()
     try:
         with contextlib.redirect_stderr(captured):
-            EVALUATIONS[name].parse_args(argv)
+            evaluation(name).parse_args(argv)
     except SystemExit:
         reason = captured.getvalue().strip().splitlines()[-1].split("error: ", 1)[-1]
         raise StudyError(f"[eval.{name}] in {path}: {reason}; the keys are the options of eval/{name}.py "
@@ -451,7 +456,7 @@ def in_process_job(job: str, argv: list[str], run_dir: str) -> str | None:
                 raise StudyInterrupted
             return None
         with contextlib.redirect_stderr(Tee(captured, sys.stderr)):  # its progress lines still reach the console
-            EVALUATIONS[job].main(argv)
+            evaluation(job).main(argv)
         return None
     except (ConfigError, train.TrainError, DataError) as e:
         return str(e)
@@ -642,11 +647,11 @@ def describe(values: list[float]) -> dict:
 def mean_interval(values: list[float]) -> dict:
     """describe(values) with the two-sided 95% Student-t interval of their mean, whether it excludes 0 ("exceeds
     the seed spread"), and whether that is a finding: it excludes 0 over at least MIN_SEEDS_FOR_A_FINDING seeds."""
-    from scipy.stats import t as student_t
-
     result = describe(values)
     if result["n"] < 2:
         return result | {"interval": None, "exceeds_seed_spread": None, "finding": False}
+    from scipy.stats import t as student_t  # (here: a one-seed study, the GPU study, runs without scipy)
+
     half_width = student_t.ppf(0.5 + CONFIDENCE / 2, result["n"] - 1) * result["std"] / math.sqrt(result["n"])
     interval = [result["mean"] - half_width, result["mean"] + half_width]
     excludes = not interval[0] <= 0 <= interval[1]
@@ -854,10 +859,11 @@ def setup_summary(study: Study, first_outputs: dict) -> dict:
     if zs:
         size = zs["paper_size"]
         setup["zero_shot_documents"] = {task: row["n"] for task, row in zs["tasks"].items()}
-        setup["paper"] = {"size": size, "parameters": zero_shot.PAPER_SIZES[size], "tokens": zero_shot.PAPER_TOKENS,
+        setup["paper"] = {"size": size, "parameters": evaluation("zero_shot").PAPER_SIZES[size],
+                          "tokens": evaluation("zero_shot").PAPER_TOKENS,
                           # within a factor 2 in size and 10 in tokens: the paper's numbers are a fair target
-                          "comparable": min(params.values()) >= zero_shot.PAPER_SIZES[size] / 2
-                          and run.tokens >= zero_shot.PAPER_TOKENS / 10}
+                          "comparable": min(params.values()) >= evaluation("zero_shot").PAPER_SIZES[size] / 2
+                          and run.tokens >= evaluation("zero_shot").PAPER_TOKENS / 10}
     if ex:
         setup["extrapolation"] = {"val_tokens": ex["val_tokens"], "windows": {
             context: cell["nonoverlapping"]["windows"] for context, cell in ex["contexts"].items()}}
@@ -1128,7 +1134,7 @@ def write_plots(study: Study, report: dict) -> dict:
             results.append(mean_over_seeds(list(seeds.values())) | {"name": encoding,
                                                                      "encoding": f"{len(seeds)} seeds"})
     if results:
-        extrapolation.plot_loss_vs_position(results, os.path.join(study.out_dir, "loss_vs_position.png"))
+        evaluation("extrapolation").plot_loss_vs_position(results, os.path.join(study.out_dir, "loss_vs_position.png"))
         plots["loss_vs_position"] = "loss_vs_position.png"
     lines = []  # one line per encoding: the mean over seeds of each average
     for name, entry in report["encodings"].items():
@@ -1140,7 +1146,7 @@ def write_plots(study: Study, report: dict) -> dict:
                           "ruler_average": means["ruler"], "babilong_average": means["babilong"],
                           "ruler_average_tasks": lc["ruler_average_tasks"],
                           "babilong_average_tasks": lc["babilong_average_tasks"]})
-    if lines and long_context.plot_accuracy_vs_length(lines, os.path.join(study.out_dir, "long_context.png")):
+    if lines and evaluation("long_context").plot_accuracy_vs_length(lines, os.path.join(study.out_dir, "long_context.png")):
         plots["long_context"] = "long_context.png"
     return plots
 
@@ -1188,7 +1194,15 @@ def run_study(path: str, publish_to: str | None = None) -> dict:
     print(f"[study] {study.name}: {len(study.encodings)} encodings x {len(study.seeds)} seeds = "
           f"{len(study.runs)} runs, {seeds}, launch {study.mode}, output {study.out_dir}", flush=True)
     runner = Runner(study)
-    runner.run_all()
+    try:
+        runner.run_all()
+    except (StudyInterrupted, KeyboardInterrupt):
+        # What finished is reported (a time-limited study, gpu_study.sh, ends this way); the rest continues later.
+        report = write_report(study, runner.status)
+        print(f"[study] wrote {os.path.join(study.out_dir, 'report.md')} with the runs finished so far", flush=True)
+        if publish_to:
+            publish(study, report, publish_to)
+        raise
     report = write_report(study, runner.status)
     failed = sum(r["status"] == "failed" for r in report["runs"])
     diverged = sum(r["status"] == "diverged" for r in report["runs"])

@@ -94,15 +94,17 @@ def test_paired_difference_and_its_interval(pairs, only_reference):
     assert d["seeds"] == seeds and d["n"] == len(seeds)
     differences = [values[s] - reference[s] for s in seeds]
     if len(seeds) < 2:
-        assert d["interval"] is None and d["exceeds_seed_spread"] is None
+        assert d["interval"] is None and d["exceeds_seed_spread"] is None and d["finding"] is False
         return
     mean, std = statistics.fmean(differences), statistics.stdev(differences)
     half = student_t.ppf(0.975, len(seeds) - 1) * std / math.sqrt(len(seeds))
     assert d["interval"] == pytest.approx([mean - half, mean + half], abs=1e-9)
     assert d["exceeds_seed_spread"] == (not mean - half <= 0 <= mean + half)
+    assert d["finding"] == (d["exceeds_seed_spread"] and len(seeds) >= study.MIN_SEEDS_FOR_A_FINDING)
     text = study.verdict("fox", "rope", d)
-    assert f"{mean:+.4f}" in text and f"over {len(seeds)} paired seeds" in text
-    assert ("excludes 0" in text) == d["exceeds_seed_spread"]
+    assert f"{mean:+.4f}" in text and f"over {len(seeds)} paired seed(s)" in text
+    assert ("excludes 0:" in text) == d["finding"]
+    assert ("not resolved at this budget" in text) == (not d["finding"])
 
 
 @given(mean=st.one_of(st.none(), finite), std=st.one_of(st.none(), st.floats(0, 10)), digits=st.integers(0, 6))
