@@ -144,8 +144,9 @@ def attend(q, k, v, *, backend: str, scale: float, q_pos, k_pos, bias=None, qf=N
     # the dense reference, and the O(Tk) row of one decoding query
     H = q.shape[1]
     k, v = (x.repeat_interleave(H // x.shape[1], dim=1) for x in (k, v))
-    logits = scale * (q.float() @ k.float().transpose(-1, -2))
+    work = torch.promote_types(v.dtype, torch.float32)  # fp32 at least; fp64 stays fp64 (a numerics check)
+    logits = scale * (q.to(work) @ k.to(work).transpose(-1, -2))
     if bias is not None:
-        logits = logits + bias.dense(qf, kf)
+        logits = logits + bias.dense(qf, kf).to(work)
     logits = logits.masked_fill(~causal_mask(q_pos, k_pos, window), float("-inf"))
-    return (torch.softmax(logits, dim=-1) @ v.float()).to(v.dtype)
+    return (torch.softmax(logits, dim=-1) @ v.to(work)).to(v.dtype)

@@ -117,7 +117,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x):
-        return F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), self.eps).to(x.dtype)
+        work = torch.promote_types(x.dtype, torch.float32)  # bf16 normalised in fp32; fp64 stays fp64
+        return F.rms_norm(x.to(work), (x.shape[-1],), self.weight.to(work), self.eps).to(x.dtype)
 
 
 class LayerCache:
@@ -369,7 +370,7 @@ class GPT(nn.Module):
     def forward(self, idx, targets=None, start_pos: int = 0, cache: KVCache | None = None,
                 last_logits: int | None = None):
         """idx (B, T) token ids; start_pos is the absolute position of idx[:, 0] (taken from the cache
-        when one is given). Returns fp32 logits (B, T, vocab) and the mean cross-entropy over targets
+        when one is given). Returns fp32 logits (fp64 in a float64 model) (B, T, vocab) and the mean cross-entropy over targets
         that are not -1 (None without targets); with targets and a loss_impl other than "plain", the logits
         are None (they are never held in full). last_logits=n returns the logits of the last n positions only
         (B, n, vocab; 0 for none): a prefill that needs only its end skips the output layer elsewhere."""
@@ -393,7 +394,8 @@ class GPT(nn.Module):
         if targets is not None and self.loss_impl != "plain":
             return None, lm_loss(self.loss_impl, self.norm(x), self.lm_head.weight, targets, self.loss_chunk_tokens)
         # (the head's input in the weight's dtype: under FSDP's bf16 parameters there is no autocast to cast it)
-        logits = self.lm_head(self.norm(x).to(compute_dtype(self.lm_head.weight))).float()
+        logits = self.lm_head(self.norm(x).to(compute_dtype(self.lm_head.weight)))
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # fp32, or fp64 in a float64 model
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-1)

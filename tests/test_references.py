@@ -183,6 +183,20 @@ def test_logits_equal_the_written_out_definitions(pos, kv_shift, backend):
     torch.testing.assert_close(got, expected, atol=2e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("pos,kv_shift", REFERENCE_CASES,
+                         ids=[p + ("+kv_shift" if kv else "") for p, kv in REFERENCE_CASES])
+def test_dense_backend_in_float64_equals_the_definitions_to_float64_precision(pos, kv_shift):
+    """The dense backend is the reference a careful user checks numerics with: in float64 it must run for every
+    encoding (the additive ones once mixed fp32 and fp64) and stay in float64 throughout, so it meets the fp64
+    definitions at 1e-9, five orders tighter than any fp32 step allows."""
+    model = perturbed_model(pos, kv_shift, attn_backend="dense").double()
+    idx = tokens()
+    with torch.no_grad():
+        got = model(idx, start_pos=7)[0]
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got, reference_logits(model, idx, start_pos=7), atol=1e-9, rtol=1e-9)
+
+
 def test_grape_ap_at_a_far_start_position_equals_its_definition():
     """GRAPE-AP's R_ℓ is absolute: at start position 1000 the logits are those of the definition at ℓ = 1000.."""
     model = perturbed_model("grape_ap", True)
