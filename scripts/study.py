@@ -1165,22 +1165,33 @@ REPORT_BEGIN, REPORT_END = "<!-- study report: begin (scripts/study.py --publish
     "<!-- study report: end -->"
 
 
+def check_publish_target(target: str) -> str:
+    """The text of `target` (the two markers alone for a missing file), refused before any work when it lacks the
+    markers or its folder cannot be written: a study of hours must not end in an error that loses its report."""
+    text = Path(target).read_text() if os.path.exists(target) else f"{REPORT_BEGIN}\n{REPORT_END}\n"
+    if text.count(REPORT_BEGIN) != 1 or text.count(REPORT_END) != 1 or text.index(REPORT_BEGIN) > text.index(REPORT_END):
+        raise StudyError(f"{target} must hold the lines {REPORT_BEGIN} and {REPORT_END} once each, in that order: "
+                         "the report goes between them; add them where it belongs.")
+    folder = os.path.dirname(os.path.abspath(target))
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        raise StudyError(f"--publish {target}: its folder {folder} does not exist or cannot be written; "
+                         "make it or choose another file.")
+    return text
+
+
 def publish(study: Study, report: dict, target: str) -> None:
     """The report into `target` between REPORT_BEGIN and REPORT_END (the text around them is kept; a new file gets
     just the markers and the report), one heading level down, with its plots copied beside the file as
     <target stem>_<plot>.png."""
     import shutil
 
+    text = check_publish_target(target)
     folder, stem = os.path.dirname(os.path.abspath(target)), Path(target).stem
     plots = {}
     for key, name in report["plots"].items():
         plots[key] = f"{stem}_{name}"
         shutil.copyfile(os.path.join(study.out_dir, name), os.path.join(folder, plots[key]))
     body = "\n".join("#" + line if line.startswith("#") else line for line in markdown(report, plots).splitlines())
-    text = Path(target).read_text() if os.path.exists(target) else f"{REPORT_BEGIN}\n{REPORT_END}\n"
-    if text.count(REPORT_BEGIN) != 1 or text.count(REPORT_END) != 1 or text.index(REPORT_BEGIN) > text.index(REPORT_END):
-        raise StudyError(f"{target} must hold the lines {REPORT_BEGIN} and {REPORT_END} once each, in that order: "
-                         "the report goes between them; add them where it belongs.")
     before, rest = text.split(REPORT_BEGIN)
     after = rest.split(REPORT_END)[1]
     atomic_write_text(target, f"{before}{REPORT_BEGIN}\n{body}\n{REPORT_END}{after}")
@@ -1189,6 +1200,8 @@ def publish(study: Study, report: dict, target: str) -> None:
 
 def run_study(path: str, publish_to: str | None = None) -> dict:
     study = load_study(path)
+    if publish_to:
+        check_publish_target(publish_to)
     seeds = f"seeds {study.seeds}" + (" (the default; set seeds = [...] for a seed spread)"
                                       if study.seeds_defaulted else "")
     print(f"[study] {study.name}: {len(study.encodings)} encodings x {len(study.seeds)} seeds = "
