@@ -43,6 +43,7 @@ from config import ConfigError, TrainConfig, describe_keys, resolve
 from data.prefetch import DamagedBatch
 from data.shards import DataError
 from hf.init_from import initial_state
+from kernels.triton_probe import probe_summary
 from lm_loss import describe_loss
 from training.checkpointing import (FIXED_FOR_A_RUN, TRAJECTORY_KEYS, Checkpointer, check_resume_compatible,
                                     load_checkpoint, refuse_earlier_checkpoint, restore, set_aside_earlier_run)
@@ -404,7 +405,8 @@ def describe(raw_model, cfg: TrainConfig, ddp: Distributed, use_bf16: bool, grad
             f"batch {cfg.global_batch_size} x {model_cfg.block_size} tokens = {cfg.batch_size} x {grad_accum} accum x "
             f"{ddp.world_size} | {cfg.sampler} sampler, seed {cfg.seed}"
             + (f", gradient {scale} x the mean (grad_scale official)" if scale != 1 else "")
-            + f" | data {data_dir} ({tokenizer_name}) | run dir {cfg.out_dir}")
+            + f" | data {data_dir} ({tokenizer_name}) | run dir {cfg.out_dir}"
+            + (f" | kernels: {probe_summary()}" if probe_summary() else ""))
 
 
 # ----------------------------------------------------------------------------- the loop's records

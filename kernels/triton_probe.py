@@ -9,39 +9,123 @@ failure of that kind or another (a Triton too old or too new for the kernels' la
 prints one warning line and sends "auto" to the portable path for that (dtype, head dim) for the rest of the
 process, instead of a traceback in the middle of training.
 
+A kernel that builds is not yet trusted: the probe also runs it at a small size (two query heads sharing one key
+head, 80 tokens: a full tile and a ragged one) forward and backward, and compares its output and every input
+gradient with the portable PyTorch path in fp32 on the same inputs. An error beyond the dtype's tolerance
+(PROBE_TOLERANCE, of the reference's largest magnitude; the kernel tests' bf16 and fp16 floors are far inside it,
+a wrong mask or a lost term far outside) or a non-finite value prints one warning and sends that key to the
+portable path for the process: a kernel that computes wrong on a GPU or Triton nobody here tested never trains a
+model. ``probe_summary()`` says what was checked, and how long it took, for train.py's start-up line.
+
 ``triton_builds`` is marked ``assume_constant_result``: ``torch.compile`` calls it once while tracing and
 bakes the answer into the graph, so the probe never becomes part of a compiled model.
 """
 from __future__ import annotations
 
 import sys
+import time
 
 import torch
 
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 _DTYPES = {name: dtype for dtype, name in DTYPE_NAMES.items()}
 _BUILDS: dict[tuple, bool] = {}
+_PROBE_SECONDS: dict[tuple, float] = {}
 
 
-def _probe_grape_ap(dtype: torch.dtype, device: torch.device, head_dim: int, value_dim: int) -> None:
-    from kernels import grape_ap_triton as kernel
-    q, k = (torch.randn(1, 1, 64, head_dim, device=device).to(dtype) for _ in range(2))
-    v, grad = (torch.randn(1, 1, 64, value_dim, device=device).to(dtype) for _ in range(2))
-    p, r = (torch.randn(1, 1, 64, 8, device=device) for _ in range(2))
-    slopes = torch.ones(1, device=device)
-    config = kernel.default_config(head_dim, dtype)
-    out, lse = kernel.triton_forward(q, k, v, p, r, slopes, 0.125, config)
-    kernel.triton_backward(grad, q, k, v, p, r, slopes, out, lse, 0.125, config)
+PROBE_TOKENS, PROBE_HEADS, PROBE_KV_HEADS = 80, 2, 1
+# Largest allowed |kernel - portable| over the portable path's largest |value|, per dtype of q, k, v: about three
+# times what the kernels measure under the interpreter (bf16 at most 0.005, fp16 0.0006, fp32 0); a wrong mask, a
+# lost bias term or a wrong gradient shows as 0.1 or more.
+PROBE_TOLERANCE = {torch.float32: 1e-4, torch.float16: 3e-3, torch.bfloat16: 1.5e-2}
 
 
-def _probe_separable(dtype: torch.dtype, device: torch.device, head_dim: int, value_dim: int) -> None:
-    from kernels import separable_triton as kernel
-    q, k = (torch.randn(1, 1, 64, head_dim, device=device).to(dtype) for _ in range(2))
-    v, grad = (torch.randn(1, 1, 64, value_dim, device=device).to(dtype) for _ in range(2))
-    features = torch.randn(1, 1, 64, 3, device=device)
-    config = kernel.default_config(head_dim, dtype)
-    out, lse = kernel.triton_forward(q, k, v, features, features, 0.125, (1, 1), config)
-    kernel.triton_backward(grad, q, k, v, features, features, out, lse, 0.125, (1, 1), config)
+class KernelMismatch(Exception):
+    """The kernel built and ran but computed something else than the portable path."""
+
+
+def _probe_generator(device: torch.device) -> torch.Generator:
+    return torch.Generator(device=device).manual_seed(20260407)
+
+
+def _randn(generator, *shape, scale=1.0):
+    return torch.randn(*shape, generator=generator, device=generator.device) * scale
+
+
+def compare_with_portable(kernel, portable, inputs: list[torch.Tensor], grad_out: torch.Tensor,
+                          dtype: torch.dtype) -> float:
+    """Run kernel and portable forward and backward (with grad_out) on the same fp32 inputs, q, k, v (the first
+    three) rounded to dtype, the kernel reading them in dtype and the portable path in fp32; raise KernelMismatch
+    naming the first output or gradient that differs beyond PROBE_TOLERANCE[dtype] or is not finite. Returns the
+    largest error (of the reference's largest magnitude) over the output and the gradients."""
+    def run(fn, cast):
+        rounded = [x.to(dtype) if i < 3 else x for i, x in enumerate(inputs)]
+        leaves = [(x if cast else x.float()).detach().requires_grad_() for x in rounded]
+        out = fn(*leaves)
+        out.backward(grad_out.to(out.dtype))
+        return [("output", out)] + [(f"gradient {i}", leaf.grad) for i, leaf in enumerate(leaves)]
+
+    tolerance, largest = PROBE_TOLERANCE[dtype], 0.0
+    for (name, got), (_, expected) in zip(run(kernel, True), run(portable, False)):
+        if got is None or not torch.isfinite(got).all():
+            raise KernelMismatch(f"its {name} holds non-finite values (or none)")
+        error = (got.float() - expected).abs().max().item() / max(expected.abs().max().item(), 1e-30)
+        if error > tolerance:
+            raise KernelMismatch(f"its {name} is off the portable path's by {error:.3g} of its largest value "
+                                 f"(at most {tolerance:g} allowed for {DTYPE_NAMES[dtype]})")
+        largest = max(largest, error)
+    return largest
+
+
+def _probe_grape_ap(dtype: torch.dtype, device: torch.device, head_dim: int, value_dim: int) -> float:
+    from kernels.grape_ap import grape_ap_attention
+    g, T, H, Hkv = _probe_generator(device), PROBE_TOKENS, PROBE_HEADS, PROBE_KV_HEADS
+    inputs = [_randn(g, 1, H, T, head_dim), _randn(g, 1, Hkv, T, head_dim), _randn(g, 1, Hkv, T, value_dim),
+              _randn(g, 1, H, T, 8, scale=0.5), _randn(g, 1, Hkv, T, 8, scale=0.5)]
+    slopes = torch.tensor([0.05, 0.3], device=device)
+    scale = head_dim ** -0.5
+
+    def kernel(q, k, v, p, r):
+        return grape_ap_attention(q, k, v, p.float(), r.float(), slopes, scale, backend="triton")
+
+    def portable(q, k, v, p, r):
+        return grape_ap_attention(q, k, v, p, r, slopes, scale, backend="chunked")
+    return compare_with_portable(kernel, portable, inputs, _randn(g, 1, H, T, value_dim), dtype)
+
+
+def separable_reference(q, k, v, q_features, k_features, scale):
+    """The separable bias's definition, written out densely in fp32 (kernels/separable.py's docstring):
+    logit(i, j) = scale·q_i·k_j - (t_i - s_j)(a_i + b_j) + (c_i - c_j) for keys j <= Tk - Tq + i; q_features
+    (1, H, Tq, 3) per query head, k_features (1, H_kv, Tk, 3) per key head."""
+    H, Tq, Tk = q.shape[1], q.shape[2], k.shape[2]
+    k, v = (x.repeat_interleave(H // x.shape[1], dim=1) for x in (k, v))
+    kf = k_features.repeat_interleave(H // k_features.shape[1], dim=1)
+    t, a, c_q = q_features.unbind(-1)
+    s, b, c_k = kf.unbind(-1)
+    t, s = t.detach(), s.detach()  # positions: the kernel gives them no gradient (nothing learns them)
+    logits = (scale * q @ k.transpose(-1, -2) - (t[..., :, None] - s[..., None, :]) * (a[..., :, None] + b[..., None, :])
+              + (c_q[..., :, None] - c_k[..., None, :]))
+    visible = torch.ones(Tq, Tk, dtype=torch.bool, device=q.device).tril(Tk - Tq)
+    return torch.softmax(logits.masked_fill(~visible, float("-inf")), dim=-1) @ v
+
+
+def _probe_separable(dtype: torch.dtype, device: torch.device, head_dim: int, value_dim: int) -> float:
+    from kernels.separable import separable_attention
+    g, T, H, Hkv = _probe_generator(device), PROBE_TOKENS, PROBE_HEADS, PROBE_KV_HEADS
+    positions = torch.arange(T, dtype=torch.float32, device=device).expand(1, H, T)
+    decay = -torch.cumsum(torch.rand(1, H, T, generator=g, device=device) * 0.2, dim=-1)  # a FoX-like gate sum
+
+    def features(heads, rate_scale):
+        rate = torch.rand(1, heads, T, generator=g, device=device) * rate_scale
+        return torch.stack([positions[:, :heads], rate, decay[:, :heads]], dim=-1)
+    inputs = [_randn(g, 1, H, T, head_dim), _randn(g, 1, Hkv, T, head_dim), _randn(g, 1, Hkv, T, value_dim),
+              features(H, 0.05), features(Hkv, 0.05)]
+    scale = head_dim ** -0.5
+
+    def kernel(q, k, v, qf, kf):
+        return separable_attention(q, k, v, qf, kf, scale, has_rate=True, has_sum=True)
+    return compare_with_portable(kernel, lambda *x: separable_reference(*x, scale), inputs,
+                                 _randn(g, 1, H, T, value_dim), dtype)
 
 
 PROBES = {"grape_ap": _probe_grape_ap, "separable": _probe_separable}
@@ -84,12 +168,37 @@ def triton_builds(family: str, dtype_name: str, head_dim: int, value_dim: int | 
             if _version(triton.__version__) < MIN_TRITON[family]:
                 raise RuntimeError(f"these kernels need triton >= {'.'.join(map(str, MIN_TRITON[family]))}")
             device = torch.device("cpu" if INTERPRET else "cuda")
-            PROBES[family](_DTYPES[dtype_name], device, head_dim, value_dim)
+            started = time.perf_counter()
+            with torch.enable_grad():  # the probe's backward, also when the model is first used under no_grad
+                PROBES[family](_DTYPES[dtype_name], device, head_dim, value_dim)
+            _PROBE_SECONDS[key] = time.perf_counter() - started
             _BUILDS[key] = True
-        except Exception as error:  # any failure to build, fit or launch: the portable path instead
+        except Exception as error:  # any failure to build, fit, launch or agree: the portable path instead
             version = getattr(sys.modules.get("triton"), "__version__", "(not importable)")
             dims = f"head dim {head_dim}" + ("" if value_dim == head_dim else f" (values {value_dim})")
-            print(f"warning: triton {version} cannot run the {family} attention kernel for {dtype_name} at {dims} "
-                  f"({_reason(error)}); attn_backend='auto' uses the portable PyTorch path there", file=sys.stderr)
+            if isinstance(error, KernelMismatch):
+                print(f"warning: the {family} attention kernel computes wrong with triton {version} on "
+                      f"{_device_name()} for {dtype_name} at {dims}: {error}; attn_backend='auto' uses the portable "
+                      "PyTorch path there for this process (please report it)", file=sys.stderr)
+            else:
+                print(f"warning: triton {version} cannot run the {family} attention kernel for {dtype_name} at "
+                      f"{dims} ({_reason(error)}); attn_backend='auto' uses the portable PyTorch path there",
+                      file=sys.stderr)
             _BUILDS[key] = False
     return _BUILDS[key]
+
+
+def _device_name() -> str:
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "the CPU (Triton interpreter)"
+
+
+def probe_summary() -> str:
+    """The kernels probed so far in this process, for the start-up line: which were built and checked against the
+    portable path, in how long, and which fell back to it; "" when none was probed."""
+    parts = []
+    for (family, dtype_name, head_dim, value_dim), ok in _BUILDS.items():
+        dims = f"d{head_dim}" + ("" if value_dim == head_dim else f"/v{value_dim}")
+        parts.append(f"{family} {dtype_name} {dims} " + (f"Triton, checked against the portable path in "
+                                                         f"{_PROBE_SECONDS[family, dtype_name, head_dim, value_dim]:.1f} s"
+                                                         if ok else "portable path (see the warning)"))
+    return "; ".join(parts)

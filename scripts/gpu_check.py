@@ -334,6 +334,26 @@ def check_models(device, deadline):
                0.05 * spread + 0.02)
 
 
+def check_numeric_probe(device, deadline):
+    """The start-up probe of kernels/triton_probe.py on this GPU: each family in bf16 and fp16 at head dims 64 and
+    128 against the portable path, its largest relative error beside the tolerance that would send "auto" to the
+    portable path (so a margin that is too thin shows here, not as a warning in a user's run)."""
+    from kernels.triton_probe import PROBE_TOLERANCE, PROBES, KernelMismatch
+    dtypes = (torch.float16,) if SMOKE else (torch.bfloat16, torch.float16)
+    for family, probe in PROBES.items():
+        for dtype in dtypes:
+            for head_dim in ((16,) if SMOKE else (64, 128)):
+                if time.monotonic() > deadline:
+                    return
+                try:
+                    error = probe(dtype, device, head_dim, head_dim)
+                except KernelMismatch as mismatch:
+                    error, detail = float("inf"), str(mismatch)
+                else:
+                    detail = "relative to the reference's largest value; the probe's own tolerance is the limit"
+                record(f"probe {family} {str(dtype)[6:]} d{head_dim}", error, PROBE_TOLERANCE[dtype], detail)
+
+
 def main():
     ap = argparse.ArgumentParser(allow_abbrev=False, description="GPU correctness checks (bf16 Triton kernel, FlashAttention lift, models).")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "gpu_check.md"))
@@ -346,8 +366,8 @@ def main():
     device = torch.device("cpu" if SMOKE else "cuda")
     start = time.monotonic()
     deadline = start + args.seconds
-    for check in (check_triton_kernel, check_decode, check_tile_kernel, check_lift_flash, check_models,
-                  check_grouped_window):
+    for check in (check_numeric_probe, check_triton_kernel, check_decode, check_tile_kernel, check_lift_flash,
+                  check_models, check_grouped_window):
         begun = time.monotonic()
         try:
             check(device, deadline)

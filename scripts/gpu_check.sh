@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything that needs a GPU, in one call with a hard time limit (default 300 s on an H200):
-#   1. correctness (<= 60 s): the bf16 Triton kernels (GRAPE-AP and the in-tile separable bias) against
-#      fp64 (values and all gradients, Tq < Tk, decode, T = 4096), the bf16 lifted columns through
+#   1. correctness (<= 60 s): the start-up numeric probe of each kernel family (bf16 and fp16, head dims 64 and
+#      128: its error beside the tolerance that would send it to the portable path), the bf16 Triton kernels
+#      (GRAPE-AP and the in-tile separable bias) against fp64 (values and all gradients, Tq < Tk, decode, T = 4096), the bf16 lifted columns through
 #      FlashAttention, whole models in bf16 (auto / lifted vs dense, KV-cache decoding), both kernel families
 #      with grouped-query keys and a sliding window                                 -> docs/gpu_check.md
 #   2. GRAPE-AP beside causal SDPA, plain attention built the same way (the separable Triton kernel without a

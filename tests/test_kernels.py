@@ -734,5 +734,128 @@ def test_probe_does_not_try_a_triton_older_than_proven(monkeypatch, capsys):
     assert "triton 3.1.0 cannot run the grape_ap attention kernel" in err and "need triton >= 3.2" in err, err
 
 
+
+def probe_on_cpu(monkeypatch, wrong=None):
+    """triton_builds with the interpreter's device (CPU) and a stand-in "Triton" path: the portable one, made wrong
+    by wrong(output) -> output where given, so that the numeric check is what decides. Returns the call log."""
+    pytest.importorskip("triton")
+    import kernels.grape_ap as grape_ap
+    import kernels.triton_common as triton_common
+    from kernels import triton_probe
+    calls, portable = [], grape_ap.grape_ap_attention
+
+    def stand_in(*args, backend="auto", **kwargs):
+        if backend != "triton":
+            return portable(*args, backend=backend, **kwargs)
+        calls.append(args[0].dtype)
+        out = portable(*args, backend="chunked", **kwargs)
+        return out if wrong is None else wrong(out)
+    monkeypatch.setattr(grape_ap, "grape_ap_attention", stand_in)
+    monkeypatch.setattr(triton_common, "INTERPRET", True)
+    monkeypatch.setattr(triton_probe, "_BUILDS", {})
+    monkeypatch.setattr(triton_probe, "_PROBE_SECONDS", {})
+    monkeypatch.setattr(triton_probe, "_version", lambda version: (99, 0))
+    return calls
+
+
+class ScaleGradient(torch.autograd.Function):
+    """Identity forward; the gradient scaled: a backward kernel that is wrong while its forward is right."""
+    @staticmethod
+    def forward(ctx, x, factor):
+        ctx.factor = factor
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * ctx.factor, None
+
+
+@pytest.mark.parametrize("wrong, what", [
+    (lambda out: out * 1.03, "output"),  # 3%: a lost bias term or a wrong scale is larger
+    (lambda out: torch.cat([out[:, :, :1] * 0, out[:, :, 1:]], dim=2), "output"),  # one row lost (a mask's edge)
+    (lambda out: ScaleGradient.apply(out, 1.05), "gradient"),
+    (lambda out: out + float("nan") * (out[..., :1, :1] > 1e9), "non-finite"),  # a NaN only where no value is big
+    (lambda out: torch.where(torch.arange(out.shape[2])[:, None] == 79, float("inf"), out), "non-finite"),
+])
+def test_a_kernel_that_builds_but_computes_wrong_never_trains(monkeypatch, capsys, wrong, what):
+    from kernels import triton_probe
+    from kernels.grape_ap import auto_backend
+    calls = probe_on_cpu(monkeypatch, wrong)
+    assert triton_probe.triton_builds("grape_ap", "bf16", 32) is False
+    assert calls == [torch.bfloat16]  # the "kernel" ran, in bf16, and its answer was checked
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert "the grape_ap attention kernel computes wrong" in lines[0] and "bf16 at head dim 32" in lines[0]
+    assert what in lines[0] and "portable PyTorch path there for this process" in lines[0], lines[0]
+    monkeypatch.setattr(triton_probe, "_version", lambda version: (99, 0))
+    assert auto_backend(torch.device("cuda"), torch.bfloat16, 64, 32) == "chunked"  # the model's choice follows
+    assert calls == [torch.bfloat16] and capsys.readouterr().err == ""  # asked once per process
+    assert "grape_ap bf16 d32 portable path" in triton_probe.probe_summary()
+
+
+@pytest.mark.parametrize("dtype_name, dtype", [("fp32", torch.float32), ("fp16", torch.float16),
+                                               ("bf16", torch.bfloat16)])
+def test_a_kernel_that_agrees_within_its_dtype_is_kept_and_its_check_is_timed(monkeypatch, capsys, dtype_name, dtype):
+    from kernels import triton_probe
+    calls = probe_on_cpu(monkeypatch)
+    assert triton_probe.triton_builds("grape_ap", dtype_name, 32) is True
+    assert triton_probe.triton_builds("grape_ap", dtype_name, 32) is True
+    assert calls == [dtype] and capsys.readouterr().err == ""
+    summary = triton_probe.probe_summary()
+    assert summary.startswith(f"grape_ap {dtype_name} d32 Triton, checked against the portable path in ")
+    assert summary.endswith(" s") and float(summary.split(" in ")[1][:-2]) >= 0
+
+
+def test_the_probes_tolerance_separates_a_kernels_rounding_from_an_error():
+    """compare_with_portable on the portable path in bf16 itself (its rounding only) passes; the same with the
+    softmax scale off by 2% fails, as does fp32's tolerance applied to bf16 rounding."""
+    from kernels import triton_probe
+    from kernels.triton_probe import KernelMismatch, compare_with_portable, separable_reference
+    g = torch.Generator().manual_seed(0)
+    T, D = 80, 32
+    pos = torch.arange(T, dtype=torch.float32).expand(1, 2, T)
+    qf = torch.stack([pos, torch.rand(1, 2, T, generator=g) * 0.05, -torch.rand(1, 2, T, generator=g).cumsum(-1)], -1)
+    kf = torch.stack([pos[:, :1], torch.rand(1, 1, T, generator=g) * 0.05, qf[:, :1, :, 2]], -1)
+    inputs = [torch.randn(1, 2, T, D, generator=g), torch.randn(1, 1, T, D, generator=g),
+              torch.randn(1, 1, T, D, generator=g), qf, kf]
+    grad = torch.randn(1, 2, T, D, generator=g)
+    reference = lambda *x: separable_reference(*x, D ** -0.5)  # noqa: E731
+    in_bf16 = lambda q, k, v, qf, kf: separable_reference(q.float(), k.float(), v.float(), qf, kf,  # noqa: E731
+                                                          D ** -0.5).to(torch.bfloat16)
+    compare_with_portable(in_bf16, reference, inputs, grad, torch.bfloat16)
+    off = lambda q, k, v, qf, kf: separable_reference(q.float(), k.float(), v.float(), qf, kf, 1.02 * D ** -0.5)  # noqa: E731
+    with pytest.raises(KernelMismatch, match="off the portable path's by"):
+        compare_with_portable(off, reference, inputs, grad, torch.bfloat16)
+    with pytest.raises(KernelMismatch):
+        compare_with_portable(in_bf16, reference, inputs, grad, torch.float32)  # bf16 rounding is not fp32's
+    assert triton_probe.PROBE_TOLERANCE[torch.float32] < triton_probe.PROBE_TOLERANCE[torch.bfloat16]
+
+
+@pytest.mark.parametrize("pos", ["alibi", "fox", "grape_a_qk"])
+def test_separable_reference_is_the_dense_backends_bias(pos):
+    """The probe's written-out separable bias, fed the tile features of ALiBi, FoX and GRAPE-A, equals the model's
+    dense attention with that bias (its own formula), so the probe compares kernels with the right thing."""
+    from attention import attend
+    from kernels.triton_probe import separable_reference
+    from positional import build_bias
+    g = torch.Generator().manual_seed(1)
+    H, T, D = 2, 20, 8
+    torch.manual_seed(0)
+    bias = build_bias(pos, n_head=H, head_dim=D, n_embd=H * D, grape_a_omega_init=1.0, fox_gate_bias_init=0.0,
+                      p_head_dim=8)
+    with torch.no_grad():
+        for p in bias.parameters():
+            p.add_(torch.randn(p.shape, generator=g))  # off the init, so that every term counts
+    x = torch.randn(1, T, H * D, generator=g)
+    q, k, v = (torch.randn(1, H, T, D, generator=g) for _ in range(3))
+    positions = torch.arange(T)
+    qf, kf = bias.features(x, q, k, positions, {})
+    dense = attend(q, k, v, backend="dense", scale=D ** -0.5, q_pos=positions, k_pos=positions, bias=bias,
+                   qf=qf, kf=kf)
+    q_features, k_features = bias.tile_features(qf, kf)
+    written = separable_reference(q, k, v, q_features.expand(1, H, T, 3), k_features.expand(1, -1, T, 3).float(),
+                                  D ** -0.5)
+    torch.testing.assert_close(written, dense, atol=1e-6, rtol=1e-5)
+
 if __name__ == "__main__":
     run_triton_cases(sys.argv[1])
