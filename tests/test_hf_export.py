@@ -375,6 +375,23 @@ def test_a_gpt2_run_exports_the_gpt2_tokenizer(tmp_path):
     assert generation.suppress_tokens == list(range(50257, 50304)) and generation.eos_token_id == 50256
 
 
+@pytest.mark.parametrize("pos", ["alibi", "grape_ap"])
+def test_a_remote_code_exports_tokenizer_loads_without_remote_code_prompt_or_warning(tmp_path, pos):
+    """PreTrainedTokenizerFast reads the tokenizer files alone: in a fresh process with stdin closed, nothing asks
+    to run custom code, nothing warns, and it encodes as the run's own tokenizer does."""
+    out, _ = exported(tmp_path, perturbed_model(pos))
+    text = "Positions, rotations and gates. Ünïcödé too."
+    script = ("import logging, warnings; warnings.simplefilter('error'); from transformers import "
+              f"PreTrainedTokenizerFast; t = PreTrainedTokenizerFast.from_pretrained({out!r}); "
+              f"print(t.encode({text!r}), t.eos_token_id)")
+    result = subprocess.run([sys.executable, "-c", script], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                            timeout=120, env={**os.environ, "TRANSFORMERS_VERBOSITY": "warning"})
+    assert result.returncode == 0, result.stderr
+    assert "custom code" not in result.stdout + result.stderr and result.stderr.strip() == "", result.stderr
+    assert result.stdout.split()[-1] == str(EOT)
+    assert result.stdout.rsplit(" ", 1)[0].strip() == str(list(text.encode()))
+
+
 # ----------------------------------------------------------------------------- bad input
 
 def no_leftovers(directory):
