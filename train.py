@@ -383,11 +383,24 @@ def open_run_directory(cfg: TrainConfig, resolved: dict, step: int, resumed: boo
             with open(metrics_path, "a") as f:
                 f.write(json.dumps({"type": "change", "iter": step, **change}) + "\n")
     except OSError as error:
+        blocking = file_in_the_way(cfg.out_dir)
+        if blocking:
+            raise ConfigError(f"the run directory {cfg.out_dir} cannot be made: {blocking} is a file, not a folder; "
+                              "choose another --out_dir (or move the file).") from None
         raise ConfigError(f"cannot write to the run directory {cfg.out_dir} ({error.strerror or error}); "
                           "make it writable or choose another --out_dir.") from None
     wandb_run = start_wandb(cfg, os.path.basename(os.path.normpath(cfg.out_dir)), resolved, wandb_id) \
         if cfg.wandb else None
     return Metrics(metrics_path, wandb_run)
+
+
+def file_in_the_way(path: str) -> str | None:
+    """The path itself or the nearest of its parents that exists, when that is a file (os.makedirs then says only
+    "File exists" or "Not a directory")."""
+    path = os.path.abspath(path)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return path if os.path.isfile(path) else None
 
 
 def describe(raw_model, cfg: TrainConfig, ddp: Distributed, use_bf16: bool, grad_accum: int, data_dir: str,

@@ -718,11 +718,27 @@ def test_mistaken_settings_are_one_sentence_before_anything_is_written(config_fi
     assert not (tmp_path / "run").exists()
 
 
-def test_unwritable_run_directory_is_one_sentence(config_file, tmp_path):
+@pytest.mark.parametrize("below", ["", "run", "run/deeper"])
+def test_a_file_where_the_run_directory_goes_is_named_as_a_file(config_file, tmp_path, below):
+    """A file at the run directory's path or at one of its parents: the sentence says which path is a file (it
+    said "File exists" or "Not a directory"), and the file is left as it was."""
     blocker = tmp_path / "file"
     blocker.write_text("a file where the run directory should go")
-    with pytest.raises(ConfigError, match="cannot write to the run directory .*choose another --out_dir"):
-        train.run([config_file, f"--out_dir={blocker / 'run'}"])
+    out_dir = blocker / below if below else blocker
+    with pytest.raises(ConfigError) as error:
+        train.run([config_file, f"--out_dir={out_dir}"])
+    assert str(error.value) == (f"the run directory {out_dir} cannot be made: {blocker} is a file, not a folder; "
+                                "choose another --out_dir (or move the file).")
+    assert blocker.read_text() == "a file where the run directory should go"
+
+
+def test_unwritable_run_directory_is_one_sentence(config_file, tmp_path, monkeypatch):
+    def refused(path, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(path))
+    monkeypatch.setattr(train.os, "makedirs", refused)  # a read-only mount (root may write anywhere else)
+    with pytest.raises(ConfigError, match=r"cannot write to the run directory .* \(Permission denied\); make it "
+                                          "writable or choose another --out_dir"):
+        train.run([config_file, f"--out_dir={tmp_path / 'run'}"])
 
 
 def test_stop_request_is_honoured_between_micro_batches(config_file, data_dir, tmp_path):
