@@ -23,6 +23,7 @@ not given: without CUDA the adapter runs on the CPU and says so.
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: import from the repo root, not from eval/
@@ -146,6 +147,20 @@ def default_output_path(args):
     return os.path.join(run_dir, "eval", "lm_eval.json")
 
 
+def results_written_since(output_path: str, started: float) -> list[str]:
+    """The results files lm-eval wrote under output_path (a file name it dates, or a folder it adds a subfolder
+    of its own naming to) since `started`, newest last."""
+    folder = output_path if os.path.isdir(output_path) else os.path.dirname(os.path.abspath(output_path))
+    found = []
+    for root, _, files in os.walk(folder):
+        for name in files:
+            path = os.path.join(root, name)
+            if name.endswith(".json") and (name.startswith("results") or name.startswith("lm_eval")) \
+                    and os.path.getmtime(path) >= started:
+                found.append(path)
+    return sorted(found, key=os.path.getmtime)
+
+
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv in (["-h"], ["--help"]):  # our flag and default first, then the options of `lm-eval run`
@@ -170,7 +185,12 @@ def main(argv=None):
                 args.output_path = default_output_path(args)
                 if args.output_path:
                     print(f"results go to {args.output_path} (with the date added to the name)", file=sys.stderr)
+            started = time.time()
             cli.execute(args)
+            if getattr(args, "command", None) == "run" and args.output_path:
+                written = results_written_since(args.output_path, started)
+                if written:  # lm-eval names its own subfolder (after the model's arguments): say where it went
+                    print(f"results written to {', '.join(written)}", file=sys.stderr)
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)

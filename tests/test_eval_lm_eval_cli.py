@@ -31,6 +31,7 @@ def test_lm_eval_cli_scores_our_checkpoint_on_local_task_files(tmp_path, monkeyp
     results = json.loads(results_file.read_text())
     err = capsys.readouterr().err
     assert f"results go to {tmp_path / 'run' / 'eval' / 'lm_eval.json'}" in err
+    assert f"results written to {results_file}" in err  # the dated name lm-eval chose, said after the run
     assert re.search(r"^lm-eval: scoring [\d,]+ windows: [\d,]+/[\d,]+ tokens \(100%\), elapsed .*, ETA 0:00$", err,
                      re.MULTILINE)  # lm-eval's requests reach the adapter with progress on
     if not torch.cuda.is_available():  # lm-eval asked for cuda:0 (no --device): the adapter fell back
@@ -78,3 +79,17 @@ def test_lm_eval_output_path_defaults_to_the_runs_eval_folder_unless_given(tmp_p
                                       *extra])
     args = HarnessCLI().parse_args()
     assert lm_eval_cli.default_output_path(args) == (expected and str(Path(expected)))
+
+
+def test_an_output_folder_is_answered_with_the_results_file_lm_eval_chose_inside_it(tmp_path, monkeypatch, capsys):
+    """lm-eval puts a `grape` model's results in a subfolder named after its arguments: the path is printed."""
+    save_run(tiny_model(pos="alibi", block_size=256, seed=2), tmp_path / "run")
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    out = tmp_path / "results"
+    out.mkdir()
+    lm_eval_cli.main(["--model", "grape", "--model_args", f"ckpt={tmp_path / 'run'}", "--tasks", TASKS[0],
+                      "--data-dir", str(FIXTURES), "--limit", "1", "--output_path", str(out)])
+    (written,) = [line.split("results written to ", 1)[1] for line in capsys.readouterr().err.splitlines()
+                  if line.startswith("results written to ")]
+    (on_disk,) = [str(p) for p in out.rglob("results*.json")]
+    assert written == on_disk and TASKS[0] in json.loads(Path(on_disk).read_text())["results"]
