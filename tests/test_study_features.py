@@ -72,3 +72,81 @@ def test_runs_go_seed_by_seed_every_encoding_for_each(ordered):
     for row in report["runs"]:  # and each really finished
         assert row["status"] == "done"
         assert row["final_val_loss"] == records(root / row["run_dir"], "val")[-1]["val_loss"]
+
+
+# ----------------------------------------------------------------------------- 2. diverged runs
+
+DIVERGED = "training diverged: loss is nan at iteration 3; resume from the last good checkpoint with a lower lr"
+
+
+def loss_table(markdown):
+    """The rows of the report's final-validation-loss table: encoding -> {column: cell}."""
+    lines = markdown.split("## Final validation loss\n\n", 1)[1].splitlines()
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    rows = {}
+    for line in lines[2:]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        rows[cells[0]] = dict(zip(header, cells))
+    return rows
+
+
+def test_a_diverged_run_is_reported_as_diverged_and_not_trained_again(workspace, tmp_path, monkeypatch, capsys):  # noqa: F811
+    from eval import extrapolation
+    shutil.copy(workspace / "base.toml", tmp_path / "base.toml")
+    path = study_file(tmp_path, encodings=ENCODINGS, seeds=SEEDS, evals=EXTRAPOLATION)
+    monkeypatch.chdir(tmp_path)
+    real_run, real_extrapolation = train.run, extrapolation.main
+    trained, evaluated = [], []
+
+    def alibi_seed1_diverges(argv):
+        trained.append((flag(argv, "pos"), int(flag(argv, "seed"))))
+        if trained[-1] == ("alibi", 1):
+            raise train.TrainError(DIVERGED)
+        return real_run(argv)
+
+    def counted_extrapolation(argv):
+        evaluated.append(argv[argv.index("--ckpt") + 1])
+        return real_extrapolation(argv)
+    monkeypatch.setattr(train, "run", alibi_seed1_diverges)
+    monkeypatch.setattr(extrapolation, "main", counted_extrapolation)
+    run_dir = Path("out") / "alibi" / "seed1"
+
+    for attempt in range(2):
+        report = study.main([path])  # returns: a diverged run is not a failure, so no exit status 1 (nor any)
+        out = capsys.readouterr().out
+        if attempt == 0:
+            assert trained == [("rope", 1), ("alibi", 1), ("rope", 2), ("alibi", 2)]
+            assert str(run_dir) not in evaluated and len(evaluated) == 3  # nothing evaluates the diverged run
+            assert "[study] DIVERGED alibi seed 1: " + DIVERGED in out
+        else:  # the rerun trains and evaluates nothing: the marker says it diverged
+            assert trained == [] and evaluated == []
+            assert f"[study] DIVERGED alibi seed 1 (earlier): {DIVERGED}" in out
+        assert "[study] FAILED" not in out
+        assert (f"[study] wrote {os.path.join('out', 'report.md')} and report.json; 1 run(s) diverged, see the "
+                "report's last section") in out.splitlines()
+        trained.clear(), evaluated.clear()
+        assert json.loads((run_dir / "study_diverged.json").read_text()) == {"error": DIVERGED}
+        assert json.loads(Path("out/report.json").read_text()) == json.loads(json.dumps(report))
+        rows = {(r["encoding"], r["seed"]): r for r in report["runs"]}
+        row = rows["alibi", 1]
+        assert row["status"] == "diverged" and row["errors"] == [f"training: {DIVERGED}"]
+        assert row["final_val_loss"] is None and not row["finished"]
+        assert all(rows[key]["status"] == "done" for key in rows if key != ("alibi", 1))
+
+        alibi, rope = report["encodings"]["alibi"], report["encodings"]["rope"]
+        assert alibi["diverged_seeds"] == [1] and rope["diverged_seeds"] == []
+        # Left out of the means and the paired difference: only seed 2 remains for alibi.
+        assert alibi["final_val_loss"]["seeds"] == [2] and alibi["final_val_loss"]["n"] == 1
+        assert alibi["final_val_loss"]["values"] == [records("out/alibi/seed2", "val")[-1]["val_loss"]]
+        assert alibi["difference_to_reference"]["seeds"] == [2]
+        assert alibi["extrapolation"]["seeds"] == [2]
+        assert alibi["verdict"].endswith(" Diverged (no final loss, left out above): seed(s) 1.")
+
+        markdown = Path("out/report.md").read_text()
+        table = loss_table(markdown)
+        assert table["alibi"]["diverged"] == "1" and table["rope"]["diverged"] == "0"
+        assert table["alibi"]["seeds"] == "1" and table["rope"]["seeds"] == "2"
+        assert "| alibi | 1 | diverged | 0 | 0 | – |" in markdown  # the Runs table
+        assert f"- alibi seed 1: training: {DIVERGED}" in markdown.split("## Failed or diverged runs", 1)[1]
