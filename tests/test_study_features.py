@@ -150,3 +150,63 @@ def test_a_diverged_run_is_reported_as_diverged_and_not_trained_again(workspace,
         assert table["alibi"]["seeds"] == "1" and table["rope"]["seeds"] == "2"
         assert "| alibi | 1 | diverged | 0 | 0 | – |" in markdown  # the Runs table
         assert f"- alibi seed 1: training: {DIVERGED}" in markdown.split("## Failed or diverged runs", 1)[1]
+
+
+# ----------------------------------------------------------------------------- 3. the finding rule
+
+def t_interval(values):
+    """mean ± t(0.975, n - 1) · sd / √n, sd the sample standard deviation, written out here."""
+    from scipy.stats import t
+    n = len(values)
+    mean = sum(values) / n
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = t.ppf(0.975, n - 1) * sd / math.sqrt(n)
+    return mean, sd, (mean - half, mean + half)
+
+
+@pytest.mark.parametrize("sign,word", [(+1, "higher"), (-1, "lower")])
+def test_a_difference_is_a_finding_only_over_three_seeds_whose_interval_excludes_0(sign, word):
+    reference = {1: 3.0, 2: 3.2, 3: 2.9, 4: 3.1}  # seed 4: the encoding lacks it, so it is not paired
+    deltas = {1: 0.100, 2: 0.101, 3: 0.103}
+    mine = {s: reference[s] + sign * d for s, d in deltas.items()}
+    expected = [mine[s] - reference[s] for s in (1, 2, 3)]
+
+    diff = study.paired_difference(mine, reference)
+    mean, sd, (lo, hi) = t_interval(expected)
+    assert diff["seeds"] == [1, 2, 3] and diff["n"] == 3 and diff["values"] == pytest.approx(expected, abs=1e-15)
+    assert diff["mean"] == pytest.approx(mean, rel=1e-12) and diff["std"] == pytest.approx(sd, rel=1e-9)
+    assert diff["interval"] == pytest.approx([lo, hi], rel=1e-9)
+    assert (lo > 0 or hi < 0) and diff["exceeds_seed_spread"] is True and diff["finding"] is True
+    assert study.finding_word(diff) == word
+    sentence = study.verdict("alibi", "rope", diff)
+    assert "excludes 0:" in sentence and "not resolved" not in sentence
+    assert f"[{lo:+.4f}, {hi:+.4f}]" in sentence and f"= {mean:+.4f} ± {sd:.4f}" in sentence
+    assert sentence.endswith(f"alibi is {word} than rope at this budget.") and "over 3 paired seed(s)" in sentence
+    assert study.interval_cell(diff).endswith("*")
+
+    # The same first two seeds: the interval still excludes 0 (t(0.975, 1) = 12.7 against a tiny spread), but two
+    # seeds never make a finding.
+    two = study.paired_difference({s: mine[s] for s in (1, 2)}, reference)
+    mean2, sd2, (lo2, hi2) = t_interval(expected[:2])
+    assert two["n"] == 2 and two["interval"] == pytest.approx([lo2, hi2], rel=1e-9)
+    assert (lo2 > 0 or hi2 < 0) and two["exceeds_seed_spread"] is True and two["finding"] is False
+    assert study.finding_word(two) == "not resolved"
+    sentence = study.verdict("alibi", "rope", two)
+    assert "not resolved at this budget" in sentence and "excludes 0:" not in sentence
+    assert "over 2 paired seed(s)" in sentence and f"= {mean2:+.4f} ± {sd2:.4f}" in sentence
+    assert not study.interval_cell(two).endswith("*")
+
+
+def test_three_seeds_whose_interval_contains_0_are_not_resolved():
+    values = [0.05, -0.02, 0.04]
+    got = study.mean_interval(values)
+    mean, sd, (lo, hi) = t_interval(values)
+    assert lo < 0 < hi and got["interval"] == pytest.approx([lo, hi], rel=1e-9)
+    assert got["exceeds_seed_spread"] is False and got["finding"] is False
+    diff = got | {"seeds": [1, 2, 3]}
+    assert study.finding_word(diff) == "not resolved"
+    sentence = study.verdict("fox", "rope", diff)
+    assert f"[{lo:+.4f}, {hi:+.4f}] contains 0: not resolved at this budget." in sentence
+    # one seed: no interval at all, and no finding
+    one = study.mean_interval([0.3])
+    assert one["interval"] is None and one["std"] is None and one["finding"] is False
