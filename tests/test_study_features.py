@@ -210,3 +210,93 @@ def test_three_seeds_whose_interval_contains_0_are_not_resolved():
     # one seed: no interval at all, and no finding
     one = study.mean_interval([0.3])
     assert one["interval"] is None and one["std"] is None and one["finding"] is False
+
+
+# ----------------------------------------------------------------------------- 4. --publish
+
+BEFORE = "# CPU results\n\nWhat was found, in words: kept as it is.\n\n"
+AFTER = "\n\n## Discussion\n\nAlso kept, byte for byte.   \n"
+PLOTS = ("loss_curves.png", "loss_vs_position.png")
+
+
+def expected_body(report_md: str, stem: str) -> str:
+    """The study's own report.md one heading level down, its plots named <stem>_<plot>.png."""
+    lines = []
+    for line in report_md.rstrip("\n").split("\n"):
+        for plot in PLOTS:
+            line = line.replace(f"]({plot})", f"]({stem}_{plot})")
+        lines.append("#" + line if line.startswith("#") else line)
+    return "\n".join(lines)
+
+
+@pytest.fixture
+def finished_copy(ordered, tmp_path, monkeypatch):
+    """A copy of the finished study (file times kept, so its evaluations stay finished), as the working directory;
+    train.run and the evaluation must not be called."""
+    from eval import extrapolation
+    root, _, _ = ordered
+    shutil.copytree(root, tmp_path / "copy")
+    monkeypatch.chdir(tmp_path / "copy")
+    monkeypatch.setattr(train, "run", lambda argv: pytest.fail(f"train.run called: {argv}"))
+    monkeypatch.setattr(extrapolation, "main", lambda argv: pytest.fail(f"extrapolation called: {argv}"))
+    return tmp_path / "copy"
+
+
+def test_publish_writes_the_report_between_the_markers_and_keeps_the_rest(finished_copy):
+    target = Path("results.md")
+    target.write_bytes((BEFORE + study.REPORT_BEGIN + "\nan older report\n## with a heading\n" + study.REPORT_END
+                        + AFTER).encode())
+    study.main(["study.toml", "--publish", str(target)])
+    text = target.read_bytes().decode()
+    body = expected_body(Path("out/report.md").read_text(), "results")
+    assert text == f"{BEFORE}{study.REPORT_BEGIN}\n{body}\n{study.REPORT_END}{AFTER}"
+    assert "an older report" not in text
+    assert "\n## Study `study`\n" in text and "\n### Final validation loss\n" in text  # one level down
+    assert "\n# Study" not in text.split(study.REPORT_BEGIN)[1]
+    for plot in PLOTS:  # each plot copied beside the file, the same bytes as the study's own
+        assert f"](results_{plot})" in text
+        assert Path(f"results_{plot}").read_bytes() == Path("out", plot).read_bytes()
+        assert Path(f"results_{plot}").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(p.name for p in Path(".").glob("results*")) == ["results.md"] + [f"results_{p}" for p in PLOTS]
+
+    first = target.read_bytes()
+    study.main(["study.toml", "--publish", str(target)])  # publishing again changes nothing
+    assert target.read_bytes() == first
+    for plot in PLOTS:
+        assert Path(f"results_{plot}").read_bytes() == Path("out", plot).read_bytes()
+
+
+def test_publish_to_a_missing_file_makes_it_with_the_markers(finished_copy):
+    assert not Path("new.md").exists()
+    study.main(["study.toml", "--publish", "new.md"])
+    body = expected_body(Path("out/report.md").read_text(), "new")
+    assert Path("new.md").read_text() == f"{study.REPORT_BEGIN}\n{body}\n{study.REPORT_END}\n"
+    for plot in PLOTS:
+        assert Path(f"new_{plot}").read_bytes() == Path("out", plot).read_bytes()
+
+
+@pytest.mark.parametrize("text", [
+    BEFORE + AFTER,                                                                  # no markers
+    BEFORE + study.REPORT_BEGIN + "\n" + AFTER,                                      # no end marker
+    BEFORE + study.REPORT_END + "\n" + study.REPORT_BEGIN + "\n" + AFTER,            # in the wrong order
+    BEFORE + (study.REPORT_BEGIN + "\n" + study.REPORT_END + "\n") * 2 + AFTER,      # twice
+])
+def test_a_publish_target_without_its_markers_is_refused_before_any_run(workspace, tmp_path, monkeypatch, capsys,  # noqa: F811
+                                                                        text):
+    shutil.copy(workspace / "base.toml", tmp_path / "base.toml")
+    path = study_file(tmp_path, encodings=ENCODINGS, seeds=SEEDS, evals="")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(train, "run", lambda argv: pytest.fail("train.run called before the target was checked"))
+    target = tmp_path / "doc.md"
+    target.write_text(text)
+    with pytest.raises(study.StudyError, match="must hold the lines"):
+        study.check_publish_target(str(target))
+    with pytest.raises(SystemExit) as exit_info:  # main turns the StudyError into one sentence and status 2
+        study.main([path, "--publish", str(target)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {target} must hold the lines {study.REPORT_BEGIN} and {study.REPORT_END}")
+    assert len(err.splitlines()) == 1
+    assert target.read_text() == text and not (tmp_path / "out").exists()
+    with pytest.raises(study.StudyError, match="does not exist or cannot be written"):  # a folder that is not there
+        study.check_publish_target(str(tmp_path / "no_such_folder" / "doc.md"))
