@@ -5,6 +5,7 @@ t quantile from scipy.stats.t, the markdown from the study's own report.md, the 
 import json
 import math
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -300,3 +301,24 @@ def test_a_publish_target_without_its_markers_is_refused_before_any_run(workspac
     assert target.read_text() == text and not (tmp_path / "out").exists()
     with pytest.raises(study.StudyError, match="does not exist or cannot be written"):  # a folder that is not there
         study.check_publish_target(str(tmp_path / "no_such_folder" / "doc.md"))
+
+
+@pytest.mark.xfail(strict=True, reason="study.long_context_lines links report['plots']['long_context'] (the study's "
+                   "own long_context.png) instead of the plots markdown() is given, so --publish copies the plot as "
+                   "<stem>_long_context.png but the published text links long_context.png, which is not beside it")
+def test_every_plot_the_published_report_links_is_beside_it(finished_copy):
+    """A study with a long-context evaluation: its plot too must be linked under the name publish copies it to."""
+    plan = study.load_study("study.toml")
+    report = json.loads(Path("out/report.json").read_text())
+    output = {"lengths": [32, 64], "train_context": 32, "rope_scaling": "none", "limit": 1,
+              "tasks": ["niah_single_1"], "ruler_average": {"32": 50.0, "64": 25.0},
+              "ruler_average_tasks": {"32": 1, "64": 1}, "babilong_average": {}, "babilong_average_tasks": {},
+              "scores": {"niah_single_1": {"32": {"score": 50.0}, "64": {"score": 25.0}}}}
+    report["encodings"]["rope"]["long_context"] = study.long_context_summary([output]) | {"seeds": [1]}
+    shutil.copy("out/loss_curves.png", "out/long_context.png")  # any PNG: publish copies it, whatever it shows
+    report["plots"]["long_context"] = "long_context.png"
+    study.publish(plan, report, "doc.md")
+    text = Path("doc.md").read_text()
+    links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
+    assert len(links) == 3 and "doc_long_context.png" in links
+    assert all(Path(link).is_file() for link in links), links
