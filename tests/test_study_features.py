@@ -322,3 +322,50 @@ def test_every_plot_the_published_report_links_is_beside_it(finished_copy):
     links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
     assert len(links) == 3 and "doc_long_context.png" in links
     assert all(Path(link).is_file() for link in links), links
+
+
+# ----------------------------------------------------------------------------- 5. cpu_jobs: threads per job
+
+@pytest.mark.parametrize("cores,jobs,threads", [(16, 2, 8), (16, 3, 5), (8, 1, 8), (2, 2, 1), (2, 4, 1),
+                                                (7, None, 1), (None, 1, 1)])
+def test_cpu_jobs_give_each_job_its_share_of_the_cores(workspace, tmp_path, monkeypatch, cores, jobs,  # noqa: F811
+                                                       threads):
+    """OMP_NUM_THREADS = max(1, cores // jobs) in the environment each subprocess job starts with (jobs left out:
+    one job per core), no GPU visible, the rest of the study's environment passed on."""
+    import subprocess
+    import sys
+    monkeypatch.setattr(os, "cpu_count", lambda: cores)
+    shutil.copy(workspace / "base.toml", tmp_path / "base.toml")
+    launch = '[launch]\nmode = "cpu_jobs"\n' + (f"jobs = {jobs}\n" if jobs is not None else "")
+    path = study_file(tmp_path, encodings=["rope"], seeds=[1], evals=EXTRAPOLATION, extra=launch)
+    monkeypatch.chdir(tmp_path)
+    s = study.load_study(path)
+    n_jobs = jobs if jobs is not None else (cores or 1)
+    assert threads == max(1, (cores or 1) // n_jobs)  # the documented rule, for the values listed above
+    assert s.jobs == n_jobs and study.gpu_slots(s) == [[] for _ in range(n_jobs)]
+
+    started = []
+
+    class FakePopen:  # records what the study would start, and "succeeds" at once
+        def __init__(self, command, env=None, **kwargs):
+            started.append((command, env))
+
+        def wait(self):
+            return 0
+    monkeypatch.setattr(subprocess, "Popen", FakePopen)
+    monkeypatch.setenv("OMP_NUM_THREADS", "99")  # the study's value replaces one already set
+    monkeypatch.setenv("STUDY_TEST_MARK", "kept")
+    runner, run = study.Runner(s), s.runs[0]
+    assert runner.subprocess_job("train", study.train_argv(run), run.run_dir, []) is None
+    assert runner.subprocess_job("extrapolation", run.evals["extrapolation"], run.run_dir, []) is None
+    (train_command, train_env), (eval_command, eval_env) = started
+    assert train_command == [sys.executable, str(study.REPO / "train.py"), *run.train_args]
+    assert eval_command == [sys.executable, str(study.REPO / "eval" / "extrapolation.py"), *run.evals["extrapolation"]]
+    for env in (train_env, eval_env):
+        assert env["OMP_NUM_THREADS"] == str(threads)
+        assert env["CUDA_VISIBLE_DEVICES"] == "" and env["STUDY_TEST_MARK"] == "kept"
+        assert {k: v for k, v in env.items() if k not in ("OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES")} == \
+            {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES")}
+    command, extra = study.job_command(s, "train", run.train_args, [])
+    assert extra == {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": str(threads)}
+    assert Path(run.run_dir, "study_train.log").read_text() == f"$ CUDA_VISIBLE_DEVICES= {' '.join(train_command)}\n"
