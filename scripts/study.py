@@ -1016,7 +1016,7 @@ def markdown(report: dict, plots: dict) -> str:
         for name, z in zs.items():
             lines.append(f"| {name} | " + " | ".join(
                 f"{fmt(z['tasks'][t].get('acc'), 2)} / {fmt(z['tasks'][t].get('acc_norm'), 2)}" for t in tasks) + " |")
-    lines += long_context_lines(report)
+    lines += long_context_lines(report, plots)
     lines += ["", "## Runs", "", "| encoding | seed | status | iterations | tokens | final val loss | wall-clock (h) "
               "| GPU-hours | run directory |", "|---|---:|---|---:|---:|---:|---:|---:|---|"]
     for r in report["runs"]:
@@ -1065,7 +1065,7 @@ def extrapolation_comparison_lines(report: dict) -> list[str]:
     return lines
 
 
-def long_context_lines(report: dict) -> list[str]:
+def long_context_lines(report: dict, plots: dict) -> list[str]:
     enc = {n: e["long_context"] for n, e in report["encodings"].items() if "long_context" in e}
     if not enc:
         return []
@@ -1102,8 +1102,8 @@ def long_context_lines(report: dict) -> list[str]:
     for name, lc in enc.items():
         for task, cells in lc["tasks"].items():
             lines.append(f"| {name} | {task} | " + " | ".join(fmt(cells[n], 1) for n in lengths) + " |")
-    if "long_context" in report.get("plots", {}):
-        lines += ["", f"![accuracy against context length]({report['plots']['long_context']})"]
+    if "long_context" in plots:
+        lines += ["", f"![accuracy against context length]({plots['long_context']})"]
     return lines
 
 

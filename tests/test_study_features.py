@@ -303,9 +303,6 @@ def test_a_publish_target_without_its_markers_is_refused_before_any_run(workspac
         study.check_publish_target(str(tmp_path / "no_such_folder" / "doc.md"))
 
 
-@pytest.mark.xfail(strict=True, reason="study.long_context_lines links report['plots']['long_context'] (the study's "
-                   "own long_context.png) instead of the plots markdown() is given, so --publish copies the plot as "
-                   "<stem>_long_context.png but the published text links long_context.png, which is not beside it")
 def test_every_plot_the_published_report_links_is_beside_it(finished_copy):
     """A study with a long-context evaluation: its plot too must be linked under the name publish copies it to."""
     plan = study.load_study("study.toml")
