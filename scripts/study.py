@@ -35,6 +35,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 import train  # noqa: E402
+from training.errors import STUDY_COMMAND_VARIABLE  # noqa: E402
 from training.metrics import atomic_write_text
 from config import ConfigError, resolve  # noqa: E402
 from data.shards import DataError  # noqa: E402
@@ -1207,6 +1208,10 @@ def run_study(path: str, publish_to: str | None = None) -> dict:
     print(f"[study] {study.name}: {len(study.encodings)} encodings x {len(study.seeds)} seeds = "
           f"{len(study.runs)} runs, {seeds}, launch {study.mode}, output {study.out_dir}", flush=True)
     runner = Runner(study)
+    # train.py's advice after a stop then says to run the study again (its jobs inherit the environment)
+    earlier_command = os.environ.get(STUDY_COMMAND_VARIABLE)
+    os.environ[STUDY_COMMAND_VARIABLE] = " ".join(["python", "scripts/study.py", path]
+                                                  + (["--publish", publish_to] if publish_to else []))
     try:
         runner.run_all()
     except (StudyInterrupted, KeyboardInterrupt):
@@ -1216,6 +1221,11 @@ def run_study(path: str, publish_to: str | None = None) -> dict:
         if publish_to:
             publish(study, report, publish_to)
         raise
+    finally:
+        if earlier_command is None:
+            os.environ.pop(STUDY_COMMAND_VARIABLE, None)
+        else:
+            os.environ[STUDY_COMMAND_VARIABLE] = earlier_command
     report = write_report(study, runner.status)
     failed = sum(r["status"] == "failed" for r in report["runs"])
     diverged = sum(r["status"] == "diverged" for r in report["runs"])

@@ -164,6 +164,9 @@ def test_sigterm_saves_a_checkpoint_and_resume_continues(config_file, tmp_path, 
     run_dir = tmp_path / "run"
     args = [config_file, "--max_iters=100000", "--warmup_iters=4"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env.pop("GRAPE_STUDY_COMMAND", None)
+    if stop_signal == signal.SIGINT:  # (and as a job of a study, which sets this: the advice is to rerun it)
+        env["GRAPE_STUDY_COMMAND"] = "python scripts/study.py my_study.toml"
     proc = subprocess.Popen([sys.executable, os.path.join(REPO, "train.py"), *args, f"--out_dir={run_dir}"],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     metrics = run_dir / "metrics.jsonl"
@@ -175,6 +178,10 @@ def test_sigterm_saves_a_checkpoint_and_resume_continues(config_file, tmp_path, 
     assert proc.returncode == 0, output[-3000:]
     name, reason = ("SIGTERM", "sigterm") if stop_signal == signal.SIGTERM else ("Ctrl-C", "interrupted")
     assert f"stop requested ({name}): saved" in output
+    advice = ("continue by running the study again (python scripts/study.py my_study.toml)."
+              if stop_signal == signal.SIGINT else "continue with --resume.")
+    assert f"at iteration" in output and output.split(f"stop requested ({name}): saved", 1)[1].split("\n")[0] \
+        .endswith(advice), output[-2000:]
     assert read_metrics(run_dir, "summary")[-1]["stopped"] == reason  # says which one it was
     stopped_at = torch.load(run_dir / "ckpt.pt", weights_only=True)["step"]
     assert 1 <= stopped_at < 100000
