@@ -245,7 +245,12 @@ def check_model_fits(model_cfg, cfg: TrainConfig, ddp: Distributed, use_bf16: bo
     with torch.device("meta"):
         block = Block(model_cfg)
     try:
-        block.attn.backend(ddp.device, torch.bfloat16 if use_bf16 else torch.float32)
+        compute = torch.bfloat16 if use_bf16 else torch.float32
+        if block.attn.backend(ddp.device, compute) == "path_integral":
+            # GRAPE-AP chooses its kernels per call: asked here, so that its probe runs before the start-up line
+            # (which says what it found) and not inside the first, perhaps compiled, forward pass
+            from kernels.grape_ap import auto_backend
+            auto_backend(ddp.device, compute, model_cfg.block_size, model_cfg.head_dim)
     except ValueError as error:
         raise ConfigError(f"model.attn_backend = {model_cfg.attn_backend!r}: {error}.") from None
     free_gb = free_memory_gb(ddp.device)

@@ -771,7 +771,7 @@ class ScaleGradient(torch.autograd.Function):
 
 
 @pytest.mark.parametrize("wrong, what", [
-    (lambda out: out * 1.03, "output"),  # 3%: a lost bias term or a wrong scale is larger
+    (lambda out: out * 1.02, "output"),  # 2%: a lost bias term or a wrong scale is larger
     (lambda out: torch.cat([out[:, :, :1] * 0, out[:, :, 1:]], dim=2), "output"),  # one row lost (a mask's edge)
     (lambda out: ScaleGradient.apply(out, 1.05), "gradient"),
     (lambda out: out + float("nan") * (out[..., :1, :1] > 1e9), "non-finite"),  # a NaN only where no value is big
