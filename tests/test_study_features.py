@@ -534,10 +534,11 @@ def test_a_stopped_study_reports_and_publishes_what_finished(workspace, tmp_path
 @pytest.mark.parametrize("jobs,encodings", [(2, ["rope", "alibi"]), (3, ["rope", "alibi", "fox"])])
 def test_cpu_jobs_run_at_most_jobs_runs_at_once(workspace, tmp_path, monkeypatch, jobs, encodings):  # noqa: F811
     """A study of 2 x jobs runs whose training subprocess is faked: each waits until `jobs` of them are running
-    (a barrier: it breaks, and the study fails, if fewer ever run side by side) and counts how many run at once
-    (never more than jobs). Each fake job writes what train.py leaves, so every run ends done."""
+    (a barrier: it breaks, and the study fails, if fewer ever run side by side), then half a second more, and counts
+    how many run at once (never more than jobs). Each fake job writes what train.py leaves, so every run ends done."""
     import subprocess
     import threading
+    import time
     monkeypatch.setattr(os, "cpu_count", lambda: 8)
     shutil.copy(workspace / "base.toml", tmp_path / "base.toml")
     path = study_file(tmp_path, encodings=encodings, seeds=SEEDS, evals="",
@@ -560,6 +561,7 @@ def test_cpu_jobs_run_at_most_jobs_runs_at_once(workspace, tmp_path, monkeypatch
                 most[0] = max(most[0], running[0])
             try:
                 together.wait()
+                time.sleep(0.5)  # time for a run beyond `jobs`, if the study started one, to be counted
                 loss = 3.0 + len(self.out_dir) / 100
                 lines = [{"type": "train", "iter": final_iter, "tokens": tokens, "loss": loss},
                          {"type": "val", "iter": final_iter, "tokens": tokens, "val_loss": loss},
