@@ -1,5 +1,6 @@
-"""scripts/study.py features beyond tests/test_study.py: the seed-major run order, diverged runs, the finding rule,
---publish, and the cpu_jobs threads per job. Each expectation is computed here independently of study.py (the
+"""scripts/study.py features beyond tests/test_study.py: the seed-major run order, diverged runs, the finding rule
+(in the report too), the rise of the loss past L, --publish, the report of a stopped study, and cpu_jobs (threads
+per job, jobs side by side). Each expectation is computed here independently of study.py (the
 t quantile from scipy.stats.t, the markdown from the study's own report.md, the thread count from the core count).
 """
 import json
@@ -213,6 +214,163 @@ def test_three_seeds_whose_interval_contains_0_are_not_resolved():
     assert one["interval"] is None and one["std"] is None and one["finding"] is False
 
 
+# ----------------------------------------------------------------------------- 3b. the rise, and the rule in the report
+
+# Per (encoding, seed): the final validation loss, the loss at L, and the rise at 2L and 4L the fake extrapolation
+# files hold. alibi is lower than rope over 3 seeds (a finding); fox is higher over 2 seeds (its seed 3 diverges):
+# its interval excludes 0 too, but two seeds are never a finding.
+RISE_SEEDS = [1, 2, 3]
+FAKE = {
+    "rope": {1: (3.000, 3.20, 0.50, 1.00), 2: (3.100, 3.30, 0.55, 1.20), 3: (2.950, 3.15, 0.60, 0.90)},
+    "alibi": {1: (2.900, 3.22, 0.05, 0.10), 2: (2.999, 3.28, 0.07, 0.12), 3: (2.847, 3.17, 0.06, 0.11)},
+    "fox": {1: (3.200, 3.25, 0.30, 0.60), 2: (3.301, 3.31, 0.31, 0.62)},
+}
+RISE_EVAL = "\n[eval.extrapolation]\nfactors = [1, 2, 4]\nwindows = 1\npasskey_trials = 0\n"
+
+
+def fake_training_and_extrapolation(monkeypatch, final_iter, tokens):
+    """train.run writes what train.py leaves after a finished run (ckpt.pt, metrics.jsonl with the final validation
+    loss and the summary), with FAKE's loss (fox seed 3 diverges); extrapolation.main writes an
+    eval/extrapolation.json with FAKE's losses at L, 2L and 4L (L = 32). The outputs that train nothing."""
+    from eval import extrapolation
+    trained, evaluated = [], []
+
+    def fake_run(argv):
+        pos, seed, out_dir = flag(argv, "pos"), int(flag(argv, "seed")), flag(argv, "out_dir")
+        trained.append((pos, seed))
+        if (pos, seed) == ("fox", 3):
+            raise train.TrainError(DIVERGED)
+        loss = FAKE[pos][seed][0]
+        os.makedirs(out_dir, exist_ok=True)
+        Path(out_dir, "ckpt.pt").write_bytes(b"a checkpoint")
+        lines = [{"type": "train", "iter": final_iter, "tokens": tokens, "loss": loss + 0.05},
+                 {"type": "val", "iter": final_iter, "tokens": tokens, "val_loss": loss},
+                 {"type": "summary", "iter": final_iter, "stopped": "done"}]
+        Path(out_dir, "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+        return {"stopped": "done", "step": final_iter}
+
+    def fake_extrapolation(argv):
+        run_dir, out = argv[argv.index("--ckpt") + 1], argv[argv.index("--out") + 1]
+        pos, seed = Path(run_dir).parent.name, int(Path(run_dir).name.removeprefix("seed"))
+        evaluated.append((pos, seed))
+        _, at_l, rise2, rise4 = FAKE[pos][seed]
+        contexts = {}
+        for factor, beyond in ((1, None), (2, at_l + rise2), (4, at_l + rise4)):
+            curve = [at_l] * 2 + [beyond if beyond is not None else at_l] * 2
+            contexts[str(32 * factor)] = {
+                "nonoverlapping": {"mean": at_l if beyond is None else (at_l + beyond) / 2, "windows": 4 // factor,
+                                   "mean_beyond_train_context": beyond, "binned_positions": [4, 12, 20, 28],
+                                   "binned_loss": curve},
+                "sliding": {"mean": at_l - 0.01, "stride": 16, "min_context": 17, "tokens_scored": 100}}
+        result = {"run": run_dir, "name": f"seed{seed}", "encoding": pos, "train_context": 32, "step": final_iter,
+                  "val_tokens": 129, "contexts": contexts, "elapsed_s": {}}
+        os.makedirs(out, exist_ok=True)
+        Path(out, "extrapolation.json").write_text(json.dumps([result]))
+        return [result]
+    monkeypatch.setattr(train, "run", fake_run)
+    monkeypatch.setattr(extrapolation, "main", fake_extrapolation)
+    return trained, evaluated
+
+
+def cell(values, digits=3):
+    """The report's cell for a mean over seeds, written out here: mean [lo, hi] with * where it is a finding."""
+    mean, _, (lo, hi) = t_interval(values)
+    finding = (lo > 0 or hi < 0) and len(values) >= 3
+    return f"{mean:+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}]" + ("*" if finding else "")
+
+
+def table_row(markdown, first_cell, after):
+    """The cells of the first table row after the text `after` whose first cell is first_cell."""
+    for line in markdown.split(after, 1)[1].splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and cells[0] == first_cell:
+            return cells[1:]
+    raise AssertionError(f"no row {first_cell!r} after {after!r}")
+
+
+def test_the_rise_past_L_and_the_finding_rule_in_the_report(workspace, tmp_path, monkeypatch, capsys):  # noqa: F811
+    shutil.copy(workspace / "base.toml", tmp_path / "base.toml")
+    path = study_file(tmp_path, encodings=list(FAKE), seeds=RISE_SEEDS, evals=RISE_EVAL)
+    monkeypatch.chdir(tmp_path)
+    plan = study.load_study(path)
+    trained, evaluated = fake_training_and_extrapolation(monkeypatch, plan.runs[0].final_iter, plan.runs[0].tokens)
+    report = study.main([path])  # returns: fox's diverged seed 3 does not make the study exit 1
+    assert [(r.encoding, r.seed) for r in plan.runs] == trained  # every run was tried, none really trained
+    assert sorted(evaluated) == sorted((e, s) for e in FAKE for s in FAKE[e])
+    assert json.loads(Path("out/report.json").read_text()) == json.loads(json.dumps(report))
+    markdown = Path("out/report.md").read_text()
+    files = {e: {s: json.loads(Path("out", e, f"seed{s}", "eval", "extrapolation.json").read_text())[0]
+                 for s in FAKE[e]} for e in FAKE}
+
+    def loss_at(encoding, seed, factor):
+        loss = files[encoding][seed]["contexts"][str(32 * factor)]["nonoverlapping"]
+        return loss["mean"] if factor == 1 else loss["mean_beyond_train_context"]
+
+    after_rise = "the rise of the loss beyond L over the loss at L"
+    after_difference = "The loss beyond L minus rope's (paired by seed):"
+    for encoding, seeds in FAKE.items():
+        seeds = sorted(seeds)
+        by_seed = report["encodings"][encoding]["extrapolation"]["by_seed"]
+        assert by_seed["seeds"] == seeds
+        at_l = [loss_at(encoding, s, 1) for s in seeds]
+        mean, sd, (lo, hi) = t_interval(at_l)
+        assert by_seed["at_L"]["values"] == at_l and by_seed["at_L"]["mean"] == pytest.approx(mean, rel=1e-12)
+        cells = table_row(markdown, encoding, after_rise)
+        assert cells[0] == f"{mean:.3f} ± {sd:.3f}"
+        for i, factor in enumerate((2, 4)):
+            rise = [loss_at(encoding, s, factor) - loss_at(encoding, s, 1) for s in seeds]
+            assert rise == pytest.approx([FAKE[encoding][s][1 + factor // 2] for s in seeds], abs=1e-12)
+            got = by_seed["rise"][str(factor)]
+            mean, sd, (lo, hi) = t_interval(rise)
+            assert got["values"] == pytest.approx(rise, abs=1e-15) and got["n"] == len(seeds)
+            assert got["mean"] == pytest.approx(mean, rel=1e-12) and got["std"] == pytest.approx(sd, rel=1e-9)
+            assert got["interval"] == pytest.approx([lo, hi], rel=1e-9)
+            assert lo > 0  # every rise here is clearly positive: a finding only over 3 seeds
+            assert got["exceeds_seed_spread"] is True and got["finding"] is (len(seeds) >= 3)
+            assert cells[1 + i] == cell(rise) and cells[1 + i].endswith("*") is (len(seeds) >= 3)
+
+            paired = [loss_at(encoding, s, factor) - loss_at("rope", s, factor) for s in seeds]
+            got = by_seed["beyond_minus_reference"][str(factor)]
+            assert got["seeds"] == seeds and got["values"] == pytest.approx(paired, abs=1e-15)
+            if encoding != "rope":
+                mean, sd, (lo, hi) = t_interval(paired)
+                assert got["mean"] == pytest.approx(mean, rel=1e-12) and got["std"] == pytest.approx(sd, rel=1e-9)
+                assert got["interval"] == pytest.approx([lo, hi], rel=1e-9)
+                assert table_row(markdown, f"{encoding} − rope", after_difference)[i] == cell(paired)
+    differences = {e: report["encodings"][e]["extrapolation"]["by_seed"]["beyond_minus_reference"] for e in FAKE}
+    assert differences["alibi"]["2"]["finding"] is True and differences["alibi"]["2"]["interval"][1] < 0
+    assert differences["fox"]["2"]["finding"] is False  # 2 seeds
+
+    # The final-loss table and sentences: alibi's interval over 3 seeds excludes 0 (a finding, "lower"); fox's
+    # over 2 seeds does too, but it is "not resolved".
+    table = loss_table(markdown)
+    sentences = {line.split(" ", 2)[1]: line for line in markdown.splitlines() if line.startswith("- ")
+                 and " − rope = " in line}
+    for encoding, word, n in (("alibi", "lower", 3), ("fox", "not resolved", 2)):
+        seeds = sorted(FAKE[encoding])
+        diff = [FAKE[encoding][s][0] - FAKE["rope"][s][0] for s in seeds]
+        mean, sd, (lo, hi) = t_interval(diff)
+        assert lo > 0 or hi < 0  # both intervals exclude 0
+        got = report["encodings"][encoding]["difference_to_reference"]
+        assert got["seeds"] == seeds and got["interval"] == pytest.approx([lo, hi], rel=1e-9)
+        assert got["exceeds_seed_spread"] is True and got["finding"] is (n >= 3)
+        row = table[encoding]
+        assert row["seeds"] == str(n) and row["finding"] == word
+        assert row["95% t-interval"] == f"[{lo:+.4f}, {hi:+.4f}]"
+        assert row["− rope (paired)"] == f"{mean:.4f} ± {sd:.4f}"
+        sentence = sentences[encoding]
+        assert f"= {mean:+.4f} ± {sd:.4f} (mean ± sample std) over {n} paired seed(s)" in sentence
+        if n >= 3:
+            assert (f"the 95% t-interval [{lo:+.4f}, {hi:+.4f}] excludes 0: alibi is lower than rope at this "
+                    "budget.") in sentence and "not resolved" not in sentence
+        else:
+            assert "not resolved at this budget" in sentence and "excludes 0:" not in sentence
+    assert table["fox"]["diverged"] == "1" and table["alibi"]["diverged"] == table["rope"]["diverged"] == "0"
+    assert report["encodings"]["fox"]["diverged_seeds"] == [3]
+    assert "[study] FAILED" not in capsys.readouterr().out
+    assert Path("out/loss_vs_position.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 # ----------------------------------------------------------------------------- 4. --publish
 
 BEFORE = "# CPU results\n\nWhat was found, in words: kept as it is.\n\n"
@@ -321,7 +479,106 @@ def test_every_plot_the_published_report_links_is_beside_it(finished_copy):
     assert all(Path(link).is_file() for link in links), links
 
 
+# ----------------------------------------------------------------------------- 4b. a stopped study's report
+
+def test_a_stopped_study_reports_and_publishes_what_finished(workspace, tmp_path, monkeypatch, capsys):  # noqa: F811
+    """train.py returns {"stopped": "sigterm"} (it saved a checkpoint on SIGTERM) for the second run: the study
+    stops with status 130, and report.json, report.md and the published file hold the first run as done, the
+    second as interrupted and the two never started as not run."""
+    shutil.copy(workspace / "base.toml", tmp_path / "base.toml")
+    path = study_file(tmp_path, encodings=ENCODINGS, seeds=SEEDS, evals="")
+    monkeypatch.chdir(tmp_path)
+    real_run, started = train.run, []
+
+    def second_run_stopped(argv):
+        started.append((flag(argv, "pos"), int(flag(argv, "seed"))))
+        if len(started) == 2:
+            return {"stopped": "sigterm", "step": 2}
+        return real_run(argv)
+    monkeypatch.setattr(train, "run", second_run_stopped)
+    target = Path("doc.md")
+    target.write_text(BEFORE + study.REPORT_BEGIN + "\n" + study.REPORT_END + AFTER)
+    with pytest.raises(SystemExit) as exit_info:
+        study.main([path, "--publish", str(target)])
+    assert exit_info.value.code == 130
+    assert started == [("rope", 1), ("alibi", 1)]  # nothing starts after the stop
+    out, err = capsys.readouterr()
+    assert err.strip().startswith("stopped:") and "run the same command again" in err
+    assert f"[study] wrote {os.path.join('out', 'report.md')} with the runs finished so far" in out
+
+    report = json.loads(Path("out/report.json").read_text())
+    statuses = {(r["encoding"], r["seed"]): r["status"] for r in report["runs"]}
+    assert statuses == {("rope", 1): "done", ("alibi", 1): "interrupted", ("rope", 2): "not run",
+                        ("alibi", 2): "not run"}
+    rows = {(r["encoding"], r["seed"]): r for r in report["runs"]}
+    loss = records("out/rope/seed1", "val")[-1]["val_loss"]
+    assert rows["rope", 1]["final_val_loss"] == loss and rows["rope", 1]["finished"]
+    assert all(rows[key]["final_val_loss"] is None for key in rows if key != ("rope", 1))
+    rope, alibi = report["encodings"]["rope"], report["encodings"]["alibi"]
+    assert rope["final_val_loss"]["values"] == [loss] and rope["final_val_loss"]["seeds"] == [1]
+    assert alibi["final_val_loss"]["n"] == 0 and alibi["difference_to_reference"]["n"] == 0
+    markdown = Path("out/report.md").read_text()
+    assert f"| rope | 1 | done | 6 | 768 | {loss:.4f} |" in markdown
+    assert "| alibi | 1 | interrupted | 0 | 0 | – |" in markdown
+    assert "| alibi | 2 | not run | 0 | 0 | – |" in markdown and "| rope | 2 | not run | 0 | 0 | – |" in markdown
+    assert report["plots"] == {"loss_curves": "loss_curves.png"}
+
+    # The published file: that same partial report, between the markers, the text around them kept.
+    assert target.read_text() == f"{BEFORE}{study.REPORT_BEGIN}\n{expected_body(markdown, 'doc')}\n" \
+                                 f"{study.REPORT_END}{AFTER}"
+    assert Path("doc_loss_curves.png").read_bytes() == Path("out/loss_curves.png").read_bytes()
+
+
 # ----------------------------------------------------------------------------- 5. cpu_jobs: threads per job
+
+@pytest.mark.parametrize("jobs,encodings", [(2, ["rope", "alibi"]), (3, ["rope", "alibi", "fox"])])
+def test_cpu_jobs_run_at_most_jobs_runs_at_once(workspace, tmp_path, monkeypatch, jobs, encodings):  # noqa: F811
+    """A study of 2 x jobs runs whose training subprocess is faked: each waits until `jobs` of them are running
+    (a barrier: it breaks, and the study fails, if fewer ever run side by side), then half a second more, and counts
+    how many run at once (never more than jobs). Each fake job writes what train.py leaves, so every run ends done."""
+    import subprocess
+    import threading
+    import time
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    shutil.copy(workspace / "base.toml", tmp_path / "base.toml")
+    path = study_file(tmp_path, encodings=encodings, seeds=SEEDS, evals="",
+                      extra=f'[launch]\nmode = "cpu_jobs"\njobs = {jobs}\n')
+    monkeypatch.chdir(tmp_path)
+    plan = study.load_study(path)
+    final_iter, tokens = plan.runs[0].final_iter, plan.runs[0].tokens
+    lock, running, most, started = threading.Lock(), [0], [0], []
+    together = threading.Barrier(jobs, timeout=20)
+
+    class FakeTrainPopen:
+        def __init__(self, command, env=None, **kwargs):
+            self.out_dir = next(a for a in command if a.startswith("--out_dir=")).split("=", 1)[1]
+            with lock:
+                started.append((self.out_dir, env["OMP_NUM_THREADS"], env["CUDA_VISIBLE_DEVICES"]))
+
+        def wait(self):
+            with lock:
+                running[0] += 1
+                most[0] = max(most[0], running[0])
+            try:
+                together.wait()
+                time.sleep(0.5)  # time for a run beyond `jobs`, if the study started one, to be counted
+                loss = 3.0 + len(self.out_dir) / 100
+                lines = [{"type": "train", "iter": final_iter, "tokens": tokens, "loss": loss},
+                         {"type": "val", "iter": final_iter, "tokens": tokens, "val_loss": loss},
+                         {"type": "summary", "iter": final_iter, "stopped": "done"}]
+                Path(self.out_dir, "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+                Path(self.out_dir, "ckpt.pt").write_bytes(b"a checkpoint")
+            finally:
+                with lock:
+                    running[0] -= 1
+            return 0
+    monkeypatch.setattr(subprocess, "Popen", FakeTrainPopen)
+    report = study.main([path])
+    assert most[0] == jobs
+    assert sorted(started) == sorted((run.run_dir, str(8 // jobs), "") for run in plan.runs)
+    assert all(r["status"] == "done" for r in report["runs"]) and len(report["runs"]) == 2 * jobs
+
+
 
 @pytest.mark.parametrize("cores,jobs,threads", [(16, 2, 8), (16, 3, 5), (8, 1, 8), (2, 2, 1), (2, 4, 1),
                                                 (7, None, 1), (None, 1, 1)])
