@@ -155,6 +155,7 @@ def test_plan_windows_scores_every_target_once_with_enough_context():
         scored = []
         for start, end, k in plan_windows(n, first, window, stride):
             assert 0 <= start < end and end - start <= window and 1 <= k <= end - start
+            assert end - start == min(window, end)  # every window as full as the tokens before it allow
             targets = list(range(end - k + 1, end + 1))
             for t in targets:
                 context = t - start  # tokens seq[start:t] precede target t in this window

@@ -699,3 +699,11 @@ def test_a_length_at_which_no_task_gets_a_score_ends_with_an_error_line_and_a_fa
     assert captured.err.strip().splitlines()[-1] == (
         f"error: cannot write the report to {tmp_path / 'other'} (No space left on device), so the scores so far are "
         "printed above instead; free space or choose another --out, then run again")
+
+
+def test_a_length_equal_to_a_tasks_answer_leaves_no_room_and_one_more_token_does():
+    """The prompt needs at least one token beside the answer lm-eval generates."""
+    for task, answer in long_context.ANSWER_TOKENS.items():
+        assert long_context.shorter_than_answer(task, answer) is not None
+        assert f"{answer} answer" in long_context.shorter_than_answer(task, answer)
+        assert long_context.shorter_than_answer(task, answer + 1) is None

@@ -105,6 +105,10 @@ def test_paired_difference_and_its_interval(pairs, only_reference):
     assert f"{mean:+.4f}" in text and f"over {len(seeds)} paired seed(s)" in text
     assert ("excludes 0:" in text) == d["finding"]
     assert ("not resolved at this budget" in text) == (not d["finding"])
+    if len(seeds) < study.MIN_SEEDS_FOR_A_FINDING:  # whatever the interval: the sentence names the seeds needed
+        assert f"at least {study.MIN_SEEDS_FOR_A_FINDING} seeds" in text and "contains 0" not in text
+    else:
+        assert ("contains 0" in text) == (not d["finding"])
 
 
 @given(mean=st.one_of(st.none(), finite), std=st.one_of(st.none(), st.floats(0, 10)), digits=st.integers(0, 6))
