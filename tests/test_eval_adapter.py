@@ -153,7 +153,10 @@ def test_plan_windows_scores_every_target_once_with_enough_context():
         n = rng.randint(1, 80)
         first = rng.randint(1, max(1, n))
         scored = []
-        for start, end, k in plan_windows(n, first, window, stride):
+        windows = plan_windows(n, first, window, stride)
+        if windows and n > window and first <= window:  # the first window is filled: all window tokens read
+            assert windows[0][1] - windows[0][0] == window, (n, first, window, stride, windows[0])
+        for start, end, k in windows:
             assert 0 <= start < end and end - start <= window and 1 <= k <= end - start
             assert end - start == min(window, end)  # every window as full as the tokens before it allow
             targets = list(range(end - k + 1, end + 1))
