@@ -30,7 +30,7 @@ import signal
 import sys
 import time
 
-from training.errors import LostProcess, TrainError, exit_interrupted
+from training.errors import LostProcess, TrainError, exit_interrupted, how_to_continue
 
 if __name__ == "__main__":  # a Ctrl-C while torch and the rest import (seconds) ends as a later one does
     signal.signal(signal.SIGINT, exit_interrupted)
@@ -541,7 +541,7 @@ def train(args: Arguments, model_cfg, cfg: TrainConfig, ckpt: dict | None, chang
                 stopped = stops.reason or "sigterm"  # (asked on another process: a scheduler's SIGTERM)
                 save(step)
                 ddp.say(f"stop requested ({'Ctrl-C' if stopped == 'interrupted' else 'SIGTERM'}): saved "
-                        f"{checkpointer.path} at iteration {step}; continue with --resume.")
+                        f"{checkpointer.path} at iteration {step}; {how_to_continue()}.")
             elif not losses:
                 ddp.say(f"{checkpointer.path} is already at iteration {step} (this run ends at {end_iter}); "
                         "nothing to do.")
@@ -586,7 +586,7 @@ def main() -> None:
         # Every rank says it: the main process may be the one that died or froze.
         print(f"error: process {rank} stopped: a collective operation with the other processes failed ({first_line}); "
               "another process died or stopped responding (waits end after train.dist_timeout_s). The last "
-              "checkpoint is intact: fix the cause and continue with --resume.", file=sys.stderr, flush=True)
+              f"checkpoint is intact: fix the cause and {how_to_continue()}.", file=sys.stderr, flush=True)
         sys.exit(1)  # without destroy_process_group, which could wait on the dead process
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
