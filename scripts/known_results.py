@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 import tempfile
 from pathlib import Path
@@ -88,7 +89,10 @@ def main(argv=None) -> int:
         Path(path).write_text(STUDY_FILE.format(base=REPO / "configs" / "base" / "cpu.toml",
                                                 out_dir=os.path.abspath(args.out), iterations=ITERATIONS))
         try:
-            report = study.run_study(path)
+            # its own command in train.py's advice after a stop: the study file is a temporary one
+            given = sys.argv[1:] if argv is None else argv
+            rerun = shlex.join(["python", os.path.relpath(Path(__file__).resolve()), *given])
+            report = study.run_study(path, command=rerun)
         except study.StudyError as error:
             print(f"error: {error}", file=sys.stderr)
             return 2
