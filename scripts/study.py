@@ -201,7 +201,7 @@ def config_mistakes(base: str, values: list[tuple[str, str]], tail: list[str], e
     chosen, grew = set(), True
     while grew:
         grew = False
-        for i in set(range(len(values))) - chosen:
+        for i in sorted(set(range(len(values))) - chosen):
             with contextlib.suppress(ConfigError):
                 attempt(chosen | {i})
                 chosen.add(i)
@@ -239,7 +239,8 @@ def load_study(path: str) -> Study:
         errors.append(f"{path} {key}: {message}")
 
     for key in sorted(set(raw) - STUDY_KEYS):
-        wrong(key, f"unknown entry; {closest_hint(key, STUDY_KEYS)} (a study file has {', '.join(sorted(STUDY_KEYS))}).")
+        wrong(key, f"unknown entry; {closest_hint(key, STUDY_KEYS)} (a study file has "
+                   f"{', '.join(sorted(STUDY_KEYS))}).")
     name = raw.get("name", Path(path).stem)
     if not isinstance(name, str) or not name:
         wrong("name", f"must be a name such as \"my_study\", not {name!r}.")
@@ -298,7 +299,8 @@ def load_study(path: str) -> Study:
     if not isinstance(overrides_table, dict):
         wrong("[overrides]", "must be a table of [model] or [train] keys, e.g. max_iters = 5000.")
         overrides_table = {}
-    overrides = [arg for key, value in overrides_table.items() for arg in as_cli(key, value)]
+    override_values = [(f"[overrides] {key}", arg) for key, value in overrides_table.items()
+                       for arg in as_cli(key, value)]
     out_dir = raw.get("out_dir", os.path.join("runs", name))
     if not isinstance(out_dir, str) or not out_dir:
         wrong("out_dir", f"must be a directory such as \"runs/my_study\", not {out_dir!r}.")
@@ -346,7 +348,7 @@ def load_study(path: str) -> Study:
                          "from training itself).")
             continue
         if not isinstance(options, dict):
-            wrong(table, f"must be a table of options of eval/{eval_name}.py, e.g. {table} then limit = 100.")
+            wrong(table, f"must be a table of options of eval/{eval_name}.py (its --help), _ for -.")
             continue
         by_key = {key: as_cli(key, value, dash="-", bool_flags=True) for key, value in options.items()}
         placeholder = ["--ckpt", "RUN_DIR", "--out", "RUN_DIR/eval"]  # (the parsers do not look at the paths)
@@ -370,14 +372,15 @@ def load_study(path: str) -> Study:
             if encoding not in checked or any(encoding in held for held in mistakes.values()):
                 continue  # a mistake of another seed's run of it is this one's too: said once
             pos, kv_shift = split_encoding(plain_encoding)
-            values = [(f"[overrides] {key}", arg) for key, value in overrides_table.items() for arg in as_cli(key, value)]
-            values += [(f"[variants] {variant}.{key}", arg) for key, value in variants.get(variant, {}).items()
-                       for arg in as_cli(key, value)]
+            variant_values = variants.get(variant, {}).items()
+            values = override_values + [(f"[variants] {variant}.{key}", arg) for key, value in variant_values
+                                        for arg in as_cli(key, value)]
             run_dir = os.path.join(out_dir, encoding, f"seed{seed}")
             tail = [f"--pos={pos}", f"--kv_shift={str(kv_shift).lower()}", f"--seed={seed}", f"--out_dir={run_dir}"]
             configs, found = config_mistakes(base, values, tail, plain_encoding)
             if configs and configs[1].eval_interval == 0:
-                setting = [key for key, arg in values if arg.split("=")[0] in ("--eval_interval", "--train.eval_interval")]
+                setting = [key for key, arg in values
+                           if arg.split("=")[0] in ("--eval_interval", "--train.eval_interval")]
                 found = [((setting or ["base"])[-1], "eval_interval is 0, so no run would report its final validation "
                                                      "loss; set eval_interval in [overrides].")]
             for mistake in found:
@@ -397,7 +400,7 @@ def load_study(path: str) -> Study:
     if errors:
         raise StudyError(errors)
     return Study(name, os.path.abspath(path), base, out_dir, [label for label, _, _ in labels], list(seeds),
-                 reference, overrides,
+                 reference, [arg for _, arg in override_values],
                  mode, gpus, gpus_per_run, runs, "seeds" not in raw, jobs if mode == "cpu_jobs" else 1)
 
 
