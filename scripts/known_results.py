@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
 import sys
 import tempfile
 from pathlib import Path
@@ -90,8 +89,7 @@ def main(argv=None) -> int:
                                                 out_dir=os.path.abspath(args.out), iterations=ITERATIONS))
         try:
             # its own command in train.py's advice after a stop: the study file is a temporary one
-            given = sys.argv[1:] if argv is None else argv
-            rerun = shlex.join(["python", os.path.relpath(Path(__file__).resolve()), *given])
+            rerun = study.rerun_command(Path(__file__).resolve(), sys.argv[1:] if argv is None else argv)
             report = study.run_study(path, command=rerun)
         except study.StudyError as error:
             print(f"error: {error}", file=sys.stderr)

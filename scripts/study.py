@@ -1335,10 +1335,11 @@ def publish(study: Study, report: dict, target: str) -> None:
     print(f"[study] wrote the report into {target} and its plots beside it", flush=True)
 
 
-def rerun_command(path: str, publish_to: str | None) -> str:
-    """The command that runs the study again, from the directory it runs in (its out_dir may be relative to it)."""
-    script = os.path.relpath(REPO / "scripts" / "study.py")
-    return shlex.join(["python", script, path] + (["--publish", publish_to] if publish_to else []))
+def rerun_command(script: Path, args: list[str]) -> str:
+    """The command line that runs `script` with `args` again, from the directory it runs in (a study's out_dir may be
+    relative to it): the script's path relative to it when below it, else absolute."""
+    shown = os.path.relpath(script) if script.is_relative_to(Path.cwd().resolve()) else str(script)
+    return shlex.join(["python", shown, *args])
 
 
 @contextlib.contextmanager
@@ -1368,7 +1369,8 @@ def run_study(path: str, publish_to: str | None = None, command: str | None = No
           f"{len(study.runs)} runs, {seeds}, launch {study.mode}, output {study.out_dir}", flush=True)
     runner = Runner(study)
     try:
-        with advice_names(command or rerun_command(path, publish_to)):
+        rerun = [path] + (["--publish", publish_to] if publish_to else [])
+        with advice_names(command or rerun_command(REPO / "scripts" / "study.py", rerun)):
             runner.run_all()
     except (StudyInterrupted, KeyboardInterrupt):
         # What finished is reported (a time-limited study, gpu_study.sh, ends this way); the rest continues later.
