@@ -687,13 +687,13 @@ def test_every_mistake_of_a_study_file_is_in_one_error_before_any_run(workspace,
     assert exit_info.value.code == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert lines[0] == "error: 3 mistakes in the study file; nothing was trained:"
-    said = sorted(line.strip() for line in lines[1:])
+    said = sorted(line.strip() for line in lines[1:])  # ([ sorts before e)
     assert len(said) == 3 and all(line.startswith(f"{path} ") for line in said)
-    assert said[0].startswith(f'{path} encodings "fxo": unknown positional encoding \'fxo\'')
-    assert said[0].endswith("did you mean 'fox'?")
-    assert said[1] == (f"{path} [eval.extrapolation] windowz: unrecognized arguments: --windowz=2; the keys are the "
+    assert said[0] == (f"{path} [eval.extrapolation] windowz: unrecognized arguments: --windowz=2; the keys are the "
                        "options of eval/extrapolation.py with _ for -, e.g. passkey_trials = 4.")
-    assert said[2].startswith(f"{path} [overrides] warmup_iters: warmup_iters (-5) must be between 0 and max_iters")
+    assert said[1].startswith(f"{path} [overrides] warmup_iters: warmup_iters (-5) must be between 0 and max_iters")
+    assert said[2].startswith(f'{path} encodings "fxo": unknown positional encoding \'fxo\'')
+    assert said[2].endswith("did you mean 'fox'?")
     assert not Path("out").exists()
 
 
