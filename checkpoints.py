@@ -24,6 +24,8 @@ import zipfile
 
 import torch
 
+from training.errors import how_to_continue
+
 CHECKSUM_KEY = "checksum"
 SHARDS_DIR = "ckpt.shards"  # beside ckpt.pt: the sharded checkpoints' directories (the one ckpt.pt names is live)
 SHARDED_KEYS = ("model", "optimizer")  # what a sharded checkpoint keeps in its shards
@@ -83,12 +85,16 @@ def save(path: str, state: dict) -> None:
         raise CheckpointError(write_failure_sentence(f"checkpoint {path}", cause, directory, previous)) from None
 
 
+def again() -> str:
+    """What to do once the cause of a failed write is fixed: run train.py again, or the study the run belongs to."""
+    return how_to_continue("run again (with --resume if a checkpoint exists)")
+
+
 def write_failure_sentence(what: str, error: OSError | None, directory: str, previous: str) -> str:
     """The one sentence of a checkpoint write that failed with the system's `error` (None: not known): `what` could
     not be written and why, `previous` (what is still on disk), and what to do."""
     reason, remedy = _write_failure(error, directory)
-    return (f"could not write {what}: {reason}; {previous}. {remedy}, then run again (with --resume if a checkpoint "
-            "exists).")
+    return f"could not write {what}: {reason}; {previous}. {remedy}, then {again()}."
 
 
 class _RecordingWriter:

@@ -521,11 +521,12 @@ def missing_config(path: str, resume: bool) -> ConfigError:
         f"did you mean {os.path.join(folder, close[0])}?" if close else "pick one of the files under configs/."))
 
 
-def resolve(config_path: str, overrides: list[str], model_config_cls, resume: bool = False
-            ) -> tuple[object, TrainConfig]:
+def resolve(config_path: str, overrides: list[str], model_config_cls, resume: bool = False,
+            overrides_from: str | None = None) -> tuple[object, TrainConfig]:
     """Config file (or a run directory, or its config.json: that run's own settings) + overrides ->
     (model config object, TrainConfig), all keys checked and typed. `resume`: the path is to be resumed, so one
-    that does not exist is answered as a missing run directory."""
+    that does not exist is answered as a missing run directory. `overrides_from`: where the overrides were written,
+    for the messages that blame them (None: the command line; a study says its file)."""
     if not os.path.exists(config_path):
         raise missing_config(config_path, resume)
     from_run = os.path.isdir(config_path) or config_path.endswith(".json")
@@ -570,7 +571,8 @@ def resolve(config_path: str, overrides: list[str], model_config_cls, resume: bo
             try:
                 model_config_cls.from_dict({k: convert("model", k, v, model_kinds[k])
                                             for k, v in file_model_values.items()})
-                where = "given on the command line (" + " ".join(f"--{k}={v}" for k, v in cli["model"].items()) + ")"
+                where = f"given {overrides_from}" if overrides_from else \
+                    "given on the command line (" + " ".join(f"--{k}={v}" for k, v in cli["model"].items()) + ")"
             except (ValueError, TypeError):
                 pass
         raise ConfigError(f"model config {where}: {e}") from None

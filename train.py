@@ -30,7 +30,7 @@ import signal
 import sys
 import time
 
-from training.errors import LostProcess, TrainError, continue_advice, exit_interrupted
+from training.errors import LostProcess, TrainError, exit_interrupted, how_to_continue
 
 if __name__ == "__main__":  # a Ctrl-C while torch and the rest import (seconds) ends as a later one does
     signal.signal(signal.SIGINT, exit_interrupted)
@@ -245,12 +245,7 @@ def check_model_fits(model_cfg, cfg: TrainConfig, ddp: Distributed, use_bf16: bo
     with torch.device("meta"):
         block = Block(model_cfg)
     try:
-        compute = torch.bfloat16 if use_bf16 else torch.float32
-        if block.attn.backend(ddp.device, compute) == "path_integral":
-            # GRAPE-AP chooses its kernels per call: asked here, so that its probe runs before the start-up line
-            # (which says what it found) and not inside the first, perhaps compiled, forward pass
-            from kernels.grape_ap import auto_backend
-            auto_backend(ddp.device, compute, model_cfg.block_size, model_cfg.head_dim)
+        block.attn.backend(ddp.device, torch.bfloat16 if use_bf16 else torch.float32)
     except ValueError as error:
         raise ConfigError(f"model.attn_backend = {model_cfg.attn_backend!r}: {error}.") from None
     free_gb = free_memory_gb(ddp.device)
@@ -546,7 +541,7 @@ def train(args: Arguments, model_cfg, cfg: TrainConfig, ckpt: dict | None, chang
                 stopped = stops.reason or "sigterm"  # (asked on another process: a scheduler's SIGTERM)
                 save(step)
                 ddp.say(f"stop requested ({'Ctrl-C' if stopped == 'interrupted' else 'SIGTERM'}): saved "
-                        f"{checkpointer.path} at iteration {step}; {continue_advice()}.")
+                        f"{checkpointer.path} at iteration {step}; {how_to_continue()}.")
             elif not losses:
                 ddp.say(f"{checkpointer.path} is already at iteration {step} (this run ends at {end_iter}); "
                         "nothing to do.")
@@ -591,7 +586,7 @@ def main() -> None:
         # Every rank says it: the main process may be the one that died or froze.
         print(f"error: process {rank} stopped: a collective operation with the other processes failed ({first_line}); "
               "another process died or stopped responding (waits end after train.dist_timeout_s). The last "
-              f"checkpoint is intact: fix the cause and {continue_advice()}.", file=sys.stderr, flush=True)
+              f"checkpoint is intact: fix the cause and {how_to_continue()}.", file=sys.stderr, flush=True)
         sys.exit(1)  # without destroy_process_group, which could wait on the dead process
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()

@@ -88,7 +88,9 @@ def main(argv=None) -> int:
         Path(path).write_text(STUDY_FILE.format(base=REPO / "configs" / "base" / "cpu.toml",
                                                 out_dir=os.path.abspath(args.out), iterations=ITERATIONS))
         try:
-            report = study.run_study(path)
+            # its own command in train.py's advice after a stop: the study file is a temporary one
+            rerun = study.rerun_command(Path(__file__).resolve(), sys.argv[1:] if argv is None else argv)
+            report = study.run_study(path, command=rerun)
         except study.StudyError as error:
             print(f"error: {error}", file=sys.stderr)
             return 2

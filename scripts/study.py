@@ -13,13 +13,15 @@ the study's progress with an ETA. docs/study.md has the details.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import dataclasses
+import difflib
+import importlib
 import io
 import json
 import math
 import os
 import queue
+import shlex
 import signal
 import statistics
 import subprocess
@@ -35,13 +37,14 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 import train  # noqa: E402
-from training.errors import STUDY_COMMAND_VARIABLE  # noqa: E402
-from training.metrics import atomic_write_text
-from config import ConfigError, resolve  # noqa: E402
+from training.errors import STUDY_COMMAND  # noqa: E402
+from training.metrics import atomic_write_text  # noqa: E402
+from config import MAX_SEED, ConfigError, closest_hint, resolve  # noqa: E402
 from data.shards import DataError  # noqa: E402
 from eval import progress as timing  # noqa: E402
 from eval.cli import make_parser  # noqa: E402
 from model import GPTConfig  # noqa: E402
+from positional import ENCODINGS, parse_pos  # noqa: E402
 from scripts import plot_runs  # noqa: E402
 
 LAUNCH_MODES = ("in_process", "torchrun", "per_gpu", "cpu_jobs")
@@ -99,7 +102,13 @@ limit = 100
 
 
 class StudyError(Exception):
-    """A mistake in the study file; the message says what to do."""
+    """Mistakes in the study file (or another reason not to start), one line each; the message says what to do."""
+
+    def __init__(self, errors: str | list[str]):
+        self.errors = [errors] if isinstance(errors, str) else list(errors)
+        super().__init__(self.errors[0] if len(self.errors) == 1 else
+                         f"{len(self.errors)} mistakes in the study file; nothing was trained:\n"
+                         + "\n".join(f"  {error}" for error in self.errors))
 
 
 class StudyInterrupted(Exception):
@@ -156,115 +165,242 @@ def as_cli(key: str, value, dash: str = "_", bool_flags: bool = False) -> list[s
     return [f"{flag}={value}"]
 
 
-def check_eval_args(name: str, argv: list[str], path: str) -> None:
-    """Parse an evaluation's arguments now, so a typo fails before hours of training."""
+def eval_arg_error(name: str, argv: list[str]) -> str | None:
+    """Why an evaluation's arguments do not parse (argparse's own reason), or None: checked now, so that a typo fails
+    before hours of training."""
     captured = io.StringIO()
     try:
         with contextlib.redirect_stderr(captured):
             evaluation(name).parse_args(argv)
     except SystemExit:
-        reason = captured.getvalue().strip().splitlines()[-1].split("error: ", 1)[-1]
-        raise StudyError(f"[eval.{name}] in {path}: {reason}; the keys are the options of eval/{name}.py "
-                         "with _ for -, e.g. passkey_trials = 4.") from None
+        return captured.getvalue().strip().splitlines()[-1].split("error: ", 1)[-1]
+    return None
+
+
+def encoding_hint(name: str) -> str:
+    """'; did you mean 'fox'?' for 'fxo': each unknown part of an encoding name replaced by its closest valid one."""
+    valid = ENCODINGS + ("kv_shift",)
+    parts = name.split("+")
+    fixed = [p if p in valid else next(iter(difflib.get_close_matches(p, valid, n=1, cutoff=0.6)), None) for p in parts]
+    return f"; did you mean {'+'.join(fixed)!r}?" if None not in fixed and fixed != parts else ""
+
+
+def config_mistakes(base: str, values: list[tuple[str, str]], tail: list[str], encoding: str):
+    """((model config, train config), []) of one run: the base config, the study file's values ((key, --key=value)
+    in the order they apply) and the study's own arguments (`tail`: encoding, seed, run directory); or (None, its
+    mistakes as (key, message)). The values to blame are those that cannot be added to the others that resolve:
+    added one at a time, again while one more fits, since a value may need another set after it (max_iters below the
+    base's warmup_iters, then a smaller warmup_iters)."""
+    def attempt(chosen, args=tail):
+        return resolve(base, [values[i][1] for i in sorted(chosen)] + args, GPTConfig,
+                       overrides_from="in the study file")
+    try:
+        return attempt(range(len(values))), []
+    except ConfigError as e:
+        whole = str(e)
+    chosen, grew = set(), True
+    while grew:
+        grew = False
+        for i in sorted(set(range(len(values))) - chosen):
+            with contextlib.suppress(ConfigError):
+                attempt(chosen | {i})
+                chosen.add(i)
+                grew = True
+    try:
+        attempt(chosen)
+    except ConfigError as e:  # none of the file's values is to blame: the base config, or this encoding with it
+        try:
+            attempt([], tail[2:])  # tail[:2] is the encoding (--pos, --kv_shift)
+        except ConfigError:
+            return None, [("base", str(e))]
+        return None, [(f'encodings "{encoding}"', str(e))]
+    mistakes = []
+    for i in sorted(set(range(len(values))) - chosen):
+        try:
+            attempt(chosen | {i})
+        except ConfigError as e:
+            mistakes.append((values[i][0], str(e)))
+    return None, mistakes or [("[overrides]", whole)]
 
 
 def load_study(path: str) -> Study:
-    """Read and check a study file, resolving every run's train config (so bad keys fail before any run)."""
+    """Read and check a study file, resolving every run's train config and parsing every evaluation's options, so
+    that every mistake in it is found before any run: all of them at once, in one StudyError whose lines each name
+    the file and the key."""
     if not os.path.isfile(path):
         raise StudyError(f"study file {path} does not exist; pick one of configs/studies/*.toml.")
     try:
         raw = tomllib.loads(Path(path).read_text())
     except tomllib.TOMLDecodeError as e:
         raise StudyError(f"study file {path} is not valid TOML ({e}); fix the line it names.") from None
-    unknown = sorted(set(raw) - STUDY_KEYS)
-    if unknown:
-        raise StudyError(f"{path}: unknown entr{'y' if len(unknown) == 1 else 'ies'} {', '.join(unknown)}; "
-                         f"a study file has {', '.join(sorted(STUDY_KEYS))}.")
+    errors = []
+
+    def wrong(key: str, message: str) -> None:
+        errors.append(f"{path} {key}: {message}")
+
+    for key in sorted(set(raw) - STUDY_KEYS):
+        wrong(key, f"unknown entry; {closest_hint(key, STUDY_KEYS)} (a study file has "
+                   f"{', '.join(sorted(STUDY_KEYS))}).")
     name = raw.get("name", Path(path).stem)
-    if "base" not in raw:
-        raise StudyError(f"{path} names no base config: add base = \"../medium/rope.toml\" "
-                         "(relative to the study file).")
-    base = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(path)), raw["base"]))
-    encodings, seeds = raw.get("encodings"), raw.get("seeds", DEFAULT_SEEDS)
-    if not isinstance(encodings, list) or not encodings or not all(isinstance(e, str) for e in encodings) \
-            or len(set(encodings)) != len(encodings):
-        raise StudyError(f"{path}: encodings must be a list of distinct names such as [\"rope\", \"fox+kv_shift\"].")
-    integers = isinstance(seeds, list) and all(isinstance(s, int) and not isinstance(s, bool) for s in seeds or [None])
+    if not isinstance(name, str) or not name:
+        wrong("name", f"must be a name such as \"my_study\", not {name!r}.")
+        name = Path(path).stem
+    base = raw.get("base")
+    if base is None:
+        wrong("base", "the study file names no base config: add base = \"../medium/rope.toml\" (relative to the "
+                      "study file).")
+    elif not isinstance(base, str):
+        wrong("base", f"must be the path of a config file, relative to the study file, not {base!r}.")
+        base = None
+    else:
+        base = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(path)), base))
+        if not os.path.isfile(base):
+            wrong("base", f"config file {base} does not exist (the path is relative to the study file).")
+            base = None
+
+    encodings = raw.get("encodings")
+    if not isinstance(encodings, list) or not encodings or not all(isinstance(e, str) for e in encodings):
+        wrong("encodings", "must be a list of distinct names such as [\"rope\", \"fox+kv_shift\"].")
+        encodings = []
+    elif len(set(encodings)) != len(encodings):
+        repeated = sorted({e for e in encodings if encodings.count(e) > 1})
+        wrong("encodings", f"{', '.join(repeated)} listed more than once; encodings must be distinct names.")
+        encodings = list(dict.fromkeys(encodings))
+    usable = []  # the encodings whose runs can be resolved
+    for encoding in encodings:
+        try:
+            parse_pos(split_encoding(encoding)[0])
+            usable.append(encoding)
+        except ValueError as e:
+            wrong(f'encodings "{encoding}"', f"{e}{encoding_hint(encoding) or '.'}")
+
+    seeds = raw.get("seeds", DEFAULT_SEEDS)
+    integers = isinstance(seeds, list) and all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s <= MAX_SEED
+                                               for s in seeds or [None])
     if not integers or len(set(seeds)) != len(seeds):
-        raise StudyError(f"{path}: seeds must be a list of distinct integers, e.g. [1, 2, 3].")
+        wrong("seeds", f"must be a list of distinct integers from 0 to 2**64 - 1, e.g. [1, 2, 3], not {seeds!r}.")
+        seeds = DEFAULT_SEEDS  # for checking the rest
+
     variants = raw.get("variants") or {}
     if not isinstance(variants, dict) or not all(isinstance(v, dict) for v in variants.values()):
-        raise StudyError(f"{path}: [variants] must give each variant a table of [model] or [train] values, e.g. "
-                         "gqa = {n_kv_head = 2}.")
-    named = [v for v in variants if not v or not all(c.isalnum() or c in "_-." for c in v)]
-    if named:
-        raise StudyError(f"{path}: variant name {named[0]!r} names run directories: use letters, digits, _, - and . "
-                         "only.")
+        wrong("[variants]", "must give each variant a table of [model] or [train] values, e.g. gqa = {n_kv_head = 2}.")
+        variants = {}
+    for variant in [v for v in variants if not v or not all(c.isalnum() or c in "_-." for c in v)]:
+        wrong(f"[variants] {variant!r}", "a variant's name names run directories: use letters, digits, _, - and . "
+                                         "only.")
+        del variants[variant]
     labels = [(f"{e}@{v}" if variants else e, e, v) for e in encodings for v in (variants or [""])]
-    reference = raw.get("reference", "rope" if "rope" in encodings else encodings[0])
+    reference = raw.get("reference", "rope" if "rope" in encodings else encodings[0] if encodings else None)
     if variants and reference in encodings:
         reference = f"{reference}@{next(iter(variants))}"
-    if reference not in [label for label, _, _ in labels]:
-        raise StudyError(f"{path}: reference {reference!r} is not one of the encodings "
-                         f"{[label for label, _, _ in labels]}.")
-    overrides = [arg for key, value in (raw.get("overrides") or {}).items() for arg in as_cli(key, value)]
+    if labels and reference not in [label for label, _, _ in labels]:
+        wrong("reference", f"{reference!r} is not one of the encodings {[label for label, _, _ in labels]}.")
+    overrides_table = raw.get("overrides") or {}
+    if not isinstance(overrides_table, dict):
+        wrong("[overrides]", "must be a table of [model] or [train] keys, e.g. max_iters = 5000.")
+        overrides_table = {}
+    override_values = [(f"[overrides] {key}", arg) for key, value in overrides_table.items()
+                       for arg in as_cli(key, value)]
     out_dir = raw.get("out_dir", os.path.join("runs", name))
+    if not isinstance(out_dir, str) or not out_dir:
+        wrong("out_dir", f"must be a directory such as \"runs/my_study\", not {out_dir!r}.")
+        out_dir = os.path.join("runs", name)
 
     launch = raw.get("launch") or {}
-    if set(launch) - LAUNCH_KEYS:
-        raise StudyError(f"{path}: unknown [launch] key(s) {sorted(set(launch) - LAUNCH_KEYS)}; "
-                         "use mode, gpus, gpus_per_run, jobs.")
+    if not isinstance(launch, dict):
+        wrong("[launch]", "must be a table such as mode = \"torchrun\".")
+        launch = {}
+    for key in sorted(set(launch) - LAUNCH_KEYS):
+        wrong(f"[launch] {key}", f"unknown key; {closest_hint(key, LAUNCH_KEYS)} ([launch] has mode, gpus, "
+                                 "gpus_per_run, jobs).")
     mode = launch.get("mode", "in_process")
     if mode not in LAUNCH_MODES:
-        raise StudyError(f"{path}: [launch] mode {mode!r} is not one of {', '.join(LAUNCH_MODES)}.")
-    gpus_per_run = launch.get("gpus_per_run", 1)
-    if mode == "per_gpu":
-        gpus_per_run = 1
+        wrong("[launch] mode", f"{mode!r} is not one of {', '.join(LAUNCH_MODES)}.")
+        mode = "in_process"
+    gpus_per_run = 1 if mode == "per_gpu" else launch.get("gpus_per_run", 1)
     jobs = launch.get("jobs", os.cpu_count() or 1)
+    gpus = []
     if mode == "cpu_jobs":
         if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
-            raise StudyError(f"{path}: [launch] jobs must be a whole number of runs side by side, e.g. jobs = 2.")
-        gpus_per_run, launch["gpus"] = 0, []  # no GPU: each job is told to use none
-    gpus = launch.get("gpus", gpus_per_run)
-    gpus = [] if mode == "in_process" else [str(g) for g in (range(gpus) if isinstance(gpus, int) else gpus)]
-    if mode not in ("in_process", "cpu_jobs") and (not isinstance(gpus_per_run, int) or gpus_per_run < 1 or len(gpus) < gpus_per_run):
-        raise StudyError(f"{path}: [launch] needs gpus_per_run >= 1 and at least that many gpus "
-                         f"(gpus = 8 or a list of ids such as [0, 1, 2, 3]).")
+            wrong("[launch] jobs", f"must be a whole number of runs side by side, e.g. jobs = 2, not {jobs!r}.")
+        gpus_per_run = 0  # no GPU: each job is told to use none
+    elif mode != "in_process":
+        gpus = launch.get("gpus", gpus_per_run)
+        if isinstance(gpus_per_run, bool) or not isinstance(gpus_per_run, int) or gpus_per_run < 1:
+            wrong("[launch] gpus_per_run", f"must be a whole number of GPUs per run, at least 1, not {gpus_per_run!r}.")
+        elif isinstance(gpus, bool) or not isinstance(gpus, (int, list)):
+            wrong("[launch] gpus", f"must be a count such as 8 or a list of ids such as [0, 1, 2, 3], not {gpus!r}.")
+        else:
+            gpus = [str(g) for g in (range(gpus) if isinstance(gpus, int) else gpus)]
+            if len(gpus) < gpus_per_run:
+                wrong("[launch] gpus", f"{len(gpus)} GPU(s), fewer than gpus_per_run = {gpus_per_run}: [launch] needs "
+                                       "at least that many (gpus = 8 or a list of ids such as [0, 1, 2, 3]).")
 
     eval_tables = raw.get("eval") or {}
-    for eval_name in eval_tables:
+    if not isinstance(eval_tables, dict):
+        wrong("[eval]", f"must hold tables such as [eval.extrapolation]; the evaluations are {', '.join(EVALUATIONS)}.")
+        eval_tables = {}
+    eval_options = {}  # evaluation name -> its options' arguments, once they parse
+    for eval_name, options in eval_tables.items():
+        table = f"[eval.{eval_name}]"
         if eval_name not in EVALUATIONS:
-            raise StudyError(f"{path}: unknown evaluation [eval.{eval_name}]; choose from {', '.join(EVALUATIONS)} "
-                             "(the final validation loss comes from training itself).")
+            wrong(table, f"unknown evaluation; choose from {', '.join(EVALUATIONS)} (the final validation loss comes "
+                         "from training itself).")
+            continue
+        if not isinstance(options, dict):
+            wrong(table, f"must be a table of options of eval/{eval_name}.py (its --help), _ for -.")
+            continue
+        by_key = {key: as_cli(key, value, dash="-", bool_flags=True) for key, value in options.items()}
+        placeholder = ["--ckpt", "RUN_DIR", "--out", "RUN_DIR/eval"]  # (the parsers do not look at the paths)
+        reason = eval_arg_error(eval_name, placeholder + [arg for args in by_key.values() for arg in args])
+        if reason is None:
+            eval_options[eval_name] = [arg for args in by_key.values() for arg in args]
+            continue
+        # Each option alone, so that every bad one is named; if none is bad alone, they clash: the table is named.
+        blamed = [(f"{table} {key}", why) for key, args in by_key.items()
+                  if (why := eval_arg_error(eval_name, placeholder + args)) is not None]
+        for key, why in blamed or [(table, reason)]:
+            wrong(key, f"{why}; the keys are the options of eval/{eval_name}.py with _ for -, e.g. passkey_trials = 4.")
 
     runs = []
+    mistakes: dict[tuple[str, str], list[str]] = {}  # (key, message) -> the runs (encoding@variant) it holds for
+    checked = [label for label, encoding, _ in labels if encoding in usable]
     # Seed by seed, every encoding for each: a study stopped part-way has comparable encodings, not some done
     # with every seed and others with none.
-    for seed in seeds:
+    for seed in seeds if base else []:  # (without a base config no run can be resolved)
         for encoding, plain_encoding, variant in labels:
+            if encoding not in checked or any(encoding in held for held in mistakes.values()):
+                continue  # a mistake of another seed's run of it is this one's too: said once
             pos, kv_shift = split_encoding(plain_encoding)
-            variant_args = [arg for key, value in variants.get(variant, {}).items() for arg in as_cli(key, value)]
+            variant_values = variants.get(variant, {}).items()
+            values = override_values + [(f"[variants] {variant}.{key}", arg) for key, value in variant_values
+                                        for arg in as_cli(key, value)]
             run_dir = os.path.join(out_dir, encoding, f"seed{seed}")
-            train_args = [base, *overrides, *variant_args, f"--pos={pos}", f"--kv_shift={str(kv_shift).lower()}",
-                          f"--seed={seed}", f"--out_dir={run_dir}"]
-            try:
-                model_cfg, train_cfg = resolve(base, train_args[1:], GPTConfig)
-            except ConfigError as e:
-                raise StudyError(f"{path}, run {encoding} seed {seed}: {e}") from None
-            if train_cfg.eval_interval == 0:
-                raise StudyError(f"{path}: eval_interval is 0, so no run would report its final validation loss; "
-                                 "set eval_interval in [overrides].")
-            evals = {}
-            for eval_name, options in eval_tables.items():
-                argv = ["--ckpt", run_dir, "--out", os.path.join(run_dir, "eval")]
-                argv += [arg for key, value in options.items() for arg in as_cli(key, value, dash="-", bool_flags=True)]
-                check_eval_args(eval_name, argv, path)
-                evals[eval_name] = argv
+            tail = [f"--pos={pos}", f"--kv_shift={str(kv_shift).lower()}", f"--seed={seed}", f"--out_dir={run_dir}"]
+            configs, found = config_mistakes(base, values, tail, plain_encoding)
+            if configs and configs[1].eval_interval == 0:
+                setting = [key for key, arg in values
+                           if arg.split("=")[0] in ("--eval_interval", "--train.eval_interval")]
+                found = [((setting or ["base"])[-1], "eval_interval is 0, so no run would report its final validation "
+                                                     "loss; set eval_interval in [overrides].")]
+            for mistake in found:
+                mistakes.setdefault(mistake, []).append(encoding)
+            if found:
+                continue
+            model_cfg, train_cfg = configs
+            evals = {eval_name: ["--ckpt", run_dir, "--out", os.path.join(run_dir, "eval"), *options]
+                     for eval_name, options in eval_options.items()}
             tokens = train_cfg.num_steps * train_cfg.global_batch_size * model_cfg.block_size
-            runs.append(Run(encoding, seed, run_dir, train_args, train_cfg.num_steps, evals,
-                            dataclasses.asdict(model_cfg), tokens))
+            runs.append(Run(encoding, seed, run_dir, [base, *[arg for _, arg in values], *tail], train_cfg.num_steps,
+                            evals, dataclasses.asdict(model_cfg), tokens))
+    for (key, message), held in mistakes.items():
+        # An override that is wrong for some encodings only (a value one encoding cannot take) says for which.
+        which = f" (for {', '.join(held)})" if key.startswith("[overrides]") and len(held) < len(checked) else ""
+        wrong(key + which, message)
+    if errors:
+        raise StudyError(errors)
     return Study(name, os.path.abspath(path), base, out_dir, [label for label, _, _ in labels], list(seeds),
-                 reference, overrides,
+                 reference, [arg for _, arg in override_values],
                  mode, gpus, gpus_per_run, runs, "seeds" not in raw, jobs if mode == "cpu_jobs" else 1)
 
 
@@ -1199,7 +1335,31 @@ def publish(study: Study, report: dict, target: str) -> None:
     print(f"[study] wrote the report into {target} and its plots beside it", flush=True)
 
 
-def run_study(path: str, publish_to: str | None = None) -> dict:
+def rerun_command(script: Path, args: list[str]) -> str:
+    """The command line that runs `script` with `args` again, from the directory it runs in (a study's out_dir may be
+    relative to it): the script's path relative to it when below it, else absolute."""
+    shown = os.path.relpath(script) if script.is_relative_to(Path.cwd().resolve()) else str(script)
+    return shlex.join(["python", shown, *args])
+
+
+@contextlib.contextmanager
+def advice_names(command: str):
+    """While the study runs, train.py's advice after a stop names `command`: a study's run is continued by rerunning
+    the study, not by train.py --resume. Set in the environment, so its subprocesses (and torchrun's) see it too."""
+    previous = os.environ.get(STUDY_COMMAND)
+    os.environ[STUDY_COMMAND] = command
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(STUDY_COMMAND, None)
+        else:
+            os.environ[STUDY_COMMAND] = previous
+
+
+def run_study(path: str, publish_to: str | None = None, command: str | None = None) -> dict:
+    """`command`: what reruns it, for train.py's advice after a stop (default: scripts/study.py with these
+    arguments)."""
     study = load_study(path)
     if publish_to:
         check_publish_target(publish_to)
@@ -1208,12 +1368,10 @@ def run_study(path: str, publish_to: str | None = None) -> dict:
     print(f"[study] {study.name}: {len(study.encodings)} encodings x {len(study.seeds)} seeds = "
           f"{len(study.runs)} runs, {seeds}, launch {study.mode}, output {study.out_dir}", flush=True)
     runner = Runner(study)
-    # train.py's advice after a stop then says to run the study again (its jobs inherit the environment)
-    earlier_command = os.environ.get(STUDY_COMMAND_VARIABLE)
-    os.environ[STUDY_COMMAND_VARIABLE] = " ".join(["python", "scripts/study.py", path]
-                                                  + (["--publish", publish_to] if publish_to else []))
     try:
-        runner.run_all()
+        rerun = [path] + (["--publish", publish_to] if publish_to else [])
+        with advice_names(command or rerun_command(REPO / "scripts" / "study.py", rerun)):
+            runner.run_all()
     except (StudyInterrupted, KeyboardInterrupt):
         # What finished is reported (a time-limited study, gpu_study.sh, ends this way); the rest continues later.
         report = write_report(study, runner.status)
@@ -1221,11 +1379,6 @@ def run_study(path: str, publish_to: str | None = None) -> dict:
         if publish_to:
             publish(study, report, publish_to)
         raise
-    finally:
-        if earlier_command is None:
-            os.environ.pop(STUDY_COMMAND_VARIABLE, None)
-        else:
-            os.environ[STUDY_COMMAND_VARIABLE] = earlier_command
     report = write_report(study, runner.status)
     failed = sum(r["status"] == "failed" for r in report["runs"])
     diverged = sum(r["status"] == "diverged" for r in report["runs"])

@@ -537,6 +537,71 @@ def test_sigterm_to_a_study_of_subprocesses_stops_its_jobs(workspace, tmp_path, 
     assert not Path("out/alibi").exists()  # the second run never started
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_run_stopped_inside_a_study_says_to_rerun_the_study_command(workspace, tmp_path, monkeypatch, capsys,
+                                                                       signum):
+    """train.py's own line after a Ctrl-C or a SIGTERM names the study's command: 'continue with --resume' sent the
+    user to train.py, past the study (which adds --resume itself, with its own settings)."""
+    shutil.copy(workspace / "base.toml", tmp_path / "base.toml")
+    path = study_file(tmp_path, encodings=["rope"], seeds=[1], evals="")
+    monkeypatch.chdir(tmp_path)
+    real_step = train.train_step
+
+    def signal_at_step_2(model, raw_model, batches, step, *args):
+        if step == 2:
+            signal.raise_signal(signum)  # as a Ctrl-C at the terminal, or a scheduler's SIGTERM, at that moment
+        return real_step(model, raw_model, batches, step, *args)
+    monkeypatch.setattr(train, "train_step", signal_at_step_2)
+    with pytest.raises(SystemExit) as exit_info:
+        study.main([path])
+    assert exit_info.value.code == 130
+    out = capsys.readouterr().out
+    said = next(line for line in out.splitlines() if line.startswith("stop requested"))
+    kind = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
+    assert said.startswith(f"stop requested ({kind}): saved {os.path.join('out', 'rope', 'seed1', 'ckpt.pt')} at "
+                           "iteration ")
+    # tmp_path is not below the repository: the script by its absolute path
+    assert said.endswith(f"; rerun the study command (python {REPO / 'scripts' / 'study.py'} {path}) to continue.")
+    assert "--resume" not in out
+    assert study.STUDY_COMMAND not in os.environ  # train.py run on its own afterwards advises --resume again
+
+
+def test_jobs_in_subprocesses_are_given_the_study_command(workspace, tmp_path, monkeypatch):
+    """train.py in a subprocess (torchrun, per_gpu, cpu_jobs) reads the study's command from its environment."""
+    shutil.copy(workspace / "base.toml", tmp_path / "base.toml")
+    path = study_file(tmp_path, encodings=["rope"], seeds=[1], evals="",
+                      extra='[launch]\nmode = "cpu_jobs"\njobs = 1\n')
+    monkeypatch.chdir(tmp_path)
+    job = f"import os; print('advice names:', os.environ[{study.STUDY_COMMAND!r}])"
+    monkeypatch.setattr(study, "job_command", lambda *args: ([sys.executable, "-c", job], {"CUDA_VISIBLE_DEVICES": ""}))
+    with pytest.raises(SystemExit) as exit_info:  # the stand-in trains nothing: the run is a failure
+        study.main([path])
+    assert exit_info.value.code == 1
+    log = Path("out/rope/seed1/study_train.log").read_text()
+    assert f"advice names: python {REPO / 'scripts' / 'study.py'} {path}\n" in log
+
+
+def test_trains_other_advice_to_resume_names_the_study_command_inside_a_study(monkeypatch, capsys):
+    """A second Ctrl-C (or one outside the loop), a failed checkpoint write and a divergence: inside a study none
+    of them says --resume."""
+    import checkpoints
+    from training.divergence import divergence_error
+    from training.errors import exit_interrupted
+    rerun = "rerun the study command (python scripts/study.py s.toml) to continue"
+    monkeypatch.setenv(study.STUDY_COMMAND, "python scripts/study.py s.toml")
+    with pytest.raises(SystemExit):
+        exit_interrupted()
+    assert capsys.readouterr().err == f"interrupted: the last checkpoint written (if any) is intact; {rerun}.\n"
+    assert checkpoints.write_failure_sentence("checkpoint x", None, "/tmp", "no earlier checkpoint exists") \
+        .endswith(f", then {rerun}.")
+    diverged = str(divergence_error("the loss is nan", 5, "", "out/ckpt.pt", 4))
+    assert diverged.startswith("training diverged at iteration 5") and "--resume" not in diverged
+    assert "the last good checkpoint out/ckpt.pt (iteration 4) is kept; the study reports the run as diverged" \
+        in diverged
+    monkeypatch.delenv(study.STUDY_COMMAND)  # train.py on its own: as before
+    assert "--resume --allow_changes=lr,warmup_iters" in str(divergence_error("the loss is nan", 5, "", "x", 4))
+
+
 # ----------------------------------------------------------------------------- launching
 
 def test_launch_modes_build_torchrun_and_per_gpu_command_lines(workspace, tmp_path):
@@ -579,10 +644,10 @@ def test_torchrun_mode_trains_a_run_in_a_one_process_gloo_group(workspace, tmp_p
 
 @pytest.mark.parametrize("text,message", [
     ('encodings = ["rope"]\nseeds = [1]\n', "names no base config"),
-    ('base = "base.toml"\nencodings = ["rope"]\nsed = [1]\n', "unknown entry sed"),
+    ('base = "base.toml"\nencodings = ["rope"]\nsed = [1]\n', "sed: unknown entry; did you mean 'seeds'?"),
     ('base = "base.toml"\nencodings = ["rope", "rope"]\n', "distinct names"),
     ('base = "base.toml"\nencodings = "rope"\n', "distinct names"),
-    ('base = "base.toml"\nencodings = ["rope"]\nseeds = 3\n', "seeds must be a list of distinct integers"),
+    ('base = "base.toml"\nencodings = ["rope"]\nseeds = 3\n', "seeds: must be a list of distinct integers"),
     ('base = "base.toml"\nencodings = ["rope"]\n[overrides]\nmax_iter = 3\n', "did you mean 'max_iters'"),
     ('base = "base.toml"\nencodings = ["rope"]\n[launch]\nmode = "slurm"\n', "in_process, torchrun, per_gpu"),
     ('base = "base.toml"\nencodings = ["rope"]\n[eval.extrapolation]\nwindowz = 2\n',
@@ -593,8 +658,9 @@ def test_torchrun_mode_trains_a_run_in_a_one_process_gloo_group(workspace, tmp_p
     ('base = "base.toml"\nencodings = ["rope"]\n[eval.extrapolation]\nwindow = 2\n',
      "unrecognized arguments: --window=2"),
     ('base = "base.toml"\nencodings = ["rope"]\n[eval.zero_shot]\nbatch = 2\n', "unrecognized arguments: --batch=2"),
-    ('base = "base.toml"\nencodings = ["rope"]\n[eval.perplexity]\n', "unknown evaluation [eval.perplexity]"),
-    ('base = "base.toml"\nencodings = ["rope", "alibi"]\nreference = "fox"\n', "reference 'fox'"),
+    ('base = "base.toml"\nencodings = ["rope"]\n[eval.perplexity]\n', "[eval.perplexity]: unknown evaluation"),
+    ('base = "base.toml"\nencodings = ["rope", "alibi"]\nreference = "fox"\n',
+     "reference: 'fox' is not one of the encodings"),
 ])
 def test_a_bad_study_file_is_one_clear_error_before_any_run(workspace, tmp_path, capsys, text, message):
     shutil.copy(workspace / "base.toml", tmp_path / "base.toml")
@@ -605,6 +671,57 @@ def test_a_bad_study_file_is_one_clear_error_before_any_run(workspace, tmp_path,
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and message in err and len(err.splitlines()) == 1
     assert not (tmp_path / "runs").exists()
+
+
+def test_every_mistake_of_a_study_file_is_in_one_error_before_any_run(workspace, tmp_path, monkeypatch, capsys):
+    """A misspelled encoding, a bad override value and a bad evaluation option: one error names all three, each with
+    the study file and its key (they used to come one at a time, each after the one before was fixed), and nothing
+    is trained."""
+    shutil.copy(workspace / "base.toml", tmp_path / "base.toml")
+    path = study_file(tmp_path, encodings=["rope", "fxo"], evals="[eval.extrapolation]\nwindowz = 2\n",
+                      extra="[overrides]\nwarmup_iters = -5\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(train, "run", lambda argv: pytest.fail("a study with mistakes must train nothing"))
+    with pytest.raises(SystemExit) as exit_info:
+        study.main([path])
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[0] == "error: 3 mistakes in the study file; nothing was trained:"
+    said = sorted(line.strip() for line in lines[1:])  # ([ sorts before e)
+    assert len(said) == 3 and all(line.startswith(f"{path} ") for line in said)
+    assert said[0] == (f"{path} [eval.extrapolation] windowz: unrecognized arguments: --windowz=2; the keys are the "
+                       "options of eval/extrapolation.py with _ for -, e.g. passkey_trials = 4.")
+    assert said[1].startswith(f"{path} [overrides] warmup_iters: warmup_iters (-5) must be between 0 and max_iters")
+    assert said[2].startswith(f'{path} encodings "fxo": unknown positional encoding \'fxo\'')
+    assert said[2].endswith("did you mean 'fox'?")
+    assert not Path("out").exists()
+
+
+def test_an_override_error_names_the_study_file_not_the_command_line(workspace, tmp_path):
+    """A model value of [overrides] that the model refuses is blamed on that key of the study file (it said 'given on
+    the command line', with the study's own --pos and --kv_shift)."""
+    shutil.copy(workspace / "base.toml", tmp_path / "base.toml")
+    path = study_file(tmp_path, encodings=["rope", "alibi"], evals="", extra="[overrides]\nn_head = 0\n")
+    with pytest.raises(study.StudyError) as error:
+        study.load_study(path)
+    assert str(error.value) == (f"{path} [overrides] n_head: model config given in the study file: GPTConfig.n_head "
+                                "must be positive (got 0)")
+    assert "command line" not in str(error.value)
+
+
+def test_override_values_that_need_each_other_are_not_blamed(workspace, tmp_path):
+    """max_iters below the base's warmup_iters (2) is valid with the smaller warmup_iters set after it, and the
+    official recipe with its reference_layout: each alone would fail, so they are checked together."""
+    shutil.copy(workspace / "base.toml", tmp_path / "base.toml")
+    extra = '[overrides]\nmax_iters = 2\nwarmup_iters = 1\nrecipe = "official"\nreference_layout = "1x1"\n'
+    s = study.load_study(study_file(tmp_path, encodings=["rope"], seeds=[1], evals="", extra=extra))
+    assert s.runs[0].train_args[1:5] == ["--max_iters=2", "--warmup_iters=1", "--recipe=official",
+                                         "--reference_layout=1x1"]
+    extra = '[overrides]\nmax_iters = 2\nwarmup_iters = 1\nrecipe = "official"\nlr = -1\n'
+    with pytest.raises(study.StudyError) as error:
+        study.load_study(study_file(tmp_path, encodings=["rope"], seeds=[1], evals="", extra=extra))
+    keys = [line.strip().split(": ")[0] for line in str(error.value).splitlines()[1:]]
+    assert keys == [f"{tmp_path / 'study.toml'} [overrides] recipe", f"{tmp_path / 'study.toml'} [overrides] lr"]
 
 
 def test_shipped_studies_cover_the_papers_tables():

@@ -624,25 +624,3 @@ def test_cpu_jobs_give_each_job_its_share_of_the_cores(workspace, tmp_path, monk
     assert extra == {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": str(threads)}
     assert Path(run.run_dir, "study_train.log").read_text() == f"$ CUDA_VISIBLE_DEVICES= {' '.join(train_command)}\n"
 
-
-def test_inside_a_study_train_is_told_to_advise_running_the_study_again(workspace, tmp_path, monkeypatch):
-    """train.py's "continue with --resume" would resume one run by hand, outside the study's bookkeeping: while a
-    study runs, its command is in the environment train.py and its jobs read, and it is gone afterwards."""
-    from training.errors import STUDY_COMMAND_VARIABLE, continue_advice
-    shutil.copy(workspace / "base.toml", tmp_path / "base.toml")
-    path = study_file(tmp_path, encodings=["rope"], seeds=[1], evals="")
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv(STUDY_COMMAND_VARIABLE, "an outer study")
-    seen = []
-
-    def fake_run(argv):
-        seen.append(continue_advice())
-        raise train.TrainError("no data here")
-    monkeypatch.setattr(train, "run", fake_run)
-    with pytest.raises(SystemExit):
-        study.main([path, "--publish", str(tmp_path / "doc.md")])
-    assert seen == [f"continue by running the study again (python scripts/study.py {path} --publish "
-                    f"{tmp_path / 'doc.md'})"]
-    assert os.environ[STUDY_COMMAND_VARIABLE] == "an outer study"  # restored
-    monkeypatch.delenv(STUDY_COMMAND_VARIABLE)
-    assert continue_advice() == "continue with --resume"

@@ -178,7 +178,7 @@ def test_sigterm_saves_a_checkpoint_and_resume_continues(config_file, tmp_path, 
     assert proc.returncode == 0, output[-3000:]
     name, reason = ("SIGTERM", "sigterm") if stop_signal == signal.SIGTERM else ("Ctrl-C", "interrupted")
     assert f"stop requested ({name}): saved" in output
-    advice = ("continue by running the study again (python scripts/study.py my_study.toml)."
+    advice = ("rerun the study command (python scripts/study.py my_study.toml) to continue."
               if stop_signal == signal.SIGINT else "continue with --resume.")
     assert f"at iteration" in output and output.split(f"stop requested ({name}): saved", 1)[1].split("\n")[0] \
         .endswith(advice), output[-2000:]

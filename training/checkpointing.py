@@ -339,11 +339,11 @@ class Checkpointer:
         if lost:
             return LostProcess(f"process {self.ddp.rank} stopped: another process died or stopped responding while the "
                                f"sharded checkpoint {directory} was written ({first_line(lost[0])}); {previous}. Fix "
-                               "the cause, then run again (with --resume if a checkpoint exists).")
+                               f"the cause, then {checkpoints.again()}.")
         system = next((cause for cause in causes if isinstance(cause, OSError)), None)
         if system is None:
             return TrainError(f"could not write the sharded checkpoint {directory} ({first_line(causes[0])}); "
-                              f"{previous}. Fix the cause, then run again (with --resume if a checkpoint exists).")
+                              f"{previous}. Fix the cause, then {checkpoints.again()}.")
         return TrainError(checkpoints.write_failure_sentence(f"the sharded checkpoint {directory}", system,
                                                              os.path.dirname(os.path.abspath(self.path)), previous))
 

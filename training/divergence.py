@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from training.errors import TrainError
+from training.errors import TrainError, study_command
 
 WINDOW = 50        # losses the spike rule averages
 MIN_HISTORY = 10   # before this many, the spike is measured against the uniform level as well
@@ -66,7 +66,14 @@ def divergence_error(problem: str, step: int, cause: str, ckpt_path: str, saved_
     """The sentence a diverged run stops with: what was seen, a known cause, and the advice that works (the last
     checkpoint on disk passed these checks, since none is written without them)."""
     remedy = "lower --lr or raise --warmup_iters (or check the data)"
-    if saved_step is None:
+    if study_command():
+        # A study compares its encodings at the same settings and reports this run as diverged (a rerun would
+        # diverge again from the same checkpoint), so the remedy is a study at other settings, not a resume.
+        kept = ("no checkpoint was written before it" if saved_step is None else
+                f"the last good checkpoint {ckpt_path} (iteration {saved_step}) is kept")
+        remedy = (f"{kept}; the study reports the run as diverged; to train at other settings, lower lr or raise "
+                  "warmup_iters in the study file's [overrides] and give the study another out_dir")
+    elif saved_step is None:
         remedy = f"no checkpoint was written before it, so start again with the same command but {remedy}"
     else:
         remedy = (f"the last good checkpoint {ckpt_path} (iteration {saved_step}) is kept: {remedy} and continue "

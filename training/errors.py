@@ -2,19 +2,25 @@
 import os
 import sys
 
-# Set by scripts/study.py to its own command line while it runs: inside a study a run is continued by running the
-# study again (it resumes what is unfinished), not by train.py --resume by hand.
-STUDY_COMMAND_VARIABLE = "GRAPE_STUDY_COMMAND"
+# scripts/study.py sets this to its own command line for the runs it starts, in its process and in subprocesses: a
+# study's run is continued by rerunning the study (which adds --resume itself, with the study's settings), so the
+# advice to continue with train.py --resume would send its user past the study.
+STUDY_COMMAND = "GRAPE_STUDY_COMMAND"
 
 
-def continue_advice() -> str:
-    """How to continue a stopped run: `continue with --resume`, or inside a study, `run the study again`."""
-    study_command = os.environ.get(STUDY_COMMAND_VARIABLE)
-    return (f"continue by running the study again ({study_command})" if study_command
-            else "continue with --resume")
+def study_command() -> str | None:
+    """The command line of the study this run belongs to, or None when train.py runs on its own."""
+    return os.environ.get(STUDY_COMMAND) or None
 
 
-INTERRUPTED = "interrupted: the last checkpoint written (if any) is intact; continue with --resume."
+def how_to_continue(alone: str = "continue with --resume") -> str:
+    """The advice after a stop that left a checkpoint: `alone` for train.py on its own, or to rerun the study."""
+    command = study_command()
+    return f"rerun the study command ({command}) to continue" if command else alone
+
+
+def interrupted_line() -> str:
+    return f"interrupted: the last checkpoint written (if any) is intact; {how_to_continue()}."
 
 
 class TrainError(Exception):
@@ -30,5 +36,5 @@ def exit_interrupted(signum=None, frame=None) -> None:
     """Ctrl-C outside the training loop (which saves a checkpoint first): one line, on the main process only, and
     exit status 130. Also a SIGINT handler, for the seconds in which train.py imports torch."""
     if int(os.environ.get("RANK", 0)) == 0:
-        print(INTERRUPTED.replace("continue with --resume", continue_advice()), file=sys.stderr, flush=True)
+        print(interrupted_line(), file=sys.stderr, flush=True)
     sys.exit(130)

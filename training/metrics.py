@@ -111,7 +111,7 @@ class Metrics:
         except OSError as error:
             raise TrainError(f"cannot write {self.path} ({error.strerror or error}), so the run stops: the last "
                              f"checkpoint in {os.path.dirname(self.path)} is intact; free space or make the directory "
-                             "writable, then continue with --resume") from None
+                             f"writable, then {how_to_continue()}") from None
         if self.wandb_run is not None:
             step = record.get("iter")
             values = {f"{record['type']}/{k}": v for k, v in record.items()
