@@ -12,7 +12,7 @@ import time
 import torch
 
 from config import ConfigError, TrainConfig
-from training.errors import TrainError
+from training.errors import TrainError, how_to_continue
 
 # bf16 dense peak FLOP/s per GPU, for MFU: the first key found in torch.cuda.get_device_name wins, so the
 # slower H100 variants come before the SXM one ("NVIDIA H100 80GB HBM3").
