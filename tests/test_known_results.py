@@ -16,6 +16,8 @@ def report(rises: dict, losses: dict) -> dict:
     # alibi rising (a bias that stopped growing with distance), fox's run unfinished
     ({"rope": 0.78, "alibi": 0.2, "fox": 0.05}, {"rope": 2.2, "alibi": 2.3, "fox": None}, [True, False, True, True, True, False]),
     ({"rope": 0.78, "alibi": 0.0, "fox": 0.0}, {"rope": 2.6, "alibi": 2.59, "fox": 5.5}, [True, True, True, False, True, False]),
+    # just past the flat bound, and just past the rise bound
+    ({"rope": 0.11, "alibi": 0.08, "fox": 0.051}, {"rope": 2.2, "alibi": 2.3, "fox": 2.0}, [True, False, False] + [True] * 3),
 ])
 def test_each_known_result_is_judged_by_its_bound(rises, losses, expected):
     results = known_results.checks(report(rises, losses))

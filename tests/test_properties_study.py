@@ -11,7 +11,7 @@ import math
 import statistics
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from scipy.stats import t as student_t
 
@@ -86,6 +86,9 @@ def test_describe_is_the_mean_and_the_sample_std(values):
 
 @given(pairs=st.dictionaries(st.integers(0, 50), st.tuples(finite, finite), max_size=10),
        only_reference=st.sets(st.integers(51, 60), max_size=3))
+@example(pairs={1: (1.0, 0.0), 2: (1.1, 0.0), 3: (1.2, 0.0)}, only_reference=set())  # a finding at exactly 3 seeds
+@example(pairs={1: (-1.0, 0.0), 2: (-1.1, 0.0), 3: (-1.2, 0.0)}, only_reference=set())  # ... and a lower one
+@example(pairs={1: (1.0, 0.0), 2: (1.001, 0.0)}, only_reference=set())  # 2 seeds whose interval excludes 0
 def test_paired_difference_and_its_interval(pairs, only_reference):
     values = {s: a for s, (a, _) in pairs.items()}
     reference = {s: b for s, (_, b) in pairs.items()} | {s: 0.0 for s in only_reference}
@@ -102,6 +105,11 @@ def test_paired_difference_and_its_interval(pairs, only_reference):
     assert d["exceeds_seed_spread"] == (not mean - half <= 0 <= mean + half)
     assert d["finding"] == (d["exceeds_seed_spread"] and len(seeds) >= study.MIN_SEEDS_FOR_A_FINDING)
     text = study.verdict("fox", "rope", d)
+    if d["finding"]:
+        word = "lower" if mean < 0 else "higher"
+        assert study.finding_word(d) == word and f"fox is {word} than rope" in text
+    else:
+        assert study.finding_word(d) == "not resolved"
     assert f"{mean:+.4f}" in text and f"over {len(seeds)} paired seed(s)" in text
     assert ("excludes 0:" in text) == d["finding"]
     assert ("not resolved at this budget" in text) == (not d["finding"])
