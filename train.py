@@ -8,10 +8,11 @@
     python train.py configs/medium/fox.toml --resume --allow_changes=lr,warmup_iters --lr=5e-4
                                                                   # continue with deliberately changed settings
 
-Each optimizer step sees global_batch_size sequences: batch_size per micro-batch per process, times the
-gradient-accumulation steps, times the number of processes. The batches are numbered so that any split reads
-the same sequences, a resumed run needs only the step, and a resume may change the number of processes
-(training/step.py).
+Each optimizer step sees global_batch_size sequences: a micro-batch per process (batch_size, or the largest number
+below it that divides each process's share), times the gradient-accumulation steps, times the number of processes.
+The batches are numbered so that any split reads the same sequences (a config runs as it is on any number of
+processes that divides its global batch), a resumed run needs only the step, and a resume may change the number of
+processes (training/step.py).
 
 RUN_DIR (train.out_dir, default runs/<config path below configs/>) gets config.json (the resolved
 config), metrics.jsonl (one JSON object per log line: train, val, change, summary) and ckpt.pt.
