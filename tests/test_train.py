@@ -210,6 +210,24 @@ def test_sigterm_saves_a_checkpoint_and_resume_continues(config_file, tmp_path, 
 
 # ----------------------------------------------------------------------------- configs and pieces
 
+def test_the_quickstart_and_every_cpu_config_split_over_one_two_and_four_processes_as_they_are():
+    """Under torchrun --nproc_per_node=2 the quickstart was refused (global_batch_size 8 is not a multiple of
+    batch_size 8 x 2), and so was every CPU config; each process now takes an equal share of the same global
+    batch, without a note"""
+    import glob
+    from types import SimpleNamespace
+    paths = [os.path.join(REPO, "configs", "quickstart.toml"), os.path.join(REPO, "configs", "base", "cpu.toml"),
+             *sorted(glob.glob(os.path.join(REPO, "configs", "cpu", "*.toml")))]
+    assert len(paths) >= 12
+    for path in paths:
+        _, cfg = resolve(path, [], GPTConfig)
+        for processes in (1, 2, 4):
+            notes = []
+            ddp = SimpleNamespace(world_size=processes, device=torch.device("cpu"), say=notes.append)
+            micro, accumulation = train.batch_split(cfg, ddp, resumed=False)
+            assert (micro * processes, accumulation, notes) == (cfg.global_batch_size, 1, []), (path, processes)
+
+
 def test_misspelled_keys_name_the_closest_valid_key(config_file, tmp_path):
     cases = [("[model]\nn_layr = 2\n", "'n_layer'"), ("[train]\nwarmup_iter = 2\n", "'warmup_iters'"),
              ("[trian]\nlr = 1.0\n", "'train'")]
