@@ -19,6 +19,7 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = ("README.md", os.path.join("docs", "setup.md"))
 QUICKSTART = os.path.join("configs", "quickstart.toml")
+WIDTH = 120  # the longest line the docs' prose has
 
 
 class FigureError(Exception):
@@ -30,23 +31,47 @@ def marker(name: str) -> re.Pattern:
 
 
 def written(name: str, repo: str = REPO) -> dict[str, str]:
-    """{doc path: the text of figure `name` in it} for every doc that holds it."""
+    """{doc path: the text of figure `name` in it, its line breaks read as spaces} for every doc that holds it."""
     found = {}
     for doc in DOCS:
         with open(os.path.join(repo, doc)) as f:
             for match in marker(name).finditer(f.read()):
-                found[doc] = match.group(2)
+                found[doc] = " ".join(match.group(2).split())
     return found
 
 
+def fitted(text: str, before: str, after: str) -> str:
+    """`text` broken at spaces so that no line is longer than WIDTH, the first one after `before` (what precedes
+    it on its line) and the last one followed by `after` (what follows it on its line); Markdown reads the breaks
+    as spaces."""
+    lines, line, room = [], "", WIDTH - len(before)
+    for word in text.split():
+        if line and len(line) + 1 + len(word) > room:
+            lines.append(line)
+            line, room = word, WIDTH
+        else:
+            line = f"{line} {word}" if line else word
+    if len(line) + len(after) > room and " " in line:  # the last line's last word goes on, with what follows it
+        line, last = line.rsplit(" ", 1)
+        lines, line = lines + [line], last
+    return "\n".join(lines + [line])
+
+
 def write(name: str, text: str, repo: str = REPO) -> list[str]:
-    """Put `text` as figure `name` in every doc that holds its marker; the docs changed."""
+    """Put `text` as figure `name` in every doc that holds its marker, broken into lines of at most WIDTH
+    characters; the docs changed."""
     changed = []
     for doc in DOCS:
         path = os.path.join(repo, doc)
         with open(path) as f:
             before = f.read()
-        after = marker(name).sub(lambda m: m.group(1) + text + m.group(3), before)
+
+        def replaced(m):
+            line_start = before.rfind("\n", 0, m.start()) + 1
+            line_end = before.find("\n", m.end())
+            return m.group(1) + fitted(text, before[line_start:m.start(2)],
+                                       m.group(3) + before[m.end():line_end if line_end >= 0 else None]) + m.group(3)
+        after = marker(name).sub(replaced, before)
         if after != before:
             with open(path, "w") as f:
                 f.write(after)
