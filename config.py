@@ -75,8 +75,9 @@ class TrainConfig:
     init_from: str = ""              # start a new run from these weights: a run directory or checkpoint file, or a
                                      # Hugging Face directory (Qwen3 of this architecture, or an export of ours);
                                      # "" = random init. Ignored on --resume (hf/init_from.py, docs/hf_export.md)
-    # batch: global_batch_size sequences per optimizer step = batch_size x grad_accum x world_size
-    batch_size: int = 4              # sequences per micro-batch per process
+    # batch: global_batch_size sequences per optimizer step = micro-batch x grad_accum x world_size
+    batch_size: int = 4              # the most sequences a micro-batch holds on each process: the largest number up
+                                     # to it that divides each process's share of global_batch_size is used
     global_batch_size: int = 480     # sequences per optimizer step over all processes
     recipe: str = "clean"            # official | clean: presets for the keys below and some model keys (RECIPES)
     sampler: str = "windows"         # windows: every aligned window once per epoch, in a seeded permutation |

@@ -8,10 +8,11 @@
     python train.py configs/medium/fox.toml --resume --allow_changes=lr,warmup_iters --lr=5e-4
                                                                   # continue with deliberately changed settings
 
-Each optimizer step sees global_batch_size sequences: batch_size per micro-batch per process, times the
-gradient-accumulation steps, times the number of processes. The batches are numbered so that any split reads
-the same sequences, a resumed run needs only the step, and a resume may change the number of processes
-(training/step.py).
+Each optimizer step sees global_batch_size sequences: a micro-batch per process (batch_size, or the largest number
+below it that divides each process's share), times the gradient-accumulation steps, times the number of processes.
+The batches are numbered so that any split reads the same sequences (a config runs as it is on any number of
+processes that divides its global batch), a resumed run needs only the step, and a resume may change the number of
+processes (training/step.py).
 
 RUN_DIR (train.out_dir, default runs/<config path below configs/>) gets config.json (the resolved
 config), metrics.jsonl (one JSON object per log line: train, val, change, summary) and ckpt.pt.
@@ -136,35 +137,38 @@ def open_checkpoint(args: Arguments, cfg: TrainConfig, model_cfg: dict) -> tuple
     return ckpt, check_resume_compatible(ckpt, model_cfg, cfg, path, args.allowed_changes), None
 
 
-def accumulation_steps(cfg: TrainConfig, ddp: Distributed, resumed: bool) -> int:
-    per_step = cfg.batch_size * ddp.world_size
-    if cfg.global_batch_size % per_step:
-        problem = (f"global_batch_size {cfg.global_batch_size} is not a multiple of batch_size {cfg.batch_size} x "
-                   f"{ddp.world_size} processes")
+def batch_split(cfg: TrainConfig, ddp: Distributed, resumed: bool) -> tuple[int, int]:
+    """(sequences per micro-batch on each process, micro-batches per step). batch_size is the most a micro-batch
+    holds: where it does not divide each process's share of the global batch, the largest number below it that
+    does is used. A step reads the same windows however it is split (training/step.py), so a config runs as it
+    is, with the same losses up to float rounding, on any number of processes that divides global_batch_size;
+    only the speed and the memory change."""
+    G, world = cfg.global_batch_size, ddp.world_size
+    if G % world:
+        problem = f"global_batch_size {G} cannot be split equally over {world} processes"
         if not resumed:
-            raise ConfigError(f"{problem}; change --batch_size or --global_batch_size.")
-        raise ConfigError(f"{problem}, and a resume keeps global_batch_size; {split_advice(cfg, ddp.world_size)}.")
-    grad_accum = cfg.global_batch_size // per_step
+            raise ConfigError(f"{problem}; launch {process_counts(G, world)} processes (a number that divides {G}) "
+                              "or change --global_batch_size.")
+        raise ConfigError(f"{problem}, and a resume keeps global_batch_size; resume on {process_counts(G, world)} "
+                          f"processes instead (a number that divides {G}).")
+    share = G // world
+    micro = max(b for b in range(1, min(cfg.batch_size, share) + 1) if share % b == 0)
+    grad_accum = share // micro
+    if micro < min(cfg.batch_size, share):  # (a share smaller than batch_size is simply one micro-batch)
+        ddp.say(f"note: batch_size {cfg.batch_size} does not divide {share}, each process's share of the global "
+                f"batch: micro-batches of {micro} sequences, {grad_accum} a step.")
     if ddp.device.type == "cpu" and grad_accum >= 16 and not resumed:
-        ddp.say(f"note: each step accumulates {grad_accum} micro-batches ({cfg.global_batch_size} sequences, "
-                f"{'the GPU default' if cfg.global_batch_size == TrainConfig.global_batch_size else 'as configured'}) "
+        ddp.say(f"note: each step accumulates {grad_accum} micro-batches ({G} sequences, "
+                f"{'the GPU default' if G == TrainConfig.global_batch_size else 'as configured'}) "
                 "on the CPU, so a step takes long; set global_batch_size in the config for a CPU-sized run.")
-    return grad_accum
+    return micro, grad_accum
 
 
-def split_advice(cfg: TrainConfig, world_size: int) -> str:
-    """What splits a resumed run's global batch, which it must keep: another batch_size on these processes, or else
-    another number of processes (divisors of the global batch; the nearest below and above this one)."""
-    G = cfg.global_batch_size
-    if G % world_size == 0:
-        share = G // world_size
-        fits = max(b for b in range(1, min(cfg.batch_size, share) + 1) if share % b == 0)
-        return f"resume with --batch_size={fits} (it must divide {share}, each process's share of the global batch)"
+def process_counts(G: int, world_size: int) -> str:
+    """The numbers of processes nearest to world_size, below and above, that divide the global batch G."""
     below = max(n for n in range(1, world_size) if G % n == 0)
     above = next((n for n in range(world_size + 1, G + 1) if G % n == 0), None)
-    counts = str(below) if above is None else f"{below} or {above}"
-    return (f"resume on {counts} processes instead (a number that divides {G}), with a --batch_size that divides "
-            f"each process's share of the {G}")
+    return str(below) if above is None else f"{below} or {above}"
 
 
 def precision(cfg: TrainConfig, device: torch.device):
@@ -327,7 +331,8 @@ def resume_from(ckpt: dict, model, optimizer, cfg: TrainConfig, ddp: Distributed
 
 
 def resolved_config(args: Arguments, model_cfg, cfg: TrainConfig, ckpt: dict | None, changes: list[dict],
-                    ddp: Distributed, grad_accum: int, data_dir: str, tokenizer_name: str) -> dict:
+                    ddp: Distributed, grad_accum: int, data_dir: str, tokenizer_name: str,
+                    micro_batch_size: int | None = None) -> dict:
     """What RUN_DIR/config.json records: where the run came from (its first start's config file, overrides and
     command, and each resume's command), the resolved configs, data, layout, code version, and every deliberate
     change made on a resume (from the checkpoint's history and this resume's)."""
@@ -337,7 +342,8 @@ def resolved_config(args: Arguments, model_cfg, cfg: TrainConfig, ckpt: dict | N
                         None if ckpt is None else ckpt["step"], version)
     return {**origin, "model": dataclasses.asdict(model_cfg), "train": dataclasses.asdict(cfg),
             "data_dir_resolved": os.path.abspath(data_dir), "tokenizer": tokenizer_name,
-            "world_size": ddp.world_size, "grad_accum": grad_accum, "code_version": version,
+            "world_size": ddp.world_size, "micro_batch_size": micro_batch_size or cfg.batch_size,
+            "grad_accum": grad_accum, "code_version": version,
             "resume_changes": history}
 
 
@@ -484,13 +490,16 @@ def run(argv: list[str]) -> dict:
 def train(args: Arguments, model_cfg, cfg: TrainConfig, ckpt: dict | None, changes: list[dict],
           init_state: dict | None, ddp: Distributed) -> dict:
     """run() from the processes' set-up on."""
-    grad_accum = accumulation_steps(cfg, ddp, resumed=ckpt is not None)
+    micro, grad_accum = batch_split(cfg, ddp, resumed=ckpt is not None)
+    configured_batch_size = cfg.batch_size  # (config.json keeps it: a resume on other processes splits anew)
+    cfg = dataclasses.replace(cfg, batch_size=micro)  # the micro-batch that every piece below reads
     use_bf16, autocast = precision(cfg, ddp.device)
     check_model_fits(model_cfg, cfg, ddp, use_bf16, grad_accum)
     T = model_cfg.block_size
     data_dir, tokenizer_name, batches = training_data(cfg, model_cfg.vocab_size, T, ddp)
     raw_model, optimizer, step, monitor = build_model(model_cfg, cfg, ddp, ckpt, init_state, grad_accum, use_bf16)
-    resolved = resolved_config(args, model_cfg, cfg, ckpt, changes, ddp, grad_accum, data_dir, tokenizer_name)
+    resolved = resolved_config(args, model_cfg, dataclasses.replace(cfg, batch_size=configured_batch_size), ckpt,
+                               changes, ddp, grad_accum, data_dir, tokenizer_name, micro)
     wandb_id = ckpt.get("wandb_id") if ckpt else None
     metrics = open_run_directory(cfg, resolved, step, ckpt is not None, changes, ddp, wandb_id, args.start_over)
     del ckpt
@@ -552,7 +561,8 @@ def train(args: Arguments, model_cfg, cfg: TrainConfig, ckpt: dict | None, chang
                           f"{stopped} at iteration {step} | peak memory {memory['peak_memory_gb']:.2f} GiB | "
                           f"run dir {cfg.out_dir}")
         return {"losses": losses, "val_losses": val_losses, "step": step, "stopped": stopped, "out_dir": cfg.out_dir,
-                "grad_accum": grad_accum, "peak_memory_gb": memory["peak_memory_gb"]}
+                "grad_accum": grad_accum, "micro_batch_size": cfg.batch_size,
+                "peak_memory_gb": memory["peak_memory_gb"]}
     finally:
         metrics.close()
 
@@ -571,11 +581,19 @@ def main() -> None:
     except KeyboardInterrupt:
         exit_interrupted()
     except (ConfigError, TrainError, DataError) as e:
-        # a damaged batch is seen only by the process that read it; a lost process may be the main one
-        if rank == 0 or isinstance(e, (DamagedBatch, LostProcess)):
-            print(f"error: {e}", file=sys.stderr, flush=True)
-        report_to_torchrun(f"error: {e}")
         code = 2 if isinstance(e, ConfigError) else 1
+        # a damaged batch is seen only by the process that read it; a lost process may be the main one
+        own = isinstance(e, (DamagedBatch, LostProcess))
+        if TORCHRUN_ERROR_FILE in os.environ and not own:
+            # Under torchrun, a process that exits with an error is followed by torchrun's own report (its
+            # traceback, then a block for each failed process), which no process can shorten or silence. That
+            # report ends with the first failed process's error file: the main process puts the sentence there
+            # and does not print it, so that it is read once, and last.
+            if rank != 0:
+                leave_it_to_the_main_process()
+        elif rank == 0 or own:
+            print(f"error: {e}", file=sys.stderr, flush=True)
+        report_to_torchrun(f"error: {e}", code)
         if dist.is_available() and dist.is_initialized() and not isinstance(e, LostProcess):  # (it would wait on it)
             dist.destroy_process_group()
         sys.exit(code)
@@ -592,16 +610,37 @@ def main() -> None:
         dist.destroy_process_group()
 
 
-def report_to_torchrun(sentence: str) -> None:
-    """Under torchrun, put the sentence in the worker's error file: torchrun's failure report then ends with it
-    as the root cause, instead of a pointer to its documentation."""
-    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+TORCHRUN_ERROR_FILE = "TORCHELASTIC_ERROR_FILE"  # set by torchrun for each process it starts
+MAIN_PROCESS_REPORTS_WITHIN_S = 30.0  # its exit takes seconds (torch unloading) on a busy machine
+
+
+def report_to_torchrun(sentence: str, code: int) -> None:
+    """Under torchrun, put the sentence in this process's error file: torchrun's failure report then ends with it
+    (on a line of its own, where scripts/study.py's error line is looked for), instead of a pointer to its
+    documentation."""
+    path = os.environ.get(TORCHRUN_ERROR_FILE)
     if path:
         try:
             with open(path, "w") as f:
-                json.dump({"message": sentence, "timestamp": int(time.time())}, f)
+                json.dump({"message": f"none (train.py's own error, exit status {code}):\n{sentence}",
+                           "timestamp": int(time.time())}, f)
         except OSError:
-            pass  # the sentence was printed already
+            pass  # the report then says less; nothing else can be done
+
+
+def leave_it_to_the_main_process() -> None:
+    """A process other than the main one, under torchrun, with an error that every process meets alike: the main
+    process reports it. When it exits, torchrun ends the others with SIGTERM, which here exits quietly with status
+    0, so that torchrun's report lists no second failure (the job still fails: the main process's status is
+    torchrun's). If no SIGTERM comes, the error was this process's own (the main one is waiting on it in a
+    collective, or on another node): the caller then reports it as its own."""
+    def quiet_exit(signum, frame):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)  # (not sys.exit: no cleanup that could wait on the others)
+    signal.signal(signal.SIGTERM, quiet_exit)
+    time.sleep(MAIN_PROCESS_REPORTS_WITHIN_S)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,11 @@
-"""The README's two set-up commands are what CI runs, and the GPT-2 ranks fetch they rely on keeps one file."""
+"""The README's two set-up commands are what CI runs, the GPT-2 ranks fetch they rely on keeps one file, and the
+figures the docs give for the set-up (the test count, the quickstart's losses and memory) are the code's."""
 import hashlib
 import io
+import json
 import os
 import re
+import shutil
 import subprocess
 import tarfile
 
@@ -10,6 +13,7 @@ import pytest
 
 from data import tokenizer
 from data.shards import DataError
+from scripts import doc_figures
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -64,3 +68,54 @@ def test_fetch_writes_the_ranks_that_tokenize_as_gpt2(tmp_path, monkeypatch):
     assert hashlib.sha256(open(target, "rb").read()).hexdigest() == tokenizer.GPT2_RANKS_SHA256
     monkeypatch.setenv("GRAPE_GPT2_RANKS", target)
     assert tokenizer.gpt2_encoding().encode_ordinary("Hello world") == [15496, 995]
+
+
+def test_the_test_count_in_the_docs_is_the_suites():
+    """docs/setup.md said 638 tests when the suite had about 1,290: the number written is now checked against the
+    suite, collected as pytest collects it"""
+    written = doc_figures.written("tests")
+    assert written, "docs/setup.md has no <!-- figure:tests --> marker"
+    count = f"{doc_figures.collected_tests():,}"
+    assert set(written.values()) == {count}, (f"the docs say {written} tests, the suite has {count}: run python3 "
+                                              "scripts/doc_figures.py tests")
+
+
+def test_every_copy_of_the_quickstarts_figures_is_the_same_and_names_its_commit():
+    written = doc_figures.written("quickstart")
+    assert set(written) == {"README.md", os.path.join("docs", "setup.md")} and len(set(written.values())) == 1
+    text = next(iter(written.values()))
+    assert re.fullmatch(r"validation loss 10\.\d\d → .* \(200\); peak memory \d+\.\d\d GiB \(process max RSS, "
+                        r"the run's last line\); commit [0-9a-f]{7}", text), text
+
+
+def fake_quickstart_run(run_dir, **config):
+    """A finished quickstart run directory as train.py writes it (config.json, metrics.jsonl), made up."""
+    os.makedirs(run_dir)
+    config = {"config_file": os.path.join(doc_figures.REPO, doc_figures.QUICKSTART), "overrides": [],
+              "resumes": [], "code_version": "0123456789abcdef", **config}
+    (run_dir / "config.json").write_text(json.dumps(config))
+    records = [{"type": "val", "iter": 0, "val_loss": 10.8353}, {"type": "train", "iter": 100, "loss": 6.1},
+               {"type": "val", "iter": 100, "val_loss": 5.7273}, {"type": "val", "iter": 200, "val_loss": 5.4449},
+               {"type": "summary", "iter": 200, "stopped": "done", "peak_memory_gb": 0.8312,
+                "memory_kind": "process max RSS"}]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_the_quickstart_figures_are_written_from_a_finished_run_of_the_readme_command(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "docs").mkdir(parents=True)
+    for doc in doc_figures.DOCS:
+        shutil.copy(os.path.join(doc_figures.REPO, doc), repo / doc)
+    fake_quickstart_run(tmp_path / "run")
+    text = doc_figures.quickstart_figure(str(tmp_path / "run"))
+    assert text == ("validation loss 10.84 → 5.73 (step 100) → 5.44 (200); peak memory 0.83 GiB (process max RSS, "
+                    "the run's last line); commit 0123456")
+    assert doc_figures.write("quickstart", text, str(repo)) == ["README.md", os.path.join("docs", "setup.md")]
+    assert set(doc_figures.written("quickstart", str(repo)).values()) == {text}
+    # what the docs must not claim: another run's figures, a resumed run's memory, uncommitted code's losses
+    for name, config, why in [("other", {"overrides": ["--max_iters=20"]}, "is not a run of"),
+                              ("resumed", {"resumes": [{"iter": 100}]}, "was resumed"),
+                              ("dirty", {"code_version": "0123456789abcdef-dirty"}, "uncommitted")]:
+        fake_quickstart_run(tmp_path / name, **config)
+        with pytest.raises(doc_figures.FigureError, match=why):
+            doc_figures.quickstart_figure(str(tmp_path / name))

@@ -159,6 +159,29 @@ def test_two_processes_equal_one_with_double_accumulation_and_resume_across_worl
     assert resumed["losses"] == pytest.approx(reference["losses"][4:], rel=1e-5)
 
 
+def test_the_quickstart_as_it_is_under_torchrun_on_two_processes_gives_one_process_losses(tmp_path):
+    """configs/quickstart.toml (batch_size = global_batch_size = 8) under torchrun --nproc_per_node=2 was refused
+    (8 is not a multiple of 8 x 2); each process now takes micro-batches of 4, of the same windows, and the losses
+    are one process's to fp32 rounding (the README's quickstart figures hold on any of 1, 2, 4 processes)"""
+    from data.prepare import ensure_default_corpus
+    from data.shards import DataError
+    try:
+        ensure_default_corpus(progress_bar=False)  # (a no-op once prepared; needs the GPT-2 ranks before)
+    except DataError as error:
+        pytest.skip(f"the quickstart's corpus cannot be prepared here: {error}")
+    quick = [os.path.join(REPO, "configs", "quickstart.toml"), "--max_iters=3", "--warmup_iters=1",
+             "--log_interval=1", "--eval_interval=3", "--eval_windows=16", "--ckpt_interval=0"]
+    one = train.run(quick + [f"--out_dir={tmp_path / 'one'}"])
+    assert (one["micro_batch_size"], one["grad_accum"]) == (8, 1)
+    result = torchrun(quick + [f"--out_dir={tmp_path / 'two'}"], timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "batch 8 x 128 tokens = 4 x 1 accum x 2" in result.stdout
+    assert [r["loss"] for r in read_metrics(tmp_path / "two")] == pytest.approx(one["losses"], rel=1e-5)
+    assert [r["val_loss"] for r in read_metrics(tmp_path / "two", "val")] == \
+        pytest.approx([v for _, v in one["val_losses"]], rel=1e-5)
+    assert json.loads((tmp_path / "two" / "config.json").read_text())["train"]["batch_size"] == 8  # as configured
+
+
 @pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
 def test_sigterm_saves_a_checkpoint_and_resume_continues(config_file, tmp_path, stop_signal):
     run_dir = tmp_path / "run"
@@ -193,6 +216,24 @@ def test_sigterm_saves_a_checkpoint_and_resume_continues(config_file, tmp_path, 
 
 
 # ----------------------------------------------------------------------------- configs and pieces
+
+def test_the_quickstart_and_every_cpu_config_split_over_one_two_and_four_processes_as_they_are():
+    """Under torchrun --nproc_per_node=2 the quickstart was refused (global_batch_size 8 is not a multiple of
+    batch_size 8 x 2), and so was every CPU config; each process now takes an equal share of the same global
+    batch, without a note"""
+    import glob
+    from types import SimpleNamespace
+    paths = [os.path.join(REPO, "configs", "quickstart.toml"), os.path.join(REPO, "configs", "base", "cpu.toml"),
+             *sorted(glob.glob(os.path.join(REPO, "configs", "cpu", "*.toml")))]
+    assert len(paths) >= 12
+    for path in paths:
+        _, cfg = resolve(path, [], GPTConfig)
+        for processes in (1, 2, 4):
+            notes = []
+            ddp = SimpleNamespace(world_size=processes, device=torch.device("cpu"), say=notes.append)
+            micro, accumulation = train.batch_split(cfg, ddp, resumed=False)
+            assert (micro * processes, accumulation, notes) == (cfg.global_batch_size, 1, []), (path, processes)
+
 
 def test_misspelled_keys_name_the_closest_valid_key(config_file, tmp_path):
     cases = [("[model]\nn_layr = 2\n", "'n_layer'"), ("[train]\nwarmup_iter = 2\n", "'warmup_iters'"),

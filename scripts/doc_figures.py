@@ -1,0 +1,149 @@
+"""The figures README.md and docs/setup.md give that the code measures, written from where they are measured, so
+that the docs cannot drift from the code:
+
+    python3 scripts/doc_figures.py tests                        # the suite's test count, by collecting it
+    python3 scripts/doc_figures.py quickstart runs/quickstart   # the quickstart's validation losses and peak
+                                                                # memory, from a finished run of the README's
+                                                                # `python3 train.py configs/quickstart.toml`
+
+Each figure sits between <!-- figure:NAME --> and <!-- /figure --> in the docs, and this script rewrites what is
+between them (every file that holds the marker). tests/test_setup_commands.py collects the suite and checks the
+written test count, and checks that every copy of a figure is the same text.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOCS = ("README.md", os.path.join("docs", "setup.md"))
+QUICKSTART = os.path.join("configs", "quickstart.toml")
+WIDTH = 120  # the longest line the docs' prose has
+
+
+class FigureError(Exception):
+    """A figure that cannot be written honestly; the message says why and what to do."""
+
+
+def marker(name: str) -> re.Pattern:
+    return re.compile(rf"(<!-- figure:{re.escape(name)} -->)(.*?)(<!-- /figure -->)", re.S)
+
+
+def written(name: str, repo: str = REPO) -> dict[str, str]:
+    """{doc path: the text of figure `name` in it, its line breaks read as spaces} for every doc that holds it."""
+    found = {}
+    for doc in DOCS:
+        with open(os.path.join(repo, doc)) as f:
+            for match in marker(name).finditer(f.read()):
+                found[doc] = " ".join(match.group(2).split())
+    return found
+
+
+def fitted(text: str, before: str, after: str) -> str:
+    """`text` broken at spaces so that no line is longer than WIDTH, the first one after `before` (what precedes
+    it on its line) and the last one followed by `after` (what follows it on its line); Markdown reads the breaks
+    as spaces."""
+    lines, line, room = [], "", WIDTH - len(before)
+    for word in text.split():
+        if line and len(line) + 1 + len(word) > room:
+            lines.append(line)
+            line, room = word, WIDTH
+        else:
+            line = f"{line} {word}" if line else word
+    if len(line) + len(after) > room and " " in line:  # the last line's last word goes on, with what follows it
+        line, last = line.rsplit(" ", 1)
+        lines, line = lines + [line], last
+    return "\n".join(lines + [line])
+
+
+def write(name: str, text: str, repo: str = REPO) -> list[str]:
+    """Put `text` as figure `name` in every doc that holds its marker, broken into lines of at most WIDTH
+    characters; the docs changed."""
+    changed = []
+    for doc in DOCS:
+        path = os.path.join(repo, doc)
+        with open(path) as f:
+            before = f.read()
+
+        def replaced(m):
+            line_start = before.rfind("\n", 0, m.start()) + 1
+            line_end = before.find("\n", m.end())
+            return m.group(1) + fitted(text, before[line_start:m.start(2)],
+                                       m.group(3) + before[m.end():line_end if line_end >= 0 else None]) + m.group(3)
+        after = marker(name).sub(replaced, before)
+        if after != before:
+            with open(path, "w") as f:
+                f.write(after)
+            changed.append(doc)
+    if not written(name, repo):
+        raise FigureError(f"no doc holds the marker <!-- figure:{name} -->; put it in one of {', '.join(DOCS)}")
+    return changed
+
+
+def collected_tests(repo: str = REPO) -> int:
+    """The number of tests in tests/, as pytest collects them (each parameter set counts)."""
+    result = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                             "tests"], cwd=repo, capture_output=True, text=True)
+    last = (result.stdout.strip().splitlines() or [""])[-1]
+    match = re.fullmatch(r"(\d+) tests? collected in .*", last)
+    if result.returncode != 0 or not match:  # (collection errors end with "N errors" and a non-zero status)
+        raise FigureError(f"collecting the suite failed (exit status {result.returncode}): {last!r}")
+    return int(match.group(1))
+
+
+def tests_figure(repo: str = REPO) -> str:
+    return f"{collected_tests(repo):,}"
+
+
+def quickstart_figure(run_dir: str) -> str:
+    """The validation losses and the peak memory of a finished, unresumed run of the quickstart as the README gives
+    it (no override but --out_dir), from committed code; refused otherwise, since the docs claim those."""
+    try:
+        with open(os.path.join(run_dir, "config.json")) as f:
+            config = json.load(f)
+        with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+            records = [json.loads(line) for line in f if line.strip()]
+    except (OSError, ValueError) as error:
+        raise FigureError(f"{run_dir} is not a readable run directory ({error}); run python3 train.py "
+                          f"{QUICKSTART} first") from None
+    extra = [o for o in config.get("overrides", []) if not o.startswith("--out_dir=")]
+    if not config.get("config_file", "").endswith(QUICKSTART) or extra:
+        raise FigureError(f"{run_dir} is not a run of `python3 train.py {QUICKSTART}` as the README gives it "
+                          f"(config {config.get('config_file')!r}, overrides {extra})")
+    if config.get("resumes"):
+        raise FigureError(f"{run_dir} was resumed: its peak memory is that of the last start only; train it in one go")
+    if str(config.get("code_version", "unknown")).endswith(("-dirty", "unknown")):
+        raise FigureError(f"{run_dir} was trained from uncommitted or unknown code ({config.get('code_version')}); "
+                          "commit, then train again")
+    summary = [r for r in records if r.get("type") == "summary"]
+    if not summary or summary[-1].get("stopped") != "done":
+        raise FigureError(f"{run_dir} has not finished (no summary record that says done)")
+    losses = [(r["iter"], r["val_loss"]) for r in records if r.get("type") == "val"]
+    if not losses or losses[0][0] != 0:
+        raise FigureError(f"{run_dir} has no validation at step 0")
+    steps = [f"{loss:.2f}" if i == 0 else f"{loss:.2f} (step {step})" if i == 1 else f"{loss:.2f} ({step})"
+             for i, (step, loss) in enumerate(losses)]
+    memory = summary[-1]
+    return (f"validation loss {' → '.join(steps)}; peak memory {memory['peak_memory_gb']:.2f} GiB "
+            f"({memory['memory_kind']}, the run's last line); commit {config['code_version'][:7]}")
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in ("tests", "quickstart") or len(argv) > 2 or argv[0] == "tests" and len(argv) > 1:
+        print(__doc__.strip(), file=sys.stderr)
+        return 2
+    try:
+        name = argv[0]
+        text = tests_figure() if name == "tests" else \
+            quickstart_figure(argv[1] if len(argv) > 1 else os.path.join(REPO, "runs", "quickstart"))
+        changed = write(name, text)
+    except FigureError as error:
+        print(f"error: {error}.", file=sys.stderr)
+        return 1
+    print(f"{name}: {text}" + (f" (written to {', '.join(changed)})" if changed else " (the docs had it already)"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
