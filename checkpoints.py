@@ -24,7 +24,7 @@ import zipfile
 
 import torch
 
-from training.errors import how_to_continue
+from config import how_to_continue
 
 CHECKSUM_KEY = "checksum"
 SHARDS_DIR = "ckpt.shards"  # beside ckpt.pt: the sharded checkpoints' directories (the one ckpt.pt names is live)

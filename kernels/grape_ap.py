@@ -34,7 +34,9 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from kernels.triton_probe import DTYPE_NAMES, triton_builds
+from kernels import triton_probe
+from kernels.triton_probe import (DTYPE_NAMES, PROBE_HEADS, PROBE_KV_HEADS, probe_generator, probe_randn,
+                                   compare_with_portable, probe_tokens, triton_builds)
 
 BACKENDS = ("auto", "chunked", "triton", "decode")
 
@@ -406,3 +408,23 @@ def decode_attention(q, k, v, p, r, slopes, scale: float, window: int | None = N
     logits = scale * (qg @ k.to(dtype).transpose(-1, -2)) + bias
     out = torch.softmax(logits, dim=-1) @ v.to(dtype)
     return out.view(B, H, 1, v.shape[3]).to(v.dtype)
+
+
+def _probe_triton_kernels(dtype: torch.dtype, device: torch.device, head_dim: int, value_dim: int) -> float:
+    """kernels/triton_probe.py's check of this family: the Triton path against the chunked one, forward and
+    backward, with grouped keys (its largest relative error; KernelMismatch beyond the dtype's tolerance)."""
+    g, T, H, Hkv = probe_generator(device), probe_tokens(device), PROBE_HEADS, PROBE_KV_HEADS
+    inputs = [probe_randn(g, 1, H, T, head_dim), probe_randn(g, 1, Hkv, T, head_dim), probe_randn(g, 1, Hkv, T, value_dim),
+              probe_randn(g, 1, H, T, 8, scale=0.5), probe_randn(g, 1, Hkv, T, 8, scale=0.5)]
+    slopes = torch.tensor([0.05, 0.3], device=device)
+    scale = head_dim ** -0.5
+
+    def kernel(q, k, v, p, r):
+        return grape_ap_attention(q, k, v, p.float(), r.float(), slopes, scale, backend="triton")
+
+    def portable(q, k, v, p, r):
+        return grape_ap_attention(q, k, v, p, r, slopes, scale, backend="chunked")
+    return compare_with_portable(kernel, portable, inputs, probe_randn(g, 1, H, T, value_dim), dtype)
+
+
+triton_probe.PROBES["grape_ap"] = _probe_triton_kernels

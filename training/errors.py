@@ -2,21 +2,7 @@
 import os
 import sys
 
-# scripts/study.py sets this to its own command line for the runs it starts, in its process and in subprocesses: a
-# study's run is continued by rerunning the study (which adds --resume itself, with the study's settings), so the
-# advice to continue with train.py --resume would send its user past the study.
-STUDY_COMMAND = "GRAPE_STUDY_COMMAND"
-
-
-def study_command() -> str | None:
-    """The command line of the study this run belongs to, or None when train.py runs on its own."""
-    return os.environ.get(STUDY_COMMAND) or None
-
-
-def how_to_continue(alone: str = "continue with --resume") -> str:
-    """The advice after a stop that left a checkpoint: `alone` for train.py on its own, or to rerun the study."""
-    command = study_command()
-    return f"rerun the study command ({command}) to continue" if command else alone
+from config import STUDY_COMMAND, how_to_continue, study_command  # noqa: F401  (re-exported)
 
 
 def interrupted_line() -> str:
