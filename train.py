@@ -36,6 +36,19 @@ from training.errors import LostProcess, TrainError, exit_interrupted, how_to_co
 if __name__ == "__main__":  # a Ctrl-C while torch and the rest import (seconds) ends as a later one does
     signal.signal(signal.SIGINT, exit_interrupted)
 
+
+def leave_quietly(signum=None, frame=None) -> None:
+    """SIGTERM on a process other than the main one under torchrun, outside the training loop (whose own handler
+    saves a checkpoint): torchrun sends it to end the others when one process has failed, and an exit with
+    status 0 keeps this one out of torchrun's report of failures, which then names the real one alone."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # (not sys.exit: no clean-up that could wait on the process that failed)
+
+
+if __name__ == "__main__" and "TORCHELASTIC_ERROR_FILE" in os.environ and os.environ.get("RANK", "0") != "0":
+    signal.signal(signal.SIGTERM, leave_quietly)  # from the start: the failure may come while this one imports
+
 import torch
 import torch.distributed as dist
 
@@ -610,7 +623,7 @@ def main() -> None:
         dist.destroy_process_group()
 
 
-TORCHRUN_ERROR_FILE = "TORCHELASTIC_ERROR_FILE"  # set by torchrun for each process it starts
+TORCHRUN_ERROR_FILE = "TORCHELASTIC_ERROR_FILE"  # set by torchrun for each process it starts (also above)
 MAIN_PROCESS_REPORTS_WITHIN_S = 30.0  # its exit takes seconds (torch unloading) on a busy machine
 
 
@@ -630,15 +643,10 @@ def report_to_torchrun(sentence: str, code: int) -> None:
 
 def leave_it_to_the_main_process() -> None:
     """A process other than the main one, under torchrun, with an error that every process meets alike: the main
-    process reports it. When it exits, torchrun ends the others with SIGTERM, which here exits quietly with status
-    0, so that torchrun's report lists no second failure (the job still fails: the main process's status is
-    torchrun's). If no SIGTERM comes, the error was this process's own (the main one is waiting on it in a
-    collective, or on another node): the caller then reports it as its own."""
-    def quiet_exit(signum, frame):
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)  # (not sys.exit: no cleanup that could wait on the others)
-    signal.signal(signal.SIGTERM, quiet_exit)
+    process reports it, and when it exits, torchrun's SIGTERM ends this one quietly (leave_quietly). If none comes,
+    the error was this process's own (the main one is waiting on it in a collective, or on another node): the
+    caller then reports it as its own."""
+    signal.signal(signal.SIGTERM, leave_quietly)
     time.sleep(MAIN_PROCESS_REPORTS_WITHIN_S)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 

@@ -1035,7 +1035,7 @@ def test_under_torchrun_the_sentence_ends_torchruns_report(config_file, tmp_path
                 "number that divides 3) or change --global_batch_size.")
     lines = [line.strip() for line in output.splitlines() if line.strip() and set(line.strip()) != {"="}]
     assert lines[-1] == sentence and output.count(sentence) == 1, output[-3000:]
-    assert "<NO_OTHER_FAILURES>" in output and "To enable traceback" not in output
+    assert "<NO_OTHER_FAILURES>" in output and "To enable traceback" not in output, output[-3000:]
 
 
 def test_an_include_that_is_missing_names_the_file_that_includes_it(tmp_path):
