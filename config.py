@@ -26,11 +26,12 @@ import glob
 import json
 import math
 import os
+import re
 import tomllib
 import typing
 from dataclasses import dataclass
 
-# scripts/study.py sets this to its own command line for the runs it starts, in its process and in subprocesses: a
+# study.py sets this to its own command line for the runs it starts, in its process and in subprocesses: a
 # study's run is continued by rerunning the study (which adds --resume itself, with the study's settings), so the
 # advice to continue with train.py --resume would send its user past the study.
 STUDY_COMMAND = "GRAPE_STUDY_COMMAND"
@@ -80,6 +81,11 @@ MAX_SEED = 2**64 - 1  # torch.manual_seed takes 0 .. 2**64 - 1; numpy's seeds ta
 
 class ConfigError(Exception):
     """A user mistake in a config file or on the command line; the message says what to do."""
+
+
+class UserError(Exception):
+    """A mistake in a command's arguments or inputs (a checkpoint path, a data folder): printed as one sentence,
+    without a traceback."""
 
 
 @dataclass(kw_only=True)
@@ -160,7 +166,10 @@ class TrainConfig:
     wandb_mode: str = "offline"      # offline | online
     wandb_run_name: str = ""         # "" = the run directory's name
 
-    def validate(self) -> None:
+    def validate(self, in_study_file: bool = False) -> None:
+        """A ConfigError for the first setting that cannot train. `in_study_file`: the settings come from a study
+        file, whose [overrides] set keys (warmup_iters = 10), not train.py's flags (--warmup_iters=10), so the
+        remedy is written that way."""
         # (whether the value is valid, what is wrong, the key whose usual value is suggested as the remedy, or None
         # when the sentence already says what to do)
         checks = [
@@ -222,6 +231,11 @@ class TrainConfig:
              "loss_chunk_tokens"),
         ]
         for ok, message, key in checks:
+            if not ok and in_study_file:
+                remedy = f"; set it in [overrides], e.g. {key} = {json.dumps(getattr(TrainConfig, key))} (the " \
+                         "default)" if key else ""
+                as_keys = re.sub(r"--(\w+)=", r"\1 = ", re.sub(r"--(\w+)\b(?!=)", r"\1", message))
+                raise ConfigError(as_keys + remedy + ".")
             if not ok:
                 remedy = f"; set it in [train] or with --{key}=..., e.g. --{key}={getattr(TrainConfig, key)} (the " \
                          "default)" if key else ""
@@ -580,7 +594,7 @@ def resolve(config_path: str, overrides: list[str], model_config_cls, resume: bo
     train = TrainConfig(**train_values)
     if not train.out_dir:
         train.out_dir = default_out_dir(config_path)
-    train.validate()
+    train.validate(in_study_file=overrides_from is not None)
     try:
         model = model_config_cls.from_dict(model_values)
     except (ValueError, TypeError) as e:

@@ -25,7 +25,7 @@ FUSED_LOSS_PACKAGES = {"liger": ("liger_kernel", "pip install liger-kernel"),
                        "cce": ("cut_cross_entropy", "pip install cut-cross-entropy")}
 # Chunk size when none is given (train.loss_chunk_tokens' default): a chunk's fp32 logits are then 256 x 4 bytes
 # a vocabulary entry (52 MB at the GPT-2 vocabulary, against 3.3 GB for the paper's 4 x 4096-token micro-batch).
-# Measured on the CPU (scripts/bench_memory.py, docs/memory.md): 8x less peak than the plain loss at the
+# Measured on the CPU (bench/bench_memory.py, docs/memory.md): 8x less peak than the plain loss at the
 # quickstart's micro-batch and faster; 1024-token chunks would hold the quickstart's whole micro-batch at once.
 DEFAULT_CHUNK_TOKENS = TrainConfig.loss_chunk_tokens
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
-import os
 from dataclasses import dataclass
 
 import torch
@@ -18,7 +17,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint
 
-import checkpoints
 from lm_loss import DEFAULT_CHUNK_TOKENS, compute_dtype, lm_loss
 from attention import attend, describe_backend, resolve_backend
 from positional import BIASES, SKEW_EXP_MAX_NORM, KVShift, Rotation, build_bias, parse_pos
@@ -415,17 +413,6 @@ class GPT(nn.Module):
             if step + 1 < max_new_tokens:
                 logits, _ = self(next_token, cache=cache)
         return torch.cat(out, dim=1)
-
-    @classmethod
-    def from_checkpoint(cls, path: str, map_location="cpu") -> tuple["GPT", dict]:
-        """Load RUN_DIR/ckpt.pt (or the file given): needs the keys "model" and "model_config"."""
-        file = os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path
-        if not os.path.isfile(file):
-            raise FileNotFoundError(f"no checkpoint at {file}: pass a run directory holding ckpt.pt or a .pt file")
-        ckpt = checkpoints.load(file, map_location=map_location)  # checksum verified; CheckpointError (a ValueError)
-        model = cls(GPTConfig.from_dict(ckpt["model_config"]))
-        model.load_state_dict(ckpt["model"])
-        return model, ckpt
 
 
 def checkpointed_blocks(mode: str, n_layer: int, every: int = 2) -> list[int]:

@@ -13,7 +13,9 @@ import time
 import torch
 
 from config import MAX_SEED
-from eval.checkpoint import UserError, autocast_context, load_model, pick_device
+from checkpoints import load_model
+from config import UserError
+from eval.runtime import autocast_context, pick_device
 from eval.cli import make_parser
 from model import sample_next
 

@@ -144,7 +144,7 @@ def open_checkpoint(args: Arguments, cfg: TrainConfig, model_cfg: dict) -> tuple
     path = os.path.join(cfg.out_dir, "ckpt.pt")
     if not args.resume:
         if not args.start_over:
-            refuse_earlier_checkpoint(cfg.out_dir)
+            refuse_earlier_checkpoint(cfg.out_dir, args.config_path)
         return None, [], initial_state(cfg.init_from, model_cfg) if cfg.init_from else None
     ckpt = load_checkpoint(path)  # fail fast on a missing or damaged checkpoint
     return ckpt, check_resume_compatible(ckpt, model_cfg, cfg, path, args.allowed_changes), None
@@ -629,7 +629,7 @@ MAIN_PROCESS_REPORTS_WITHIN_S = 30.0  # its exit takes seconds (torch unloading)
 
 def report_to_torchrun(sentence: str, code: int) -> None:
     """Under torchrun, put the sentence in this process's error file: torchrun's failure report then ends with it
-    (on a line of its own, where scripts/study.py's error line is looked for), instead of a pointer to its
+    (on a line of its own, where study.py's error line is looked for), instead of a pointer to its
     documentation."""
     path = os.environ.get(TORCHRUN_ERROR_FILE)
     if path:

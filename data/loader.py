@@ -43,7 +43,7 @@ def _windows(shards, block_size):
 def _read_ahead(shard, start, count):
     """Ask the kernel to read tokens [start, start + count) of a memory-mapped shard in the background. Done for
     every window of a batch before copying any, the windows come from disk in parallel instead of one page fault
-    after another: 1.7 instead of 20 ms per 20 x 4096 batch on a cold page cache here (scripts/bench_scale.py)."""
+    after another: 1.7 instead of 20 ms per 20 x 4096 batch on a cold page cache here (bench/bench_scale.py)."""
     mapped = getattr(shard, "base", None)
     if not isinstance(mapped, mmap.mmap) or not hasattr(mapped, "madvise"):
         return  # an empty shard (a plain array), or a platform without madvise

@@ -29,7 +29,9 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from data.shards import DataError  # noqa: E402
-from eval.checkpoint import UserError, autocast_context, describe_encoding, load_model, pick_device  # noqa: E402
+from checkpoints import load_model  # noqa: E402
+from config import UserError  # noqa: E402
+from eval.runtime import autocast_context, describe_encoding, pick_device  # noqa: E402
 from eval.cli import make_parser  # noqa: E402
 from eval.windows import plan_windows  # noqa: E402
 from eval import progress as timing  # noqa: E402

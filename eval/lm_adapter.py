@@ -33,7 +33,8 @@ import torch.nn.functional as F
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 
-from eval.checkpoint import autocast_context, load_model, pick_device
+from checkpoints import load_model
+from eval.runtime import autocast_context, pick_device
 from eval.windows import plan_windows
 from eval import progress as timing
 from eval.progress import Progress

@@ -29,7 +29,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: import from the repo root, not from eval/
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from eval.checkpoint import UserError  # noqa: E402
+from config import UserError  # noqa: E402
 from eval.tasks import ZERO_SHOT_TASKS, check_data_file, expected_files_message  # noqa: E402
 
 
@@ -122,7 +122,7 @@ def prepare_long_context(args, data_dir, yaml_dir):
         return
     ruler = any(t in RULER_TASKS for t in chosen)
     if ruler and "tokenizer" not in metadata:
-        from eval.checkpoint import load_model
+        from checkpoints import load_model
         from eval.long_context_tasks import write_hf_tokenizer
 
         _, tokenizer, _ = load_model(model_args["ckpt"], "cpu")

@@ -45,7 +45,8 @@ if __package__ in (None, ""):  # run as a script: import from the repo root, not
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from eval import progress as timing  # noqa: E402
-from eval.checkpoint import UserError, describe_encoding  # noqa: E402
+from config import UserError  # noqa: E402
+from eval.runtime import describe_encoding  # noqa: E402
 from eval.cli import make_parser  # noqa: E402
 from eval.long_context_tasks import (BABILONG_SPLITS, BABILONG_TASKS, EXPORT_BABILONG_SPLITS,  # noqa: E402
                                      RULER_TASKS, TASK_DESCRIPTIONS, babilong_split, expand_tasks, missing_files,
@@ -294,7 +295,7 @@ def plan_run(ckpt, args):
     """(lengths, tasks to run, {task: why not run}) of one checkpoint, before anything slow: a missing data file,
     a length that cannot fit in memory or holds no task's answer, and an output directory that cannot be written
     stop the program here, naming them."""
-    from eval.checkpoint import load_model
+    from checkpoints import load_model
 
     model, _, _ = load_model(ckpt, "cpu")
     lengths = resolve_lengths(args.lengths, model.config.block_size)
@@ -322,7 +323,7 @@ def shorter_than_answer(task, length):
 
 
 def evaluation_device(device):
-    """The device the evaluation will run on (eval.checkpoint.pick_device's choice, without its note)."""
+    """The device the evaluation will run on (eval.runtime.pick_device's choice, without its note)."""
     import torch
 
     if not device or (str(device).startswith("cuda") and not torch.cuda.is_available()):

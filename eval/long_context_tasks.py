@@ -25,7 +25,7 @@ import urllib.parse
 
 import yaml
 
-from eval.checkpoint import UserError
+from config import UserError
 
 RULER_TASKS = ("niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2",
                "niah_multikey_3", "niah_multiquery", "niah_multivalue", "ruler_vt", "ruler_cwe", "ruler_fwe",

@@ -26,7 +26,8 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: import from the repo root, not from eval/
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from eval.checkpoint import UserError, describe_encoding  # noqa: E402
+from config import UserError  # noqa: E402
+from eval.runtime import describe_encoding  # noqa: E402
 from eval import progress as timing  # noqa: E402
 from eval.cli import make_parser  # noqa: E402
 from eval.tasks import ZERO_SHOT_TASKS, check_data_file, expected_files_message  # noqa: E402

@@ -34,7 +34,8 @@ def export(run_dir: str, out_dir: str, fmt: str = "auto", argument: str = "RUN_D
     model, else remote code), "native" or "remote". `argument`: how the caller names run_dir in its messages.
     Returns a summary."""
     from data.shards import DataError
-    from eval.checkpoint import UserError, load_model
+    from checkpoints import load_model
+    from config import UserError
 
     if fmt not in FORMATS:
         raise ExportError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")

@@ -15,7 +15,7 @@ s = q·k·(scale·log2 e) + bias. Tiles wholly below the diagonal take a loop wi
 
 Precision with bf16/fp16 inputs (fp32 inputs run every dot in fp32, "ieee", and Triton's exact log2):
 every fp32 operand goes through the tensor cores as hi + lo parts with fp32 accumulation, in fp16 22
-significant bits, about fp32 (scripts/split_precision.py measures the formats). z = p·r takes the parts
+significant bits, about fp32 (tools/split_precision.py measures the formats). z = p·r takes the parts
 from the host (``_path_operands``: one K = 32 dot, no per-element work); the in-tile suffix of ψ splits ψ
 in registers. ψ is clamped at -2^15 (log2 units) to stay in fp16's range: any key left of such an edge has
 bias <= -2^15 and softmax weight exactly 0 with or without the clamp. dS and the path gradients' operands
@@ -538,7 +538,7 @@ def kernel_builds(head_dim: int, value_dim: int, path_dim: int, dtype: torch.dty
                   windowed: bool = False) -> list[tuple]:
     """(name, kernel, compile-time arguments, warps, stages, score elements per step of the inner loop) of the
     forward and both backward kernels, as a GPU launch with these sizes compiles them: what
-    scripts/kernel_resources.py builds ahead of time."""
+    tools/kernel_resources.py builds ahead of time."""
     config = check_config(config)
     builds = []
     for name, kernel, (block_m, block_n, warps, stages) in (("_fwd", _fwd, config[0:4]),
@@ -662,7 +662,7 @@ def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16, *, interp
                    ) -> tuple[int, ...]:
     """Forward, query-major and key-major (BLOCK_M, BLOCK_N, warps, stages), then pass rows. bf16/fp16: the
     tiles with the fewest predicted cycles per score element on sm_90 among those tried with
-    scripts/kernel_resources.py (docs/kernel_resources.md): the forward and query-major kernels without
+    tools/kernel_resources.py (docs/kernel_resources.md): the forward and query-major kernels without
     spills; the key-major kernel's 64-key tiles (a warpgroup's wgmma rows for dk, dv, dr) spill some registers
     at every tile tried that uses wgmma (its 32-query tiles that do not spill run on mma.sync and are bound by
     shared memory at 2-4x the cycles). fp32 inputs run every dot without tensor cores, in tiles that fit an

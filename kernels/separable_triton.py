@@ -331,7 +331,7 @@ def triton_backward(grad_out, q, k, v, qf, kf, out, lse, scale: float, flags, co
 
 def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16) -> tuple[int, ...]:
     """Tile sizes (scripts/gpu_check.sh sweeps alternatives on the GPU). bf16/fp16 on sm_90, by the static cost
-    of scripts/kernel_resources.py (docs/kernel_resources.md, compiled ahead of time with Triton's ptxas):
+    of tools/kernel_resources.py (docs/kernel_resources.md, compiled ahead of time with Triton's ptxas):
     the backward kernels with 4 warps predict 2.3-2.5x fewer cycles per score element than with 8, where they
     were bound by shared memory (the mma.sync operands each warp reloads with ldmatrix); no spills except
     24 B per thread in the key-major kernel at D = 128. fp32 inputs (attn_backend="tile" forced; "auto" lifts

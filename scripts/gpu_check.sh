@@ -6,7 +6,7 @@
 #      FlashAttention, whole models in bf16 (auto / lifted vs dense, KV-cache decoding), both kernel families
 #      with grouped-query keys and a sliding window                                 -> docs/gpu_check.md
 #   2. GRAPE-AP beside causal SDPA, plain attention built the same way (the separable Triton kernel without a
-#      bias) and the stick-breaking kernel (when installed: see scripts/bench_path_kernels.py), B1 and B4 at
+#      bias) and the stick-breaking kernel (when installed: see bench/bench_path_kernels.py), B1 and B4 at
 #      T = 4096 and 8192: the measured GRAPE-AP / SDPA beside the static prediction of docs/kernel_resources.json
 #                                                                             -> docs/benchmarks_path_gpu.md
 #   3. one attention layer per encoding at T = 4096 and 8192 (medium's head shape, bf16; separable
@@ -85,16 +85,16 @@ medium="--heads 8 --head_dim 128 --n_embd 1024 --dense_max_T 1 --repeats 5"
 # stage limits add up to the 300 s budget (the GRAPE-AP ratios come second, right after correctness): the optional
 # last stage runs only on what earlier stages leave
 stage correctness 55 python3 scripts/gpu_check.py --seconds 30 --out docs/gpu_check.md
-stage path-kernels 45 python3 scripts/bench_path_kernels.py --T 4096,8192 --batch 1,4 --out docs/benchmarks_path_gpu.md
-stage attention 40 python3 scripts/bench_attention.py --T 4096,8192 $medium --profile grape_m_basis \
+stage path-kernels 45 python3 bench/bench_path_kernels.py --T 4096,8192 --batch 1,4 --out docs/benchmarks_path_gpu.md
+stage attention 40 python3 bench/bench_attention.py --T 4096,8192 $medium --profile grape_m_basis \
     --out docs/benchmarks_gpu.md
-stage kernels-batch4 25 python3 scripts/bench_attention.py --T 4096,8192,16384 --batch 4 --encodings grape_ap,fox \
+stage kernels-batch4 25 python3 bench/bench_attention.py --T 4096,8192,16384 --batch 4 --encodings grape_ap,fox \
     $medium --repeats 3 --out docs/benchmarks_gpu_b4.md
-stage training 85 python3 scripts/bench_train.py --config configs/base/medium.toml --steps 3 --rounds 2 --warmup 2 \
+stage training 85 python3 bench/bench_train.py --config configs/base/medium.toml --steps 3 --rounds 2 --warmup 2 \
     --encodings rope,alibi,grape_a_qk,fox --out docs/benchmarks_train_gpu.md
-stage long-context 50 python3 scripts/bench_train.py --config configs/base/medium.toml --n_layer=4 --block_size=16384 \
+stage long-context 50 python3 bench/bench_train.py --config configs/base/medium.toml --n_layer=4 --block_size=16384 \
     --batch_size=1 --steps 2 --rounds 2 --warmup 2 --encodings rope,fox,grape_a_qk,grape_ap --out docs/benchmarks_long_gpu.md
-optional_stage extra 30 python3 scripts/bench_attention.py --T 8192 --encodings grape_ap,fox $medium --repeats 3 \
+optional_stage extra 30 python3 bench/bench_attention.py --T 8192 --encodings grape_ap,fox $medium --repeats 3 \
     --flex --sweep --out docs/benchmarks_gpu_extra.md
 # the numbers this script exists for, last, where the device runner's reply shows them
 grep -h "GRAPE-AP / SDPA measured" "$log" | sed 's/^/   /' || true

@@ -4,7 +4,7 @@
 # GPU_STUDY_ITERS iterations of 64 x 1024 tokens each (default 300: 19.7M tokens), on the embedded English corpus
 # read as bytes (vocabulary 257; 2.7M training tokens, so about 7 passes: the GPU image has no tokenizer library
 # and no internet). Then the loss by position at 1, 2 and 4 L (eval/extrapolation.py) and the same report as
-# scripts/study.py writes (docs/results_gpu.md, between its markers, with the plots beside it).
+# study.py writes (docs/results_gpu.md, between its markers, with the plots beside it).
 #
 # It stops itself in time: the study runs under `timeout -s INT` within GPU_STUDY_SECONDS (default 330); a run
 # cut short saves its checkpoint, the report lists what finished, and the same command continues later.
@@ -53,7 +53,7 @@ if [ ! -f data_cache/default-byte/manifest.json ]; then
     exit 2
 fi
 mkdir -p "$out" "$(dirname "$publish")"
-[ -f "$publish" ] || printf '# Results on one GPU: rope, grape_ap and fox on the 124M-class model\n\nWritten by `bash scripts/gpu_study.sh`.\n\n<!-- study report: begin (scripts/study.py --publish writes this part) -->\n<!-- study report: end -->\n' > "$publish"
+[ -f "$publish" ] || printf '# Results on one GPU: rope, grape_ap and fox on the 124M-class model\n\nWritten by `bash scripts/gpu_study.sh`.\n\n<!-- study report: begin (study.py --publish writes this part) -->\n<!-- study report: end -->\n' > "$publish"
 study_file=$out/gpu_study.toml
 cat > "$study_file" <<EOF
 name = "gpu_study"
@@ -71,7 +71,7 @@ windows = 8
 passkey_trials = 0
 EOF
 echo "gpu_study: $study_file, at most ${budget} s"
-timeout -s INT -k 30 "$budget" python3 scripts/study.py "$study_file" --publish "$publish"
+timeout -s INT -k 30 "$budget" python3 study.py "$study_file" --publish "$publish"
 rc=$?
 [ -n "${OUT:-}" ] && cp -rf "$publish" "$(dirname "$publish")"/results_gpu_*.png "$out/report.md" "$out/report.json" "$OUT"/ 2>/dev/null
 case $rc in

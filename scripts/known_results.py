@@ -29,7 +29,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from scripts import study  # noqa: E402
+import study  # noqa: E402
+from studies import spec as study_spec  # noqa: E402
 
 RISE_BOUND = 0.1     # nats: rope's loss beyond L at 8L over its loss at L must exceed this
 FLAT_BOUND = 0.05    # nats: alibi's and fox's may exceed their loss at L by at most this
@@ -91,10 +92,10 @@ def main(argv=None) -> int:
             # its own command in train.py's advice after a stop: the study file is a temporary one
             rerun = study.rerun_command(Path(__file__).resolve(), sys.argv[1:] if argv is None else argv)
             report = study.run_study(path, command=rerun)
-        except study.StudyError as error:
+        except study_spec.StudyError as error:
             print(f"error: {error}", file=sys.stderr)
             return 2
-        except (study.StudyInterrupted, KeyboardInterrupt):
+        except (study_spec.StudyInterrupted, KeyboardInterrupt):
             print("stopped: run the same command again to continue.", file=sys.stderr)
             return 130
     results = checks(report)

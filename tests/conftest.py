@@ -42,7 +42,7 @@ def pytest_configure(config):
     import os
     import tempfile
     config.addinivalue_line("markers", "fault: a fault-injection case listed in docs/faults.md "
-                                       "(scripts/fault_report.py runs them all: pytest -m fault)")
+                                       "(tools/fault_report.py runs them all: pytest -m fault)")
     config.shard_check_records = tempfile.mkdtemp(prefix="grape_cache_")
     os.environ["GRAPE_CACHE_DIR"] = config.shard_check_records
 

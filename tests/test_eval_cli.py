@@ -4,7 +4,7 @@ import pytest
 
 import sample
 from eval import extrapolation, long_context, zero_shot
-from scripts import plot_runs
+from studies import curves as plot_runs
 
 PARSERS = {"sample.py": sample.build_parser, "eval/extrapolation.py": extrapolation.build_parser,
            "eval/zero_shot.py": zero_shot.build_parser, "scripts/plot_runs.py": plot_runs.build_parser,

@@ -181,7 +181,7 @@ def test_offline_without_the_data_names_the_missing_files_in_one_sentence(tmp_pa
 
 
 def test_lm_eval_cli_hands_ruler_the_runs_tokenizer_and_refuses_what_cannot_run(tmp_path, monkeypatch):
-    from eval.checkpoint import UserError
+    from config import UserError
     from eval.lm_eval_cli import prepare_long_context
     from eval.long_context_tasks import PROBE_TEXT
     from transformers import AutoTokenizer
@@ -423,7 +423,7 @@ def test_a_study_reports_long_context_with_seeds_and_paired_intervals(tmp_path, 
     by the run's weights, so the runs differ."""
     import math
 
-    from scripts import study
+    import study
     from tests.helpers import synthetic_corpus, tiny_config
 
     data = synthetic_corpus(tmp_path, 20, 600)

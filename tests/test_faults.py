@@ -30,6 +30,7 @@ from data import prepare as prep
 from data.loader import verify_shards
 from data.shards import DataError, HEADER_BYTES, write_shard
 from model import GPT
+from checkpoints import load_gpt
 from tests.helpers import tiny_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -227,7 +228,7 @@ def test_a_malicious_checkpoint_runs_no_code(tmp_path):
 
     torch.save({"model": Payload(), "model_config": {}}, tmp_path / "ckpt.pt")
     with pytest.raises(ValueError, match="is refused: it holds Python objects") as info:
-        GPT.from_checkpoint(str(tmp_path))
+        load_gpt(str(tmp_path))
     assert "weights_only=False" not in str(info.value) and not marker.exists()
 
 
@@ -757,7 +758,7 @@ def test_stop_request_is_honoured_between_micro_batches(config_file, data_dir, t
     assert proc.returncode == 0 and "SIGTERM: stopping" in output, output
     saved = checkpoints.load(str(run_dir / "ckpt.pt"))
     assert saved["step"] == 0  # the only step was abandoned, not finished and not half-applied
-    config = GPT.from_checkpoint(str(run_dir))[0].config
+    config = load_gpt(str(run_dir))[0].config
     torch.manual_seed(1337)  # train.py's seed: the weights before any step
     fresh = GPT(config)
     assert all(torch.equal(saved["model"][k], v) for k, v in fresh.state_dict().items())

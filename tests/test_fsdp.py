@@ -26,6 +26,7 @@ import train
 from config import ConfigError
 from data.loader import validation_batches
 from model import GPT
+from checkpoints import load_gpt
 from tests.helpers import SMALL, synthetic_corpus, tiny_config
 from training.errors import TrainError
 
@@ -193,11 +194,11 @@ def test_a_ddp_checkpoint_resumes_under_fsdp(runs):
 
 
 def test_readers_take_a_sharded_run_directory_as_it_is(runs):
-    """GPT.from_checkpoint (sample.py, the evaluations, export_hf.py, init_from) assembles the weights that 4
+    """checkpoints.load_gpt (sample.py, the evaluations, export_hf.py, init_from) assembles the weights that 4
     processes saved in shards; their validation loss, computed here by a plain forward pass, is the one the run
     logged at its last step."""
     run_dir = runs["root"] / "fsdp4" / "fox"
-    model, ckpt = GPT.from_checkpoint(str(run_dir))
+    model, ckpt = load_gpt(str(run_dir))
     assert ckpt["step"] == 20 and "shards" in ckpt
     with torch.no_grad():
         total = windows = 0
@@ -206,7 +207,7 @@ def test_readers_take_a_sharded_run_directory_as_it_is(runs):
             windows += len(x)
     assert total / windows == pytest.approx(logged(run_dir, "val", "val_loss")[-1], rel=1e-6)
     # the same weights as the 1-process run's single file, to fp32 rounding
-    single, _ = GPT.from_checkpoint(str(runs["root"] / "ddp1" / "fox"))
+    single, _ = load_gpt(str(runs["root"] / "ddp1" / "fox"))
     for (name, a), b in zip(model.state_dict().items(), single.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)
 
@@ -237,12 +238,12 @@ def test_a_damaged_or_missing_shard_is_refused_in_one_sentence(runs, tmp_path):
         f.write(bytes([byte[0] ^ 0xFF]))
     with pytest.raises(checkpoints.CheckpointError, match=r"1 of the \d+ shard files .* are not as written "
                                                           r"\(__1_0\.distcp \(its contents do not match"):
-        GPT.from_checkpoint(str(run_dir))
+        load_gpt(str(run_dir))
     with pytest.raises(TrainError, match=r"__1_0\.distcp \(its contents do not match its checksum\)"):
         train.run([runs["config"], "--pos=rope", "--parallel=fsdp", f"--out_dir={run_dir}", "--resume"])
     os.remove(shard)
     with pytest.raises(checkpoints.CheckpointError, match=r"__1_0\.distcp \(missing\)"):
-        GPT.from_checkpoint(str(run_dir))
+        load_gpt(str(run_dir))
     shutil.rmtree(checkpoints.shard_directory(str(run_dir / "ckpt.pt"), ckpt))
     with pytest.raises(TrainError, match="is sharded, but its shard directory .* is missing"):
         train.run([runs["config"], "--pos=rope", "--parallel=fsdp", f"--out_dir={run_dir}", "--resume"])

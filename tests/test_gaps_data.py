@@ -1,4 +1,4 @@
-"""data/prepare.py where generated mutants found no test (scripts/mutants.py): the hub source streams and refuses at
+"""data/prepare.py where generated mutants found no test (tools/mutants.py): the hub source streams and refuses at
 once when offline (tested in-process: the script's own test runs it as __main__), pieces counted in a child
 process, an adopted manifest's fields against a prepared one's, and the default corpus' cache folder (its name
 per tokenizer; a damaged or outdated cache rebuilt, another folder left alone)."""

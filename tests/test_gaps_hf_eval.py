@@ -1,4 +1,4 @@
-"""Where generated mutants (scripts/mutants.py) found no test in hf/, eval/, training/metrics.py and attention.py:
+"""Where generated mutants (tools/mutants.py) found no test in hf/, eval/, training/metrics.py and attention.py:
 which Qwen3 configs load (every accepted spelling, every refusal with its reason), which errors count as an
 unreachable hub, lm-eval's model argument string, the wandb run a resume continues, and a description of every
 attention backend a layer can resolve to."""

@@ -1,4 +1,4 @@
-"""Behaviour that generated mutants (scripts/mutants.py, docs/testing.md) showed no test pinned down: each test
+"""Behaviour that generated mutants (tools/mutants.py, docs/testing.md) showed no test pinned down: each test
 here fails under at least one surviving mutant of the run on the final commit."""
 import ast
 import errno
@@ -187,7 +187,7 @@ def test_zero_shot_names_a_missing_data_dir_and_the_files_it_needs(tmp_path):
     import types
 
     from eval import tasks, zero_shot
-    from eval.checkpoint import UserError
+    from config import UserError
     with pytest.raises(UserError) as info:
         zero_shot.run(types.SimpleNamespace(data_dir=str(tmp_path / "missing")))
     assert str(info.value) == f"--data-dir {tmp_path / 'missing'} is not a directory.\n" + \
@@ -242,7 +242,7 @@ def test_a_negative_batch_index_is_one_sentence_for_both_samplers(tmp_path, monk
 
 def test_the_loss_by_position_refuses_a_split_shorter_than_one_window():
     from eval import extrapolation
-    from eval.checkpoint import UserError
+    from config import UserError
     with pytest.raises(UserError, match="the validation split has 64 tokens, too few for one window of 64"):
         extrapolation.nonoverlapping_loss(None, torch.zeros(64, dtype=torch.long), 64)
 

@@ -1,4 +1,4 @@
-"""The static cost model of scripts/kernel_resources.py on hand-written SASS loops, against rates worked out from
+"""The static cost model of tools/kernel_resources.py on hand-written SASS loops, against rates worked out from
 the H100/H200 datasheet by hand: 989 TFLOP/s dense bf16 = 132 SMs x 1.83 GHz x 4,096 FLOPs, i.e. 2,048
 multiply-adds per clock per SM; 16 MUFU results per clock per SM; 4 warp instructions issued per clock; 128
 bytes per clock through shared memory. (The model before counted 4,096 multiply-adds and no mma.sync.)"""
@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("triton")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-spec = importlib.util.spec_from_file_location("kernel_resources", os.path.join(ROOT, "scripts", "kernel_resources.py"))
+spec = importlib.util.spec_from_file_location("kernel_resources", os.path.join(ROOT, "tools", "kernel_resources.py"))
 kernel_resources = importlib.util.module_from_spec(spec)
 sys.modules["kernel_resources"] = kernel_resources
 spec.loader.exec_module(kernel_resources)

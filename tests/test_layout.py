@@ -1,11 +1,14 @@
 """The import structure: no cycles between the project's modules, and no module imports one above it.
 
 Layers, bottom to top: the model and its parts, configs, checkpoints and data (0); the pieces of training, the
-evaluation and the Hugging Face export (1); the entry points train.py and sample.py (2); scripts/ (3). Imports
+evaluation and the Hugging Face export (1); the entry points train.py, sample.py and study.py with the study runner
+studies/ (2); the commands of scripts/, the benchmarks of bench/ and the developers' tools/ (3). Imports
 inside functions count too: they are how a cycle hides.
 """
 import ast
+import glob
 import os
+import re
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SKIP = ("tests", ".git", "data_cache", "runs", "templates")  # hf/templates are copied into exports, not imported
@@ -43,9 +46,9 @@ def layer(module: str) -> int:
     top = module.split(".")[0]
     if top in ("training", "eval", "hf"):
         return 1
-    if top in ("train", "sample"):
+    if top in ("train", "sample", "study", "studies"):
         return 2
-    if top == "scripts":
+    if top in ("scripts", "bench", "tools"):
         return 3
     return 0
 
@@ -77,3 +80,51 @@ def test_no_import_cycles():
     # the two cycles this layout once had are gone
     assert "data.prepare" not in graph["data.loader"] and "data.loader" not in graph["data.prepare"]
     assert "kernels.grape_ap" not in graph["kernels.grape_ap_triton"]
+
+
+def test_no_two_rooms_import_each_other():
+    """A room is a top-level module or package. Arrows between rooms run one way: eval/ reads the tokenizer files of
+    hf/, so hf/ must not import eval/ (the export once loaded its model through eval/, an arrow up; load_model now
+    lives in checkpoints.py, beside the checkpoint files it reads)."""
+    rooms = {}
+    for module, targets in import_graph().items():
+        for target in targets:
+            if module.split(".")[0] != target.split(".")[0]:
+                rooms.setdefault(module.split(".")[0], set()).add(target.split(".")[0])
+    both_ways = sorted({tuple(sorted((a, b))) for a, targets in rooms.items() for b in targets
+                        if a in rooms.get(b, set())})
+    assert both_ways == []
+    assert "hf" in rooms["eval"] and "eval" not in rooms["hf"]
+
+
+COMMAND = re.compile(r"(?:python3?|bash|sbatch(?: --\S+)*)\s+((?:[\w.+-]+/)*[\w.+-]+\.(?:py|sh|sbatch))\b")
+LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+
+
+def missing_paths(path: str, text: str) -> list[str]:
+    """The scripts that `python X.py` / `bash X.sh` / `sbatch X` commands in `text` name and the relative links of a
+    Markdown file that do not exist (commands from the repository root, links from the file's folder)."""
+    missing = [m.group(1) for m in COMMAND.finditer(text)
+               if not m.group(1).startswith("/") and not os.path.exists(os.path.join(REPO, m.group(1)))]
+    if path.endswith(".md"):
+        missing += [m.group(1) for m in LINK.finditer(text) if not m.group(1).startswith(("http:", "https:"))
+                    and not os.path.exists(os.path.join(os.path.dirname(path), m.group(1)))]
+    return missing
+
+
+def test_every_documented_command_and_link_points_to_a_file():
+    """After scripts/ was split into scripts/ (commands), bench/ and tools/, and the study runner became study.py, no
+    page, config, CI step or script's usage text may name an old path: that breakage would be silent until someone
+    copies the command."""
+    assert missing_paths(os.path.join(REPO, "README.md"),
+                         "run `python scripts/study.py S.toml`, `bash tools/gpu.sh` and [x](docs/gone.md); "
+                         "`python3 train.py C` and [y](docs/study.md)") == ["scripts/study.py", "tools/gpu.sh",
+                                                                              "docs/gone.md"]
+    files = (glob.glob(os.path.join(REPO, "*.md")) + glob.glob(os.path.join(REPO, "docs", "*.md"))
+             + glob.glob(os.path.join(REPO, "configs", "**", "*.toml"), recursive=True)
+             + [os.path.join(REPO, ".ci", "run")]
+             + [f for room in ("scripts", "bench", "tools", "studies") for f in glob.glob(os.path.join(REPO, room, "*"))
+                if os.path.isfile(f)] + glob.glob(os.path.join(REPO, "*.py")))
+    wrong = {os.path.relpath(f, REPO): missing for f in files
+             if (missing := missing_paths(f, open(f, errors="replace").read()))}
+    assert wrong == {}

@@ -1,12 +1,12 @@
 """Damaged lines of metrics.jsonl, line by line: what a resume (training.metrics.trim_metrics) and the study report
-(scripts/study.py read_metrics) keep, drop and count. A line that is not a JSON object is damage wherever it stands,
+(studies/launch.py read_metrics) keep, drop and count. A line that is not a JSON object is damage wherever it stands,
 except the file's last line when it lacks its newline (a write a kill cut short)."""
 import json
 
 import pytest
 
 from training.metrics import trim_metrics
-from scripts.study import read_metrics
+from studies.launch import read_metrics
 
 RECORDS = [{"type": "train", "iter": i, "loss": 10.0 - i} for i in (1, 2, 3)]
 NOT_RECORDS = [b"123", b"[]", b'"x"', b"null", b"\xff\xfe garbage", b'{"type": "train", "iter": 4, "lo']

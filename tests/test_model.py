@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from model import GPT, GPTConfig
+from checkpoints import load_gpt
 from positional import ENCODINGS
 
 VOCAB = 53
@@ -158,14 +159,14 @@ def test_official_init_and_structure():
 def test_checkpoint_round_trip(tmp_path):
     model = make("grape_a_qk", True)
     torch.save({"model": model.state_dict(), "model_config": model.config.__dict__.copy()}, tmp_path / "ckpt.pt")
-    loaded, ckpt = GPT.from_checkpoint(str(tmp_path))
+    loaded, ckpt = load_gpt(str(tmp_path))
     idx = tokens()
     assert torch.equal(loaded(idx)[0], model(idx)[0])
     (tmp_path / "bad.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(ValueError, match="corrupt"):
-        GPT.from_checkpoint(str(tmp_path / "bad.pt"))
+        load_gpt(str(tmp_path / "bad.pt"))
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
-        GPT.from_checkpoint(str(tmp_path / "missing"))
+        load_gpt(str(tmp_path / "missing"))
 
 
 @pytest.mark.parametrize("pos", ["fox", "grape_m_ctx", "grape_a_qk", "alibi", "grape_ap"])

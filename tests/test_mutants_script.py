@@ -1,4 +1,4 @@
-"""scripts/mutants.py's own logic: which mutants count as a message's wording, the proportional seeded sample, the
+"""tools/mutants.py's own logic: which mutants count as a message's wording, the proportional seeded sample, the
 names of mutmut's mutants, and the equivalence entries (mutmut itself is not needed for these)."""
 import importlib.util
 import json
@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from scripts import mutants
+from tools import mutants
 
 
 def pair(original_body, mutant_body, name="f"):
@@ -182,7 +182,7 @@ def test_a_sitting_runs_the_unjudged_mutants_and_a_recheck_the_unlisted_survivor
 
 
 def load_site_module(monkeypatch):
-    """scripts/mutants_site/sitecustomize.py as the stats run's subprocesses import it (it patches mutmut's
+    """tools/mutants_site/sitecustomize.py as the stats run's subprocesses import it (it patches mutmut's
     trampoline module on import; monkeypatch puts the originals back)."""
     from mutmut.mutation import trampoline
     monkeypatch.setattr(trampoline, "get_mutant_under_test", trampoline.get_mutant_under_test)
@@ -422,7 +422,7 @@ def test_the_command_on_a_new_machine_takes_the_records_sittings_and_verdicts(tm
     record's sittings and verdicts."""
     monkeypatch.setattr(mutants, "ROOT", str(tmp_path))
     monkeypatch.chdir(tmp_path)
-    for folder in ("mutants", "docs", "scripts"):
+    for folder in ("mutants", "docs", "tools"):
         (tmp_path / folder).mkdir()
     name = "config.x_f__mutmut_1"
     (tmp_path / "pyproject.toml").write_text('[tool.mutmut]\nsource_paths = ["config.py"]\n')  # read on import

@@ -1,7 +1,6 @@
 """Plots checked for the data they draw (captured from the figure when it is saved), not for a PNG header."""
 import json
 import os
-import sys
 
 import matplotlib
 import numpy as np
@@ -33,11 +32,7 @@ def drawn_lines(ax):
 
 
 def test_plot_runs_draws_each_runs_smoothed_train_and_raw_validation_curve(tmp_path, saved_figures):
-    sys.path.insert(0, os.path.join(REPO, "scripts"))
-    try:
-        import plot_runs
-    finally:
-        sys.path.pop(0)
+    from studies import curves as plot_runs  # the code of scripts/plot_runs.py
     runs = {"rope": ([4.0, 3.0, 3.5, 2.0], [5.0, 2.5]), "fox": ([3.8, 3.6, 2.0, 2.4], [4.9, 2.2])}
     for name, (train_losses, val_losses) in runs.items():
         (tmp_path / name).mkdir()
@@ -68,7 +63,7 @@ def test_plot_runs_gives_each_group_one_hue_in_shades_and_a_single_point_a_marke
     import colorsys
 
     from matplotlib.colors import to_rgb
-    from scripts import plot_runs
+    from studies import curves as plot_runs
     runs = {"rope1": 4, "rope2": 4, "fox1": 1, "rope3": 4, "fox2": 4}
     for name, n_points in runs.items():
         (tmp_path / name).mkdir()

@@ -15,7 +15,8 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from scipy.stats import t as student_t
 
-from scripts import study
+from studies import launch as study_launch, report as study_report, spec as study_spec
+from studies import summary as study_summary
 
 finite = st.floats(min_value=-50, max_value=50, allow_nan=False)
 
@@ -31,7 +32,7 @@ def write_run(run_dir, *, on_gpu, world_size, times, final_iter, val_loss, train
     (run_dir / "study_time.json").write_text(json.dumps(times))
     if trained:
         (run_dir / "ckpt.pt").write_bytes(b"x")
-    return study.Run(encoding="rope", seed=1, run_dir=str(run_dir), train_args=[], final_iter=final_iter, evals={},
+    return study_spec.Run(encoding="rope", seed=1, run_dir=str(run_dir), train_args=[], final_iter=final_iter, evals={},
                      model={}, tokens=final_iter * 64)
 
 
@@ -42,7 +43,7 @@ def write_run(run_dir, *, on_gpu, world_size, times, final_iter, val_loss, train
 def test_a_runs_row_and_gpu_hours_for_any_run(tmp_path_factory, on_gpu, world_size, times, final_iter, val_loss):
     run = write_run(tmp_path_factory.mktemp("run"), on_gpu=on_gpu, world_size=world_size, times=times,
                     final_iter=final_iter, val_loss=val_loss)
-    row = study.run_row(run, {})
+    row = study_summary.run_row(run, {})
     gpus = world_size if on_gpu else 0
     assert row["gpus"] == gpus
     assert row["gpu_hours"] == pytest.approx(sum(times.values()) / 3600 * gpus, rel=1e-12, abs=1e-12)
@@ -54,24 +55,24 @@ def test_a_runs_row_and_gpu_hours_for_any_run(tmp_path_factory, on_gpu, world_si
                                   "vocab_size": 9}, "parameters": {"rope": 1}, "tokens_per_run": 64,
                         "iterations": 1, "sequences_per_iteration": 8},
               "runs": [row]}
-    runs_table = study.markdown(report, {}).split("## Runs")[1]
+    runs_table = study_report.markdown(report, {}).split("## Runs")[1]
     cells = [c.strip() for c in runs_table.splitlines()[4].split("|")]
     assert cells[7] == f"{sum(times.values()) / 3600:.3f}" and cells[8] == f"{sum(times.values()) / 3600 * gpus:.2f}"
 
 
 def test_a_run_whose_summary_is_not_at_its_final_iteration_is_not_finished(tmp_path):
     run = write_run(tmp_path / "a", on_gpu=True, world_size=8, times={"train": 7200.0}, final_iter=10, val_loss=3.0)
-    assert study.run_finished(run)
-    early = study.Run(**{**run.__dict__, "final_iter": 11})
-    assert not study.run_trained(early) and study.run_row(early, {})["final_val_loss"] is None
+    assert study_launch.run_finished(run)
+    early = study_spec.Run(**{**run.__dict__, "final_iter": 11})
+    assert not study_launch.run_trained(early) and study_summary.run_row(early, {})["final_val_loss"] is None
     untrained = write_run(tmp_path / "b", on_gpu=True, world_size=8, times={}, final_iter=10, val_loss=3.0,
                           trained=False)
-    assert not study.run_finished(untrained) and study.run_row(untrained, {})["status"] == "not run"
+    assert not study_launch.run_finished(untrained) and study_summary.run_row(untrained, {})["status"] == "not run"
 
 
 @given(values=st.lists(finite, min_size=0, max_size=12))
 def test_describe_is_the_mean_and_the_sample_std(values):
-    d = study.describe(values)
+    d = study_summary.describe(values)
     assert d["n"] == len(values) and d["values"] == values
     if not values:
         assert d["mean"] is None and d["std"] is None
@@ -92,7 +93,7 @@ def test_describe_is_the_mean_and_the_sample_std(values):
 def test_paired_difference_and_its_interval(pairs, only_reference):
     values = {s: a for s, (a, _) in pairs.items()}
     reference = {s: b for s, (_, b) in pairs.items()} | {s: 0.0 for s in only_reference}
-    d = study.paired_difference(values, reference)
+    d = study_summary.paired_difference(values, reference)
     seeds = sorted(pairs)
     assert d["seeds"] == seeds and d["n"] == len(seeds)
     differences = [values[s] - reference[s] for s in seeds]
@@ -103,29 +104,29 @@ def test_paired_difference_and_its_interval(pairs, only_reference):
     half = student_t.ppf(0.975, len(seeds) - 1) * std / math.sqrt(len(seeds))
     assert d["interval"] == pytest.approx([mean - half, mean + half], abs=1e-9)
     assert d["exceeds_seed_spread"] == (not mean - half <= 0 <= mean + half)
-    assert d["finding"] == (d["exceeds_seed_spread"] and len(seeds) >= study.MIN_SEEDS_FOR_A_FINDING)
-    text = study.verdict("fox", "rope", d)
+    assert d["finding"] == (d["exceeds_seed_spread"] and len(seeds) >= study_spec.MIN_SEEDS_FOR_A_FINDING)
+    text = study_summary.verdict("fox", "rope", d)
     if d["finding"]:
         word = "lower" if mean < 0 else "higher"
-        assert study.finding_word(d) == word and f"fox is {word} than rope" in text
+        assert study_summary.finding_word(d) == word and f"fox is {word} than rope" in text
     else:
-        assert study.finding_word(d) == "not resolved"
+        assert study_summary.finding_word(d) == "not resolved"
     assert f"{mean:+.4f}" in text and f"over {len(seeds)} paired seed(s)" in text
     assert ("excludes 0:" in text) == d["finding"]
     assert ("not resolved at this budget" in text) == (not d["finding"])
-    if len(seeds) < study.MIN_SEEDS_FOR_A_FINDING:  # whatever the interval: the sentence names the seeds needed
-        assert f"at least {study.MIN_SEEDS_FOR_A_FINDING} seeds" in text and "contains 0" not in text
+    if len(seeds) < study_spec.MIN_SEEDS_FOR_A_FINDING:  # whatever the interval: the sentence names the seeds needed
+        assert f"at least {study_spec.MIN_SEEDS_FOR_A_FINDING} seeds" in text and "contains 0" not in text
     else:
         assert ("contains 0" in text) == (not d["finding"])
 
 
 @given(mean=st.one_of(st.none(), finite), std=st.one_of(st.none(), st.floats(0, 10)), digits=st.integers(0, 6))
 def test_fmt_shows_mean_and_std_with_the_digits_asked(mean, std, digits):
-    text = study.fmt({"mean": mean, "std": std}, digits)
+    text = study_report.fmt({"mean": mean, "std": std}, digits)
     if mean is None:
         assert text == "–"
     elif std is None:
         assert text == f"{mean:.{digits}f}"
     else:
         assert text == f"{mean:.{digits}f} ± {std:.{digits}f}"
-    assert study.fmt(None) == "–"
+    assert study_report.fmt(None) == "–"

@@ -15,6 +15,7 @@ from training.checkpointing import check_resume_compatible
 from training.optimizer import lr_at, param_groups
 from config import RECIPES, ConfigError, TrainConfig, resolve
 from model import GPT, GPTConfig
+from checkpoints import load_gpt
 from test_model import make, perturb_positional_parameters, tokens
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -316,11 +317,12 @@ def test_checkpoint_from_before_the_recipes_loads_with_its_own_spectrum(tmp_path
     old_config = {k: v for k, v in dataclasses.asdict(model.config).items()
                   if k not in ("qk_norm", "spectrum_scale", "p_norm_eps")}
     torch.save({"model": model.state_dict(), "model_config": old_config}, tmp_path / "ckpt.pt")
-    loaded, _ = GPT.from_checkpoint(str(tmp_path))
+    loaded, _ = load_gpt(str(tmp_path))
     idx = tokens(T=8)
     assert torch.equal(loaded(idx)[0], model(idx)[0])
     # its weights cannot be read as the official parametrisation: one clear error, no silent misreading
-    from eval.checkpoint import UserError, load_model
+    from checkpoints import load_model
+    from config import UserError
     torch.save({"model": model.state_dict(), "model_config": {**old_config, "spectrum_scale": 16.0},
                 "tokenizer": "byte"}, tmp_path / "scaled.pt")
     with pytest.raises(UserError, match="the weights do not match its model_config"):

@@ -13,7 +13,7 @@ import pytest
 
 from data import tokenizer
 from data.shards import DataError
-from scripts import doc_figures
+from tools import doc_figures
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -77,7 +77,7 @@ def test_the_test_count_in_the_docs_is_the_suites():
     assert written, "docs/setup.md has no <!-- figure:tests --> marker"
     count = f"{doc_figures.collected_tests():,}"
     assert set(written.values()) == {count}, (f"the docs say {written} tests, the suite has {count}: run python3 "
-                                              "scripts/doc_figures.py tests")
+                                              "tools/doc_figures.py tests")
 
 
 def test_every_copy_of_the_quickstarts_figures_is_the_same_and_names_its_commit():

@@ -1,4 +1,4 @@
-"""scripts/study.py: a tiny study end to end on the CPU, its report against the runs' own files, resuming,
+"""study.py: a tiny study end to end on the CPU, its report against the runs' own files, resuming,
 failures, Ctrl-C, launch command lines and the shipped study files.
 
 The study trains a 2-layer byte-level model for 6 iterations (two encodings x two seeds), then runs
@@ -20,7 +20,9 @@ import torch
 
 import train
 from eval import extrapolation, zero_shot
-from scripts import study
+import study
+from studies import launch as study_launch, report as study_report, spec as study_spec
+from studies import summary as study_summary
 from test_eval_progress import check_work_clock_lines, progress_lines
 from tests.helpers import TINY_MODEL, synthetic_corpus, tiny_config
 
@@ -182,7 +184,7 @@ def test_resuming_a_half_finished_study_redoes_nothing_finished(finished, tmp_pa
     shutil.rmtree(out / "alibi" / "seed2")
     shutil.rmtree(out / "rope" / "seed2")
     (out / "rope" / "seed1" / "eval" / "zero_shot.json").unlink()
-    loaded = study.load_study("study.toml")
+    loaded = study_spec.load_study("study.toml")
     rope2 = next(r for r in loaded.runs if (r.encoding, r.seed) == ("rope", 2))
     assert train.run(rope2.train_args + ["--stop_iter=3"])["step"] == 3
     untouched = [p for p in (out / "alibi" / "seed1").rglob("*") if p.is_file()] + \
@@ -356,7 +358,7 @@ def test_study_progress_counts_the_runs_with_work_left(workspace, tmp_path, work
     shutil.copy(workspace / "base.toml", tmp_path / "base.toml")
     path = study_file(tmp_path, evals="")
     monkeypatch.chdir(tmp_path)
-    train.run(study.load_study(path).runs[0].train_args)  # rope seed 1 finished before the study starts
+    train.run(study_spec.load_study(path).runs[0].train_args)  # rope seed 1 finished before the study starts
     real_run = train.run
 
     def one_second(argv):
@@ -415,17 +417,17 @@ def test_help_and_docs_show_every_study_key_with_the_default_it_takes(workspace,
         study.main(["--help"])
     assert exit_info.value.code == 0
     text = capsys.readouterr().out
-    assert study.STUDY_FILE_EXAMPLE in text
-    assert study.STUDY_FILE_EXAMPLE in (REPO / "docs" / "study.md").read_text()
-    example = tomllib.loads(study.STUDY_FILE_EXAMPLE)
-    assert set(example) == study.STUDY_KEYS and set(example["launch"]) == study.LAUNCH_KEYS
-    assert set(example["eval"]) == set(study.EVALUATIONS)
-    stated = {line.split(" = ")[0].strip(): line.split("#", 1)[1] for line in study.STUDY_FILE_EXAMPLE.splitlines()
+    assert study_spec.STUDY_FILE_EXAMPLE in text
+    assert study_spec.STUDY_FILE_EXAMPLE in (REPO / "docs" / "study.md").read_text()
+    example = tomllib.loads(study_spec.STUDY_FILE_EXAMPLE)
+    assert set(example) == study_spec.STUDY_KEYS and set(example["launch"]) == study_spec.LAUNCH_KEYS
+    assert set(example["eval"]) == set(study_spec.EVALUATIONS)
+    stated = {line.split(" = ")[0].strip(): line.split("#", 1)[1] for line in study_spec.STUDY_FILE_EXAMPLE.splitlines()
               if " = " in line and "#" in line}
     shutil.copy(workspace / "base.toml", tmp_path / "base.toml")
     for encodings in (["alibi", "fox"], ["alibi", "rope"]):
         (tmp_path / "bare.toml").write_text(f'base = "base.toml"\nencodings = {json.dumps(encodings)}\n')
-        bare = study.load_study(str(tmp_path / "bare.toml"))
+        bare = study_spec.load_study(str(tmp_path / "bare.toml"))
         assert f"default {bare.seeds}:" in stated["seeds"] and bare.seeds_defaulted
         assert f'default "{bare.mode}"' in stated["mode"] and f"default {bare.gpus_per_run}:" in stated["gpus_per_run"]
         assert bare.out_dir == os.path.join("runs", bare.name) and "default runs/<name>" in stated["out_dir"]
@@ -435,8 +437,8 @@ def test_help_and_docs_show_every_study_key_with_the_default_it_takes(workspace,
     # the example itself is a valid study (with its base config where the shipped studies keep theirs)
     (tmp_path / "studies").mkdir()
     (tmp_path / "studies" / "example.toml").write_text(
-        study.STUDY_FILE_EXAMPLE.replace('"../base/medium.toml"', f'"{REPO / "configs" / "base" / "medium.toml"}"'))
-    loaded = study.load_study(str(tmp_path / "studies" / "example.toml"))
+        study_spec.STUDY_FILE_EXAMPLE.replace('"../base/medium.toml"', f'"{REPO / "configs" / "base" / "medium.toml"}"'))
+    loaded = study_spec.load_study(str(tmp_path / "studies" / "example.toml"))
     assert loaded.seeds == [1337, 1338, 1339] and loaded.mode == "torchrun" and len(loaded.runs) == 24
     assert loaded.encodings[:2] == ["rope@mha", "rope@gqa"] and loaded.reference == "rope@mha"
     grouped = [run for run in loaded.runs if run.encoding == "fox+kv_shift@gqa"]
@@ -520,7 +522,7 @@ def test_sigterm_to_a_study_of_subprocesses_stops_its_jobs(workspace, tmp_path, 
                       extra='[launch]\nmode = "per_gpu"\ngpus = [0]\n')
     monkeypatch.chdir(tmp_path)
     job = "import pathlib, time; pathlib.Path('started').touch(); time.sleep(60)"
-    monkeypatch.setattr(study, "job_command",
+    monkeypatch.setattr(study_launch, "job_command",
                         lambda *args: ([sys.executable, "-c", job], {"CUDA_VISIBLE_DEVICES": "0"}))
 
     def terminate_when_started():
@@ -561,7 +563,7 @@ def test_a_run_stopped_inside_a_study_says_to_rerun_the_study_command(workspace,
     assert said.startswith(f"stop requested ({kind}): saved {os.path.join('out', 'rope', 'seed1', 'ckpt.pt')} at "
                            "iteration ")
     # tmp_path is not below the repository: the script by its absolute path
-    assert said.endswith(f"; rerun the study command (python {REPO / 'scripts' / 'study.py'} {path}) to continue.")
+    assert said.endswith(f"; rerun the study command (python {REPO / 'study.py'} {path}) to continue.")
     assert "--resume" not in out
     assert study.STUDY_COMMAND not in os.environ  # train.py run on its own afterwards advises --resume again
 
@@ -573,12 +575,12 @@ def test_jobs_in_subprocesses_are_given_the_study_command(workspace, tmp_path, m
                       extra='[launch]\nmode = "cpu_jobs"\njobs = 1\n')
     monkeypatch.chdir(tmp_path)
     job = f"import os; print('advice names:', os.environ[{study.STUDY_COMMAND!r}])"
-    monkeypatch.setattr(study, "job_command", lambda *args: ([sys.executable, "-c", job], {"CUDA_VISIBLE_DEVICES": ""}))
+    monkeypatch.setattr(study_launch, "job_command", lambda *args: ([sys.executable, "-c", job], {"CUDA_VISIBLE_DEVICES": ""}))
     with pytest.raises(SystemExit) as exit_info:  # the stand-in trains nothing: the run is a failure
         study.main([path])
     assert exit_info.value.code == 1
     log = Path("out/rope/seed1/study_train.log").read_text()
-    assert f"advice names: python {REPO / 'scripts' / 'study.py'} {path}\n" in log
+    assert f"advice names: python {REPO / 'study.py'} {path}\n" in log
 
 
 def test_trains_other_advice_to_resume_names_the_study_command_inside_a_study(monkeypatch, capsys):
@@ -587,8 +589,8 @@ def test_trains_other_advice_to_resume_names_the_study_command_inside_a_study(mo
     import checkpoints
     from training.divergence import divergence_error
     from training.errors import exit_interrupted
-    rerun = "rerun the study command (python scripts/study.py s.toml) to continue"
-    monkeypatch.setenv(study.STUDY_COMMAND, "python scripts/study.py s.toml")
+    rerun = "rerun the study command (python study.py s.toml) to continue"
+    monkeypatch.setenv(study.STUDY_COMMAND, "python study.py s.toml")
     with pytest.raises(SystemExit):
         exit_interrupted()
     assert capsys.readouterr().err == f"interrupted: the last checkpoint written (if any) is intact; {rerun}.\n"
@@ -607,24 +609,24 @@ def test_trains_other_advice_to_resume_names_the_study_command_inside_a_study(mo
 def test_launch_modes_build_torchrun_and_per_gpu_command_lines(workspace, tmp_path):
     shutil.copy(workspace / "base.toml", tmp_path / "base.toml")
     path = study_file(tmp_path, extra='[launch]\nmode = "torchrun"\ngpus_per_run = 4\ngpus = 8\n')
-    s = study.load_study(path)
-    assert study.gpu_slots(s) == [["0", "1", "2", "3"], ["4", "5", "6", "7"]]
+    s = study_spec.load_study(path)
+    assert study_launch.gpu_slots(s) == [["0", "1", "2", "3"], ["4", "5", "6", "7"]]
     run = s.runs[3]
     assert (run.encoding, run.seed) == ("alibi", 2)
-    command, env = study.job_command(s, "train", study.train_argv(run), ["4", "5", "6", "7"])
+    command, env = study_launch.job_command(s, "train", study_launch.train_argv(run), ["4", "5", "6", "7"])
     assert command == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4",
                        str(REPO / "train.py"), str(tmp_path / "base.toml"), "--pos=alibi", "--kv_shift=false",
                        "--seed=2", f"--out_dir={os.path.join('out', 'alibi', 'seed2')}"]
     assert env == {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}
-    command, env = study.job_command(s, "zero_shot", run.evals["zero_shot"], ["4", "5", "6", "7"])
+    command, env = study_launch.job_command(s, "zero_shot", run.evals["zero_shot"], ["4", "5", "6", "7"])
     assert command == [sys.executable, str(REPO / "eval" / "zero_shot.py"), "--ckpt", run.run_dir,
                        "--out", os.path.join(run.run_dir, "eval"), f"--data-dir={FIXTURES}",
                        "--tasks=arc_easy,winogrande"]
 
     path = study_file(tmp_path, extra='[launch]\nmode = "per_gpu"\ngpus = [2, 5, 6]\n')
-    s = study.load_study(path)
-    assert study.gpu_slots(s) == [["2"], ["5"], ["6"]]
-    command, env = study.job_command(s, "train", study.train_argv(s.runs[0]), ["5"])
+    s = study_spec.load_study(path)
+    assert study_launch.gpu_slots(s) == [["2"], ["5"], ["6"]]
+    command, env = study_launch.job_command(s, "train", study_launch.train_argv(s.runs[0]), ["5"])
     assert command[:2] == [sys.executable, str(REPO / "train.py")] and env == {"CUDA_VISIBLE_DEVICES": "5"}
 
 
@@ -702,8 +704,8 @@ def test_an_override_error_names_the_study_file_not_the_command_line(workspace, 
     the command line', with the study's own --pos and --kv_shift)."""
     shutil.copy(workspace / "base.toml", tmp_path / "base.toml")
     path = study_file(tmp_path, encodings=["rope", "alibi"], evals="", extra="[overrides]\nn_head = 0\n")
-    with pytest.raises(study.StudyError) as error:
-        study.load_study(path)
+    with pytest.raises(study_spec.StudyError) as error:
+        study_spec.load_study(path)
     assert str(error.value) == (f"{path} [overrides] n_head: model config given in the study file: GPTConfig.n_head "
                                 "must be positive (got 0)")
     assert "command line" not in str(error.value)
@@ -714,19 +716,19 @@ def test_override_values_that_need_each_other_are_not_blamed(workspace, tmp_path
     official recipe with its reference_layout: each alone would fail, so they are checked together."""
     shutil.copy(workspace / "base.toml", tmp_path / "base.toml")
     extra = '[overrides]\nmax_iters = 2\nwarmup_iters = 1\nrecipe = "official"\nreference_layout = "1x1"\n'
-    s = study.load_study(study_file(tmp_path, encodings=["rope"], seeds=[1], evals="", extra=extra))
+    s = study_spec.load_study(study_file(tmp_path, encodings=["rope"], seeds=[1], evals="", extra=extra))
     assert s.runs[0].train_args[1:5] == ["--max_iters=2", "--warmup_iters=1", "--recipe=official",
                                          "--reference_layout=1x1"]
     extra = '[overrides]\nmax_iters = 2\nwarmup_iters = 1\nrecipe = "official"\nlr = -1\n'
-    with pytest.raises(study.StudyError) as error:
-        study.load_study(study_file(tmp_path, encodings=["rope"], seeds=[1], evals="", extra=extra))
+    with pytest.raises(study_spec.StudyError) as error:
+        study_spec.load_study(study_file(tmp_path, encodings=["rope"], seeds=[1], evals="", extra=extra))
     keys = [line.strip().split(": ")[0] for line in str(error.value).splitlines()[1:]]
     assert keys == [f"{tmp_path / 'study.toml'} [overrides] recipe", f"{tmp_path / 'study.toml'} [overrides] lr"]
 
 
 def test_shipped_studies_cover_the_papers_tables():
     paper = json.loads((REPO / "eval" / "paper_results.json").read_text())
-    studies = {name: study.load_study(str(REPO / "configs" / "studies" / f"{name}.toml"))
+    studies = {name: study_spec.load_study(str(REPO / "configs" / "studies" / f"{name}.toml"))
                for name in ("smoke", "small_gpu", "table1_medium", "table2_large")}
     assert studies["table1_medium"].encodings == list(paper["medium_353M"])
     assert studies["table2_large"].encodings == list(paper["large_770M"])
@@ -744,7 +746,7 @@ def test_gqa_window_studies_cross_encodings_with_grouping_and_windows():
     key head, full attention and 3 local : 1 global layers, with the extrapolation evaluation."""
     for name, encodings, window in (("gqa_window", ["rope", "alibi", "fox", "grape_a_qk", "grape_ap", "grape_m"], 256),
                                     ("gqa_window_smoke", ["rope", "grape_ap"], 32)):
-        s = study.load_study(str(REPO / "configs" / "studies" / f"{name}.toml"))
+        s = study_spec.load_study(str(REPO / "configs" / "studies" / f"{name}.toml"))
         expected = {"mha": (1, None, None), "gqa": (4, None, None), "local": (1, window, 4),
                     "gqa_local": (4, window, 4)}
         assert s.encodings == [f"{e}@{v}" for e in encodings for v in expected] and s.reference == "rope@mha"
@@ -761,7 +763,7 @@ def test_a_variants_values_are_applied_after_the_overrides(workspace, tmp_path):
     it keeps the override's."""
     shutil.copy(workspace / "base.toml", tmp_path / "base.toml")
     extra = '[overrides]\nn_kv_head = 2\nwindow = 16\n[variants]\nplain = {}\nmqa = {n_kv_head = 1}\n'
-    s = study.load_study(study_file(tmp_path, ["rope"], [1], "", extra))
+    s = study_spec.load_study(study_file(tmp_path, ["rope"], [1], "", extra))
     models = {run.encoding: run.model for run in s.runs}
     assert (models["rope@plain"]["n_kv_head"], models["rope@plain"]["window"]) == (2, 16)
     assert (models["rope@mqa"]["n_kv_head"], models["rope@mqa"]["window"]) == (1, 16)
@@ -786,7 +788,7 @@ def test_the_setup_lines_state_each_evaluations_sizes_from_its_first_output(monk
     """setup_summary reads each evaluation's first output and setup_lines states it: the long-context lengths as
     multiples of the training context, the zero-shot documents per task, the extrapolation windows."""
     from types import SimpleNamespace
-    monkeypatch.setattr(study, "count_parameters", lambda model: 1000 + model["n_embd"])
+    monkeypatch.setattr(study_summary, "count_parameters", lambda model: 1000 + model["n_embd"])
     model = {"n_layer": 2, "n_embd": 32, "n_head": 2, "head_dim": 16, "block_size": 512, "vocab_size": 320}
     run = SimpleNamespace(model=model, tokens=8 * 4 * 512, final_iter=8, encoding="rope")
     plan = SimpleNamespace(runs=[run], encodings=["rope"])
@@ -795,17 +797,17 @@ def test_the_setup_lines_state_each_evaluations_sizes_from_its_first_output(monk
     zero = {"paper_size": "medium_353M", "tasks": {"arc_easy": {"n": 3}, "piqa": {"n": 7}}}
     extrapolation_output = {"val_tokens": 1025, "contexts": {"512": {"nonoverlapping": {"windows": 2}},
                                                              "1024": {"nonoverlapping": {"windows": 1}}}}
-    setup = study.setup_summary(plan, {"long_context": long_context, "zero_shot": zero,
+    setup = study_summary.setup_summary(plan, {"long_context": long_context, "zero_shot": zero,
                                        "extrapolation": extrapolation_output})
     assert setup["long_context"] == {k: v for k, v in long_context.items() if k != "other"}
     assert setup["zero_shot_documents"] == {"arc_easy": 3, "piqa": 7}
     assert setup["extrapolation"] == {"val_tokens": 1025, "windows": {"512": 2, "1024": 1}}
     assert setup["sequences_per_iteration"] == 4 and setup["parameters"] == {"rope": 1032}
-    lines = study.setup_lines(setup)
+    lines = study_report.setup_lines(setup)
     assert "- Long context: RULER and BABILong through lm-eval at 1,024 (2×), 3,072 (6×) tokens; 2 tasks, the first " \
            "5 documents per task and length; positions: `--rope-scaling none`." in lines
     assert "- Zero-shot: documents per task: arc_easy 3, piqa 7." in lines
     assert "- Extrapolation: the first 1,025 validation tokens; non-overlapping windows per context: 512 tokens: 2, " \
            "1024 tokens: 1." in lines
-    no_limit = study.setup_lines({**setup, "long_context": {**setup["long_context"], "limit": None}})
+    no_limit = study_report.setup_lines({**setup, "long_context": {**setup["long_context"], "limit": None}})
     assert any("2 tasks, all documents per task and length" in line for line in no_limit)

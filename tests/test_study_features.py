@@ -1,4 +1,4 @@
-"""scripts/study.py features beyond tests/test_study.py: the seed-major run order, diverged runs, the finding rule
+"""study.py features beyond tests/test_study.py: the seed-major run order, diverged runs, the finding rule
 (in the report too), the rise of the loss past L, --publish, the report of a stopped study, and cpu_jobs (threads
 per job, jobs side by side). Each expectation is computed here independently of study.py (the
 t quantile from scipy.stats.t, the markdown from the study's own report.md, the thread count from the core count).
@@ -13,7 +13,11 @@ from pathlib import Path
 import pytest
 
 import train
-from scripts import study
+import study
+from studies import launch as study_launch, report as study_report, spec as study_spec
+from studies import summary as study_summary
+from config import ConfigError, resolve
+from model import GPTConfig
 from test_study import records, study_file, workspace  # noqa: F401  (workspace: the module-scoped fixture)
 
 ENCODINGS, SEEDS = ["rope", "alibi"], [1, 2]
@@ -173,44 +177,44 @@ def test_a_difference_is_a_finding_only_over_three_seeds_whose_interval_excludes
     mine = {s: reference[s] + sign * d for s, d in deltas.items()}
     expected = [mine[s] - reference[s] for s in (1, 2, 3)]
 
-    diff = study.paired_difference(mine, reference)
+    diff = study_summary.paired_difference(mine, reference)
     mean, sd, (lo, hi) = t_interval(expected)
     assert diff["seeds"] == [1, 2, 3] and diff["n"] == 3 and diff["values"] == pytest.approx(expected, abs=1e-15)
     assert diff["mean"] == pytest.approx(mean, rel=1e-12) and diff["std"] == pytest.approx(sd, rel=1e-9)
     assert diff["interval"] == pytest.approx([lo, hi], rel=1e-9)
     assert (lo > 0 or hi < 0) and diff["exceeds_seed_spread"] is True and diff["finding"] is True
-    assert study.finding_word(diff) == word
-    sentence = study.verdict("alibi", "rope", diff)
+    assert study_summary.finding_word(diff) == word
+    sentence = study_summary.verdict("alibi", "rope", diff)
     assert "excludes 0:" in sentence and "not resolved" not in sentence
     assert f"[{lo:+.4f}, {hi:+.4f}]" in sentence and f"= {mean:+.4f} ± {sd:.4f}" in sentence
     assert sentence.endswith(f"alibi is {word} than rope at this budget.") and "over 3 paired seed(s)" in sentence
-    assert study.interval_cell(diff).endswith("*")
+    assert study_report.interval_cell(diff).endswith("*")
 
     # The same first two seeds: the interval still excludes 0 (t(0.975, 1) = 12.7 against a tiny spread), but two
     # seeds never make a finding.
-    two = study.paired_difference({s: mine[s] for s in (1, 2)}, reference)
+    two = study_summary.paired_difference({s: mine[s] for s in (1, 2)}, reference)
     mean2, sd2, (lo2, hi2) = t_interval(expected[:2])
     assert two["n"] == 2 and two["interval"] == pytest.approx([lo2, hi2], rel=1e-9)
     assert (lo2 > 0 or hi2 < 0) and two["exceeds_seed_spread"] is True and two["finding"] is False
-    assert study.finding_word(two) == "not resolved"
-    sentence = study.verdict("alibi", "rope", two)
+    assert study_summary.finding_word(two) == "not resolved"
+    sentence = study_summary.verdict("alibi", "rope", two)
     assert "not resolved at this budget" in sentence and "excludes 0:" not in sentence
     assert "over 2 paired seed(s)" in sentence and f"= {mean2:+.4f} ± {sd2:.4f}" in sentence
-    assert not study.interval_cell(two).endswith("*")
+    assert not study_report.interval_cell(two).endswith("*")
 
 
 def test_three_seeds_whose_interval_contains_0_are_not_resolved():
     values = [0.05, -0.02, 0.04]
-    got = study.mean_interval(values)
+    got = study_summary.mean_interval(values)
     mean, sd, (lo, hi) = t_interval(values)
     assert lo < 0 < hi and got["interval"] == pytest.approx([lo, hi], rel=1e-9)
     assert got["exceeds_seed_spread"] is False and got["finding"] is False
     diff = got | {"seeds": [1, 2, 3]}
-    assert study.finding_word(diff) == "not resolved"
-    sentence = study.verdict("fox", "rope", diff)
+    assert study_summary.finding_word(diff) == "not resolved"
+    sentence = study_summary.verdict("fox", "rope", diff)
     assert f"[{lo:+.4f}, {hi:+.4f}] contains 0: not resolved at this budget." in sentence
     # one seed: no interval at all, and no finding
-    one = study.mean_interval([0.3])
+    one = study_summary.mean_interval([0.3])
     assert one["interval"] is None and one["std"] is None and one["finding"] is False
 
 
@@ -292,7 +296,7 @@ def test_the_rise_past_L_and_the_finding_rule_in_the_report(workspace, tmp_path,
     shutil.copy(workspace / "base.toml", tmp_path / "base.toml")
     path = study_file(tmp_path, encodings=list(FAKE), seeds=RISE_SEEDS, evals=RISE_EVAL)
     monkeypatch.chdir(tmp_path)
-    plan = study.load_study(path)
+    plan = study_spec.load_study(path)
     trained, evaluated = fake_training_and_extrapolation(monkeypatch, plan.runs[0].final_iter, plan.runs[0].tokens)
     report = study.main([path])  # returns: fox's diverged seed 3 does not make the study exit 1
     assert [(r.encoding, r.seed) for r in plan.runs] == trained  # every run was tried, none really trained
@@ -403,15 +407,15 @@ def finished_copy(ordered, tmp_path, monkeypatch):
 
 def test_publish_writes_the_report_between_the_markers_and_keeps_the_rest(finished_copy):
     target = Path("results.md")
-    target.write_bytes((BEFORE + study.REPORT_BEGIN + "\nan older report\n## with a heading\n" + study.REPORT_END
+    target.write_bytes((BEFORE + study_report.REPORT_BEGIN + "\nan older report\n## with a heading\n" + study_report.REPORT_END
                         + AFTER).encode())
     study.main(["study.toml", "--publish", str(target)])
     text = target.read_bytes().decode()
     body = expected_body(Path("out/report.md").read_text(), "results")
-    assert text == f"{BEFORE}{study.REPORT_BEGIN}\n{body}\n{study.REPORT_END}{AFTER}"
+    assert text == f"{BEFORE}{study_report.REPORT_BEGIN}\n{body}\n{study_report.REPORT_END}{AFTER}"
     assert "an older report" not in text
     assert "\n## Study `study`\n" in text and "\n### Final validation loss\n" in text  # one level down
-    assert "\n# Study" not in text.split(study.REPORT_BEGIN)[1]
+    assert "\n# Study" not in text.split(study_report.REPORT_BEGIN)[1]
     for plot in PLOTS:  # each plot copied beside the file, the same bytes as the study's own
         assert f"](results_{plot})" in text
         assert Path(f"results_{plot}").read_bytes() == Path("out", plot).read_bytes()
@@ -425,20 +429,32 @@ def test_publish_writes_the_report_between_the_markers_and_keeps_the_rest(finish
         assert Path(f"results_{plot}").read_bytes() == Path("out", plot).read_bytes()
 
 
+def test_a_page_published_before_the_study_runner_moved_is_updated_in_place(finished_copy):
+    """docs/results_cpu.md was published by scripts/study.py, whose begin marker named that path: study.py --publish
+    finds it, writes the report in its place under the current marker, and keeps the text around it."""
+    old_begin = "<!-- study report: begin (scripts/study.py --publish writes this part) -->"
+    assert study_report.REPORT_BEGIN == old_begin.replace("scripts/study.py", "study.py")
+    target = Path("results.md")
+    target.write_text(BEFORE + old_begin + "\nan older report\n" + study_report.REPORT_END + AFTER)
+    study.main(["study.toml", "--publish", str(target)])
+    body = expected_body(Path("out/report.md").read_text(), "results")
+    assert target.read_text() == f"{BEFORE}{study_report.REPORT_BEGIN}\n{body}\n{study_report.REPORT_END}{AFTER}"
+
+
 def test_publish_to_a_missing_file_makes_it_with_the_markers(finished_copy):
     assert not Path("new.md").exists()
     study.main(["study.toml", "--publish", "new.md"])
     body = expected_body(Path("out/report.md").read_text(), "new")
-    assert Path("new.md").read_text() == f"{study.REPORT_BEGIN}\n{body}\n{study.REPORT_END}\n"
+    assert Path("new.md").read_text() == f"{study_report.REPORT_BEGIN}\n{body}\n{study_report.REPORT_END}\n"
     for plot in PLOTS:
         assert Path(f"new_{plot}").read_bytes() == Path("out", plot).read_bytes()
 
 
 @pytest.mark.parametrize("text", [
     BEFORE + AFTER,                                                                  # no markers
-    BEFORE + study.REPORT_BEGIN + "\n" + AFTER,                                      # no end marker
-    BEFORE + study.REPORT_END + "\n" + study.REPORT_BEGIN + "\n" + AFTER,            # in the wrong order
-    BEFORE + (study.REPORT_BEGIN + "\n" + study.REPORT_END + "\n") * 2 + AFTER,      # twice
+    BEFORE + study_report.REPORT_BEGIN + "\n" + AFTER,                                      # no end marker
+    BEFORE + study_report.REPORT_END + "\n" + study_report.REPORT_BEGIN + "\n" + AFTER,            # in the wrong order
+    BEFORE + (study_report.REPORT_BEGIN + "\n" + study_report.REPORT_END + "\n") * 2 + AFTER,      # twice
 ])
 def test_a_publish_target_without_its_markers_is_refused_before_any_run(workspace, tmp_path, monkeypatch, capsys,  # noqa: F811
                                                                         text):
@@ -448,31 +464,31 @@ def test_a_publish_target_without_its_markers_is_refused_before_any_run(workspac
     monkeypatch.setattr(train, "run", lambda argv: pytest.fail("train.run called before the target was checked"))
     target = tmp_path / "doc.md"
     target.write_text(text)
-    with pytest.raises(study.StudyError, match="must hold the lines"):
-        study.check_publish_target(str(target))
+    with pytest.raises(study_spec.StudyError, match="must hold the lines"):
+        study_report.check_publish_target(str(target))
     with pytest.raises(SystemExit) as exit_info:  # main turns the StudyError into one sentence and status 2
         study.main([path, "--publish", str(target)])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith(f"error: {target} must hold the lines {study.REPORT_BEGIN} and {study.REPORT_END}")
+    assert err.startswith(f"error: {target} must hold the lines {study_report.REPORT_BEGIN} and {study_report.REPORT_END}")
     assert len(err.splitlines()) == 1
     assert target.read_text() == text and not (tmp_path / "out").exists()
-    with pytest.raises(study.StudyError, match="does not exist or cannot be written"):  # a folder that is not there
-        study.check_publish_target(str(tmp_path / "no_such_folder" / "doc.md"))
+    with pytest.raises(study_spec.StudyError, match="does not exist or cannot be written"):  # a folder that is not there
+        study_report.check_publish_target(str(tmp_path / "no_such_folder" / "doc.md"))
 
 
 def test_every_plot_the_published_report_links_is_beside_it(finished_copy):
     """A study with a long-context evaluation: its plot too must be linked under the name publish copies it to."""
-    plan = study.load_study("study.toml")
+    plan = study_spec.load_study("study.toml")
     report = json.loads(Path("out/report.json").read_text())
     output = {"lengths": [32, 64], "train_context": 32, "rope_scaling": "none", "limit": 1,
               "tasks": ["niah_single_1"], "ruler_average": {"32": 50.0, "64": 25.0},
               "ruler_average_tasks": {"32": 1, "64": 1}, "babilong_average": {}, "babilong_average_tasks": {},
               "scores": {"niah_single_1": {"32": {"score": 50.0}, "64": {"score": 25.0}}}}
-    report["encodings"]["rope"]["long_context"] = study.long_context_summary([output]) | {"seeds": [1]}
+    report["encodings"]["rope"]["long_context"] = study_summary.long_context_summary([output]) | {"seeds": [1]}
     shutil.copy("out/loss_curves.png", "out/long_context.png")  # any PNG: publish copies it, whatever it shows
     report["plots"]["long_context"] = "long_context.png"
-    study.publish(plan, report, "doc.md")
+    study_report.publish(plan, report, "doc.md")
     text = Path("doc.md").read_text()
     links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
     assert len(links) == 3 and "doc_long_context.png" in links
@@ -497,7 +513,7 @@ def test_a_stopped_study_reports_and_publishes_what_finished(workspace, tmp_path
         return real_run(argv)
     monkeypatch.setattr(train, "run", second_run_stopped)
     target = Path("doc.md")
-    target.write_text(BEFORE + study.REPORT_BEGIN + "\n" + study.REPORT_END + AFTER)
+    target.write_text(BEFORE + study_report.REPORT_BEGIN + "\n" + study_report.REPORT_END + AFTER)
     with pytest.raises(SystemExit) as exit_info:
         study.main([path, "--publish", str(target)])
     assert exit_info.value.code == 130
@@ -524,8 +540,8 @@ def test_a_stopped_study_reports_and_publishes_what_finished(workspace, tmp_path
     assert report["plots"] == {"loss_curves": "loss_curves.png"}
 
     # The published file: that same partial report, between the markers, the text around them kept.
-    assert target.read_text() == f"{BEFORE}{study.REPORT_BEGIN}\n{expected_body(markdown, 'doc')}\n" \
-                                 f"{study.REPORT_END}{AFTER}"
+    assert target.read_text() == f"{BEFORE}{study_report.REPORT_BEGIN}\n{expected_body(markdown, 'doc')}\n" \
+                                 f"{study_report.REPORT_END}{AFTER}"
     assert Path("doc_loss_curves.png").read_bytes() == Path("out/loss_curves.png").read_bytes()
 
 
@@ -544,7 +560,7 @@ def test_cpu_jobs_run_at_most_jobs_runs_at_once(workspace, tmp_path, monkeypatch
     path = study_file(tmp_path, encodings=encodings, seeds=SEEDS, evals="",
                       extra=f'[launch]\nmode = "cpu_jobs"\njobs = {jobs}\n')
     monkeypatch.chdir(tmp_path)
-    plan = study.load_study(path)
+    plan = study_spec.load_study(path)
     final_iter, tokens = plan.runs[0].final_iter, plan.runs[0].tokens
     lock, running, most, started = threading.Lock(), [0], [0], []
     together = threading.Barrier(jobs, timeout=20)
@@ -593,10 +609,10 @@ def test_cpu_jobs_give_each_job_its_share_of_the_cores(workspace, tmp_path, monk
     launch = '[launch]\nmode = "cpu_jobs"\n' + (f"jobs = {jobs}\n" if jobs is not None else "")
     path = study_file(tmp_path, encodings=["rope"], seeds=[1], evals=EXTRAPOLATION, extra=launch)
     monkeypatch.chdir(tmp_path)
-    s = study.load_study(path)
+    s = study_spec.load_study(path)
     n_jobs = jobs if jobs is not None else (cores or 1)
     assert threads == max(1, (cores or 1) // n_jobs)  # the documented rule, for the values listed above
-    assert s.jobs == n_jobs and study.gpu_slots(s) == [[] for _ in range(n_jobs)]
+    assert s.jobs == n_jobs and study_launch.gpu_slots(s) == [[] for _ in range(n_jobs)]
 
     started = []
 
@@ -609,18 +625,92 @@ def test_cpu_jobs_give_each_job_its_share_of_the_cores(workspace, tmp_path, monk
     monkeypatch.setattr(subprocess, "Popen", FakePopen)
     monkeypatch.setenv("OMP_NUM_THREADS", "99")  # the study's value replaces one already set
     monkeypatch.setenv("STUDY_TEST_MARK", "kept")
-    runner, run = study.Runner(s), s.runs[0]
-    assert runner.subprocess_job("train", study.train_argv(run), run.run_dir, []) is None
+    runner, run = study_launch.Runner(s), s.runs[0]
+    assert runner.subprocess_job("train", study_launch.train_argv(run), run.run_dir, []) is None
     assert runner.subprocess_job("extrapolation", run.evals["extrapolation"], run.run_dir, []) is None
     (train_command, train_env), (eval_command, eval_env) = started
-    assert train_command == [sys.executable, str(study.REPO / "train.py"), *run.train_args]
-    assert eval_command == [sys.executable, str(study.REPO / "eval" / "extrapolation.py"), *run.evals["extrapolation"]]
+    assert train_command == [sys.executable, str(study_launch.REPO / "train.py"), *run.train_args]
+    assert eval_command == [sys.executable, str(study_launch.REPO / "eval" / "extrapolation.py"), *run.evals["extrapolation"]]
     for env in (train_env, eval_env):
         assert env["OMP_NUM_THREADS"] == str(threads)
         assert env["CUDA_VISIBLE_DEVICES"] == "" and env["STUDY_TEST_MARK"] == "kept"
         assert {k: v for k, v in env.items() if k not in ("OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES")} == \
             {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES")}
-    command, extra = study.job_command(s, "train", run.train_args, [])
+    command, extra = study_launch.job_command(s, "train", run.train_args, [])
     assert extra == {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": str(threads)}
     assert Path(run.run_dir, "study_train.log").read_text() == f"$ CUDA_VISIBLE_DEVICES= {' '.join(train_command)}\n"
 
+
+
+def test_dotted_keys_and_sub_tables_of_overrides_are_train_and_model_keys(workspace, tmp_path, monkeypatch):  # noqa: F811
+    """TOML reads `train.max_iters = 4` and an [overrides.model] table as tables inside [overrides]: they are
+    train.py's --train.max_iters=4 and --model.n_layer=1, and a misspelled one is named with its section."""
+    shutil.copy(workspace / "base.toml", tmp_path / "base.toml")
+    monkeypatch.chdir(tmp_path)
+    path = study_file(tmp_path, encodings=["rope"], seeds=[1], evals="",
+                      extra="[overrides]\ntrain.max_iters = 4\nwarmup_iters = 1\n[overrides.model]\nn_layer = 1\n")
+    run = study_spec.load_study(path).runs[0]
+    assert {"--train.max_iters=4", "--warmup_iters=1", "--model.n_layer=1"} <= set(run.train_args)
+    assert run.final_iter == 4
+    Path(path).write_text(Path(path).read_text().replace("n_layer = 1", "n_layr = 1"))
+    with pytest.raises(study_spec.StudyError) as error:
+        study_spec.load_study(path)
+    assert f"{path} [overrides] model.n_layr: unknown model key 'n_layr'" in str(error.value)
+    assert "did you mean 'n_layer'?" in str(error.value)
+
+
+@pytest.mark.parametrize("in_the_way", ["out", "out/sub"])
+def test_an_out_dir_that_a_file_stands_in_is_refused_before_any_run(workspace, tmp_path, monkeypatch, in_the_way):  # noqa: F811
+    """The report folder (or a folder above it) is a file: said before any run, with the file named; it used to end
+    the study, after every run had failed to make its directory, in a traceback."""
+    shutil.copy(workspace / "base.toml", tmp_path / "base.toml")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(train, "run", lambda argv: pytest.fail("a study with mistakes must train nothing"))
+    path = study_file(tmp_path, encodings=["rope"], seeds=[1], evals="")
+    Path(path).write_text(Path(path).read_text().replace('out_dir = "out"', 'out_dir = "out/sub/study"'))
+    Path(in_the_way).parent.mkdir(parents=True, exist_ok=True)
+    Path(in_the_way).write_text("notes\n")
+    with pytest.raises(study_spec.StudyError) as error:
+        study_spec.load_study(path)
+    assert f"out_dir: 'out/sub/study' cannot be made: {in_the_way!r} is a file, not a folder" in str(error.value)
+    assert Path(in_the_way).read_text() == "notes\n"
+
+
+def test_a_settings_mistake_in_a_study_file_names_keys_not_train_py_flags(workspace, tmp_path, monkeypatch):  # noqa: F811
+    """train.py's remedies name its flags (--warmup_iters); a study file sets keys, so inside it the same check
+    says `warmup_iters` and `lr = 0.001`, and train.py's own wording is unchanged."""
+    shutil.copy(workspace / "base.toml", tmp_path / "base.toml")
+    monkeypatch.chdir(tmp_path)
+    path = study_file(tmp_path, encodings=["rope"], seeds=[1], evals="",
+                      extra="[overrides]\nmax_iters = 5\nwarmup_iters = 10\n")
+    with pytest.raises(study_spec.StudyError) as error:
+        study_spec.load_study(path)
+    assert (f"{path} [overrides] warmup_iters: warmup_iters (10) must be between 0 and max_iters - 1 (4); lower "
+            "warmup_iters or raise max_iters.") in str(error.value).splitlines()
+    Path(path).write_text(Path(path).read_text().replace("max_iters = 5\nwarmup_iters = 10", "lr = 0.0"))
+    with pytest.raises(study_spec.StudyError) as error:
+        study_spec.load_study(path)
+    assert "lr must be a positive number, not 0.0; set it in [overrides], e.g. lr = 0.001 (the default)." \
+        in str(error.value) and "--" not in str(error.value)
+    with pytest.raises(ConfigError, match=r"lower --warmup_iters or raise --max_iters\.$"):
+        resolve("base.toml", ["--max_iters=5", "--warmup_iters=10"], GPTConfig)
+
+
+def test_a_run_whose_only_checkpoint_is_its_shards_is_resumed_not_started_again(workspace, tmp_path, monkeypatch):  # noqa: F811
+    """ckpt.pt gone but a complete sharded checkpoint left (an FSDP run killed while ckpt.pt was replaced): the
+    study resumes it (train.py --resume recovers the shards) instead of starting a new run that train.py refuses
+    with advice naming its own flags. Which shards are complete is training.checkpointing's to say."""
+    shutil.copy(workspace / "base.toml", tmp_path / "base.toml")
+    monkeypatch.chdir(tmp_path)
+    run = study_spec.load_study(study_file(tmp_path, encodings=["rope"], seeds=[1], evals="")).runs[0]
+    asked = []
+    monkeypatch.setattr(study_launch, "latest_complete_shards",
+                        lambda run_dir: asked.append(run_dir) or (("ckpt.shards/5-ab", 5) if shards else None))
+    shards = False
+    assert study_launch.train_argv(run) == run.train_args and asked == [run.run_dir]
+    shards = True
+    assert study_launch.train_argv(run) == run.train_args + ["--resume"]
+    shards = False
+    Path(run.run_dir).mkdir(parents=True)
+    Path(run.run_dir, "ckpt.pt").write_bytes(b"")
+    assert study_launch.train_argv(run) == run.train_args + ["--resume"]

@@ -18,6 +18,7 @@ import train
 from training.optimizer import lr_at, param_groups
 from config import ConfigError, TrainConfig, resolve
 from model import GPT, GPTConfig
+from checkpoints import load_gpt
 from tests.helpers import synthetic_corpus, tiny_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -59,8 +60,8 @@ def test_resume_gives_identical_losses(config_file, tmp_path):
     assert saved["step"] == 12 and saved["tokenizer"] == "byte"
     trained = read_metrics(tmp_path / "b")[-1]["tokens"]  # what the log counted, over both halves of the run
     assert saved["tokens_seen"] == trained and saved["windows_seen"] * saved["model_config"]["block_size"] == trained
-    model, _ = GPT.from_checkpoint(str(tmp_path / "b"))  # the evaluation side reads it too
-    reference, _ = GPT.from_checkpoint(str(tmp_path / "a"))
+    model, _ = load_gpt(str(tmp_path / "b"))  # the evaluation side reads it too
+    reference, _ = load_gpt(str(tmp_path / "a"))
     for (name, p), (_, q) in zip(model.state_dict().items(), reference.state_dict().items()):
         assert torch.equal(p, q), name
     # a setting that changes the loss sequence is refused on resume
@@ -130,6 +131,33 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(config_file, tmp_path, mo
         assert [json.loads(line)["iter"] for line in f] == [1, 2, 3, 4, 5, 6]
 
 
+def test_a_new_run_is_refused_a_run_directory_made_from_another_config_file(tmp_path, data_dir, monkeypatch):
+    """Two config files of one name outside configs/ share the default run directory runs/<name>: a new run from the
+    second is refused with both files named (not told to --resume the first), with or without a checkpoint there,
+    and the earlier run's files are left as they were; the same config file gets the usual advice."""
+    monkeypatch.chdir(tmp_path)
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "fox.toml").write_text(tiny_config(data_dir, model={"pos": "fox"}, max_iters=2,
+                                                                warmup_iters=1, eval_interval=2))
+    train.run(["a/fox.toml"])
+    run_dir = tmp_path / "runs" / "fox"
+    saved = {name: (run_dir / name).read_bytes() for name in ("ckpt.pt", "config.json", "metrics.jsonl")}
+    for without_checkpoint in (False, True):
+        if without_checkpoint:  # a run stopped before its first checkpoint: config.json still says where it came from
+            (run_dir / "ckpt.pt").rename(tmp_path / "ckpt.pt")
+        with pytest.raises(ConfigError) as refused:
+            train.run(["b/fox.toml"])
+        assert str(refused.value) == (f"{os.path.join('runs', 'fox')} holds a run made from {tmp_path / 'a' / 'fox.toml'}, "
+                                      "not from b/fox.toml; give this run its own directory with --out_dir=DIR, or "
+                                      "add --start_over to move the earlier run aside.")
+    (tmp_path / "ckpt.pt").rename(run_dir / "ckpt.pt")
+    assert {name: (run_dir / name).read_bytes() for name in saved} == saved
+    with pytest.raises(ConfigError, match="already holds a checkpoint; add --resume to continue it"):
+        train.run(["a/fox.toml"])
+    assert train.run(["b/fox.toml", f"--out_dir={tmp_path / 'fox_b'}"])["step"] == 2
+
+
 # ----------------------------------------------------------------------------- processes
 
 def torchrun(args, env_extra=None, timeout=120):
@@ -189,7 +217,7 @@ def test_sigterm_saves_a_checkpoint_and_resume_continues(config_file, tmp_path, 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     env.pop("GRAPE_STUDY_COMMAND", None)
     if stop_signal == signal.SIGINT:  # (and as a job of a study, which sets this: the advice is to rerun it)
-        env["GRAPE_STUDY_COMMAND"] = "python scripts/study.py my_study.toml"
+        env["GRAPE_STUDY_COMMAND"] = "python study.py my_study.toml"
     proc = subprocess.Popen([sys.executable, os.path.join(REPO, "train.py"), *args, f"--out_dir={run_dir}"],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     metrics = run_dir / "metrics.jsonl"
@@ -201,7 +229,7 @@ def test_sigterm_saves_a_checkpoint_and_resume_continues(config_file, tmp_path, 
     assert proc.returncode == 0, output[-3000:]
     name, reason = ("SIGTERM", "sigterm") if stop_signal == signal.SIGTERM else ("Ctrl-C", "interrupted")
     assert f"stop requested ({name}): saved" in output
-    advice = ("rerun the study command (python scripts/study.py my_study.toml) to continue."
+    advice = ("rerun the study command (python study.py my_study.toml) to continue."
               if stop_signal == signal.SIGINT else "continue with --resume.")
     assert f"at iteration" in output and output.split(f"stop requested ({name}): saved", 1)[1].split("\n")[0] \
         .endswith(advice), output[-2000:]
@@ -355,11 +383,7 @@ def test_weight_decay_skips_norm_gains_and_positional_parameters(pos):
 
 
 def test_plot_runs_draws_train_and_validation_curves(tmp_path):
-    sys.path.insert(0, os.path.join(REPO, "scripts"))
-    try:
-        import plot_runs
-    finally:
-        sys.path.pop(0)
+    from studies import curves as plot_runs  # the code of scripts/plot_runs.py
     for name, shift in (("rope", 0.0), ("fox", -0.1)):
         (tmp_path / name).mkdir()
         lines = [{"type": "val", "iter": 0, "tokens": 0, "val_loss": 5.0 + shift}]

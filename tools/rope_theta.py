@@ -6,7 +6,7 @@ d/2 values are bitwise equal, the largest difference in ulps (of fp32) and relat
 difference at the last position, and the logits of one random model at T = 4096 (fp32) with either θ against
 the same model in fp64 with the exact θ.
 
-    python3 scripts/rope_theta.py            # prints a markdown table (docs/recipe.md quotes it)
+    python3 tools/rope_theta.py            # prints a markdown table (docs/recipe.md quotes it)
 """
 import os
 import sys

@@ -1,6 +1,6 @@
 """Benchmark data preparation (tokens/s, CPU time per token of the main process and of the workers) and batch assembly.
 
-    python scripts/bench_data.py            # prints tables, writes the "preparation" section of docs/data_benchmarks.md
+    python bench/bench_data.py            # prints tables, writes the "preparation" section of docs/data_benchmarks.md
 
 Preparation runs data/prepare.py end to end on --copies copies of the embedded corpus, one JSONL file per copy (so
 one piece per copy: the workers share them out), for each tokenizer and worker count, --repeats times. Besides the
@@ -151,7 +151,7 @@ def main():
     finally:
         shutil.rmtree(work_root, ignore_errors=True)
 
-    lines = [f"Command: `python scripts/bench_data.py` (`--copies {args.copies} --repeats {args.repeats}`). Machine: "
+    lines = [f"Command: `python bench/bench_data.py` (`--copies {args.copies} --repeats {args.repeats}`). Machine: "
              f"{machine()}; the 2 cores are shared with other jobs, so wall times vary from run to run (the repeats "
              "are in brackets) while CPU time per token barely does. Input: the embedded default corpus "
              f"({len(texts):,} documents, {sum(map(len, texts)):,} characters) written {args.copies} times, one local "
@@ -186,7 +186,7 @@ def main():
                                                loader_rows), "",
               "Batch assembly is a gather of B windows from memory-mapped shards plus a uint16 -> int64 copy. The "
               "paper's per-GPU demand, the cold page cache and the background prefetching are measured by "
-              "`python scripts/bench_scale.py` (below).", ""]
+              "`python bench/bench_scale.py` (below).", ""]
     write_section("preparation", "\n".join(lines), args.out)
 
 

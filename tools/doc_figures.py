@@ -1,8 +1,8 @@
 """The figures README.md and docs/setup.md give that the code measures, written from where they are measured, so
 that the docs cannot drift from the code:
 
-    python3 scripts/doc_figures.py tests                        # the suite's test count, by collecting it
-    python3 scripts/doc_figures.py quickstart runs/quickstart   # the quickstart's validation losses and peak
+    python3 tools/doc_figures.py tests                        # the suite's test count, by collecting it
+    python3 tools/doc_figures.py quickstart runs/quickstart   # the quickstart's validation losses and peak
                                                                 # memory, from a finished run of the README's
                                                                 # `python3 train.py configs/quickstart.toml`
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Compile every Triton kernel of this codebase for sm_90 with each Triton that the supported torch versions
 # bring (and the newest), without a GPU, and write the summary to docs/triton_versions.md.
-#   bash scripts/triton_versions.sh [CACHE_DIR]     (default /tmp/triton-versions; about 3 minutes per version)
+#   bash tools/triton_versions.sh [CACHE_DIR]     (default /tmp/triton-versions; about 3 minutes per version)
 # Each Triton is installed once with `pip install --no-deps --target CACHE_DIR/VERSION triton==VERSION` and
-# used through PYTHONPATH; scripts/kernel_resources.py --brief compiles the separable kernel's and the GRAPE-AP
+# used through PYTHONPATH; tools/kernel_resources.py --brief compiles the separable kernel's and the GRAPE-AP
 # kernels' default tiles at D = 64 and 128 in bf16 and fp16 and reads registers and stack from the binaries.
 # A kernel that a Triton cannot build (an error, or a failed assertion that aborts its compiler process) is
 # named in the note column.
@@ -17,8 +17,8 @@ out=docs/triton_versions.md
 {
     echo "# Triton versions: do the kernels build?"
     echo
-    echo "\`bash scripts/triton_versions.sh\`: every Triton kernel compiled for sm_90 (H100/H200) without a GPU by"
-    echo "\`scripts/kernel_resources.py --brief\` under each Triton that torch 2.4 to 2.14 bring, default tiles,"
+    echo "\`bash tools/triton_versions.sh\`: every Triton kernel compiled for sm_90 (H100/H200) without a GPU by"
+    echo "\`tools/kernel_resources.py --brief\` under each Triton that torch 2.4 to 2.14 bring, default tiles,"
     echo "D = 64 and 128, bf16 and fp16 (12 kernels per family). 'spill' = a kernel with stack > 0 B."
     echo
     echo "| torch | triton | separable (3 kernels x 4) | GRAPE-AP (3 kernels x 4) | note |"
@@ -32,7 +32,7 @@ for pair in $pairs; do
             echo "| $torch_versions | $version | - | - | not installable here |" >>"$out.tmp"; continue; }
     fi
     log="$cache/$version.log"
-    PYTHONPATH="$cache/$version" timeout 1800 python3 scripts/kernel_resources.py --brief --dtype bf16,fp16 \
+    PYTHONPATH="$cache/$version" timeout 1800 python3 tools/kernel_resources.py --brief --dtype bf16,fp16 \
         --families separable,grape_ap >"$log" 2>&1
     rc=$?
     summary() {  # summary FAMILY: "N of M build, S spill"

@@ -1,4 +1,4 @@
-"""Only on PYTHONPATH during scripts/mutants.py's stats run: a subprocess of a test (train.py, torchrun's workers, a
+"""Only on PYTHONPATH during tools/mutants.py's stats run: a subprocess of a test (train.py, torchrun's workers, a
 `python -c` job) records which mutated functions it called, so that mutmut runs that test for their mutants too
 (mutmut itself records calls only in the test process); and code that torch.compile traces calls the original
 functions without recording (the recording is Python that dynamo cannot trace, so fullgraph would fail)."""

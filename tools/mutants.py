@@ -2,18 +2,18 @@
 them (or all), each run against only the tests that reach its function, cheapest test first, stopping at the first
 failure; resumable; the per-module table is written into docs/testing.md and the survivors into docs/mutants.md.
 
-    nice -n 10 python3 scripts/mutants.py            # the seeded sample (420 mutants); run it again to resume
-    python3 scripts/mutants.py --all --jobs 16       # every mutant, on a machine with more cores
-    python3 scripts/mutants.py --report              # rewrite the table from the results so far
-    python3 scripts/mutants.py --survivors           # each surviving mutant's diff, for triage
-    python3 scripts/mutants.py --fresh               # start over (after merging: the run on the final commit)
+    nice -n 10 python3 tools/mutants.py            # the seeded sample (420 mutants); run it again to resume
+    python3 tools/mutants.py --all --jobs 16       # every mutant, on a machine with more cores
+    python3 tools/mutants.py --report              # rewrite the table from the results so far
+    python3 tools/mutants.py --survivors           # each surviving mutant's diff, for triage
+    python3 tools/mutants.py --fresh               # start over (after merging: the run on the final commit)
 
-The modules are pyproject.toml's [tool.mutmut] source_paths (only the report logic of scripts/study.py is
-sampled: REPORT_FUNCTIONS). mutmut 3 (docs/testing.md says why it and not cosmic-ray) copies the repository to
+The modules are pyproject.toml's [tool.mutmut] source_paths (only the report logic of the study runner
+studies/ is sampled: REPORT_FUNCTIONS). mutmut 3 (docs/testing.md says why it and not cosmic-ray) copies the repository to
 mutants/, with every function of those modules replaced by a trampoline that calls the original or one of its
 mutants, chosen by the environment variable MUTANT_UNDER_TEST, which subprocesses inherit: a test that runs
 `python3 train.py` or torchrun tests the mutant too. mutmut first runs the whole suite once to record which tests
-reach each function ("stats"); it sees only calls in the test process, so a sitecustomize (scripts/mutants_site/)
+reach each function ("stats"); it sees only calls in the test process, so a sitecustomize (tools/mutants_site/)
 records the calls made in subprocesses during that run, and they are added to the tests of each function. Results
 are kept per mutant in mutants/ (mutmut's own .meta files): a stopped run resumes with the mutants it has not
 judged; a function that changed since is judged again. The sample's verdicts and sittings are also committed in
@@ -23,7 +23,7 @@ mutmut's internals and is pinned to mutmut 3.8.
 
 Mutants that change only the text of a message (an exception's, a warning's, a printed line's) are left out of
 the population: they are listed as such in the report's counts, not sampled. Every other survivor must be killed
-by a test or listed in scripts/mutants_equivalent.toml with a one-line reason.
+by a test or listed in tools/mutants_equivalent.toml with a one-line reason.
 """
 from __future__ import annotations
 
@@ -53,16 +53,16 @@ REPORT = os.path.join("docs", "testing.md")  # the table goes between its mutant
 SURVIVORS = os.path.join("docs", "mutants.md")
 # the run's record, committed: mutants/ is not, and a new machine (or clone) resumes from this file
 RECORD = os.path.join("docs", "mutants_results.json")
-MARKERS = ("<!-- mutants:begin (scripts/mutants.py writes this part) -->", "<!-- mutants:end -->")
-EQUIVALENT = os.path.join("scripts", "mutants_equivalent.toml")
-SITE = os.path.join(ROOT, "scripts", "mutants_site")
+MARKERS = ("<!-- mutants:begin (tools/mutants.py writes this part) -->", "<!-- mutants:end -->")
+EQUIVALENT = os.path.join("tools", "mutants_equivalent.toml")
+SITE = os.path.join(ROOT, "tools", "mutants_site")
 HITS = os.path.join("mutants", "subprocess_hits")
 FAILED_IN_STATS = os.path.join("mutants", "stats_failed.json")  # of the last recording run
 FIXTURE_COSTS = os.path.join("mutants", "fixture_costs.json")  # each fixture's set-up time, each test's fixtures
 LEFT_OUT = os.path.join("mutants", "left_out_tests.json")  # of all of them
 DEFAULT_SAMPLE, DEFAULT_SEED, MIN_PER_MODULE = 420, 2026, 8
 
-# The report logic of scripts/study.py (the rest runs jobs; a wrong number in the report comes from these).
+# The report logic of the study runner studies/ (the rest runs jobs; a wrong number in the report comes from these).
 REPORT_FUNCTIONS = {"read_records", "run_trained", "final_val_loss", "run_finished", "lost_records",
                     "checkpoint_identity", "describe", "paired_difference", "verdict", "read_json", "run_row",
                     "extrapolation_summary", "zero_shot_summary", "count_parameters", "setup_summary",
@@ -72,7 +72,7 @@ GROUPS = [("config.py", "config"), ("checkpoints.py", "checkpoints"), ("training
           ("data/", "data."), ("hf/", "hf."), ("eval/", "eval."), ("positional.py", "positional"),
           ("model.py", "model"), ("attention.py", "attention"), ("lm_loss.py", "lm_loss"),
           ("kernels/grape_ap.py", "kernels.grape_ap"),
-          ("scripts/study.py (report)", "scripts.study")]
+          ("studies/ (report)", "studies.")]
 TEXT_KEYWORDS = {"help", "description", "epilog", "metavar", "usage"}  # argparse's texts for people
 MESSAGE_CALLS = {"print", "say", "warn", "warning", "write", "info", "note", "_write", "error", "fail", "exit"}
 STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no test", 33: "no test", 36: "timeout", 24: "timeout",
@@ -182,7 +182,7 @@ def population(sources: dict[str, tuple[str, str]]) -> tuple[dict[str, list[str]
         label = group_of(name)
         if label is None:
             continue
-        if module_of(name) == "scripts.study" and function_of(name).split(".")[-1] not in REPORT_FUNCTIONS:
+        if module_of(name).startswith("studies.") and function_of(name).split(".")[-1] not in REPORT_FUNCTIONS:
             continue
         if only_message_text(original, mutant):
             wording[label] += 1
@@ -457,7 +457,7 @@ _fixture_costs: dict = {}
 def outside_compiled_code(get_mutant_under_test):
     """mutmut's get_mutant_under_test, except that in the stats run code that torch.compile traces calls the
     original functions without recording the call: the recording is Python that dynamo cannot trace (a fullgraph
-    compile would fail); the same functions run eagerly too. (scripts/mutants_site/sitecustomize.py does the same
+    compile would fail); the same functions run eagerly too. (tools/mutants_site/sitecustomize.py does the same
     in the stats run's subprocesses; it cannot import this file.)"""
     import torch
 
@@ -616,7 +616,7 @@ def write_report(state: dict, sources: dict, wording: dict) -> dict:
     table = [f"{state['command']} on commit `{state['commit']}`, {state['date']}: {len(state['sample'])} mutants "
              f"drawn with seed {state['seed']} from {state['population']} (the modules' {state['generated']} "
              f"generated mutants less {sum(wording.values())} that change only a message's text, and less the "
-             f"non-report functions of scripts/study.py), in proportion to each module's mutants (at least "
+             f"non-report functions of studies/), in proportion to each module's mutants (at least "
              f"{MIN_PER_MODULE}). Wall time {state['wall_s'] / 60:.0f} min in {len(state['sittings'])} sitting(s), "
              f"{state['machine']}, mean load {state['mean_load']:.1f} while it ran (other work shared the machine). "
              f"Each mutant ran the tests that reach its function, cheapest first, stopping at the first failure, up "
@@ -640,7 +640,7 @@ def write_report(state: dict, sources: dict, wording: dict) -> dict:
                   "every mutant's tests: " + ", ".join(f"`{t}`" for t in left_out_tests()) + "."]
     replace_between_markers(os.path.join(ROOT, REPORT), "\n".join(table))
     listing = ["# Surviving generated mutants", "", f"From the run described in `{REPORT}` (`python3 "
-               "scripts/mutants.py --survivors` prints each one's diff). Each needs a test that kills it, or an "
+               "tools/mutants.py --survivors` prints each one's diff). Each needs a test that kills it, or an "
                f"entry in `{EQUIVALENT}` that says why no test can.", ""]
     for name in survivors:
         before, after = changed_lines(*sources[name]) if name in sources else ("?", "?")
@@ -674,7 +674,7 @@ def main(argv=None) -> int:
     parser.add_argument("--fresh", action="store_true", help="delete mutants/ and start over")
     parser.add_argument("--report", action="store_true", help="only rewrite the report from the results so far")
     parser.add_argument("--survivors", action="store_true",
-                        help="print each survivor's diff and an entry for scripts/mutants_equivalent.toml to fill in")
+                        help="print each survivor's diff and an entry for tools/mutants_equivalent.toml to fill in")
     parser.add_argument("--budget", type=float, default=60.0,
                         help="run a mutant's tests cheapest first only up to this many seconds of their recorded "
                              "time (default %(default)s; 0 = all of them)")
@@ -710,7 +710,7 @@ def main(argv=None) -> int:
         main_module.set_mutant_under_test("")
     sources = mutants_with_sources()
     if not sources:
-        print("no generated mutants in mutants/: run `python3 scripts/mutants.py` first (it generates them, and on "
+        print("no generated mutants in mutants/: run `python3 tools/mutants.py` first (it generates them, and on "
               f"a new machine resumes from {RECORD})", file=sys.stderr)
         return 2
     if not os.path.exists(STATE) and os.path.exists(RECORD) and not args.fresh:
@@ -728,7 +728,7 @@ def main(argv=None) -> int:
     state.update(population=sum(len(v) for v in rows.values()), generated=len(sources),
                  commit=git("rev-parse", "--short", "HEAD") + ("-dirty" if git("status", "--porcelain",
                                                                                "--untracked-files=no") else ""),
-                 command="`nice -n 10 python3 scripts/mutants.py" + (" --all" if args.all else "") + "`",
+                 command="`nice -n 10 python3 tools/mutants.py" + (" --all" if args.all else "") + "`",
                  machine=f"{os.cpu_count()} cores, --jobs {args.jobs}")
 
     if args.survivors:

@@ -1,8 +1,8 @@
 """Mutation check for developers (not CI): do the tests catch the bugs that matter?
 
-    python scripts/mutation_check.py                 # every break in BREAKS, a few minutes each on 2 cores
-    python scripts/mutation_check.py --only kv_shift # the breaks whose name contains "kv_shift"
-    python scripts/mutation_check.py --list
+    python tools/mutation_check.py                 # every break in BREAKS, a few minutes each on 2 cores
+    python tools/mutation_check.py --only kv_shift # the breaks whose name contains "kv_shift"
+    python tools/mutation_check.py --list
 
 Each break is a realistic one-line bug (file, exact old text, new text) and the test files that should catch
 it. The repository's tracked and untracked-but-not-ignored files are copied once to a scratch folder; each break

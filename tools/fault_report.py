@@ -1,7 +1,7 @@
 """The fault-injection cases and whether each held: runs the tests marked `fault` (all of tests/test_faults.py,
 and the cases of other test files that need their fixtures) and writes docs/faults.md.
 
-    python3 scripts/fault_report.py            # about 4 minutes on 2 cores -> docs/faults.md
+    python3 tools/fault_report.py            # about 4 minutes on 2 cores -> docs/faults.md
 
 A case is one test (one row per parameter set); it "held" when the fault ended as the test demands (one
 sentence with a remedy that works, nothing damaged loaded or trained on, nothing good lost). The table says
@@ -50,7 +50,7 @@ def main() -> None:
             rows.append((function if file == MAIN_FILE else f"{file}::{function}", what, outcome))
     held = sum(outcome == "held" for _, _, outcome in rows)
     lines = ["# Fault injection: cases tried and held", "",
-             f"`python3 scripts/fault_report.py` runs the tests marked `fault` (`pytest -m fault {TESTS}`: all of "
+             f"`python3 tools/fault_report.py` runs the tests marked `fault` (`pytest -m fault {TESTS}`: all of "
              f"`{TESTS}/{MAIN_FILE}`, and the cases named with their file, which use the fixtures there) and writes "
              f"this table. **{held} of {len(rows)} cases held.** A case holds when the fault ends as its test "
              "demands: one sentence with a remedy that works when followed, nothing damaged loaded or trained on, "

@@ -1,6 +1,6 @@
 """How accurately each operand format keeps GRAPE-AP's in-tile suffix sums (CPU emulation, no GPU needed).
 
-    python scripts/split_precision.py
+    python tools/split_precision.py
 
 The kernels sum ψ over a key tile as a product with a triangle of ones on the tensor cores. Products with 0/1
 are exact and the tensor cores accumulate in fp32, so the error comes from rounding ψ into the operand format:

@@ -1,7 +1,7 @@
 """Benchmark the data path at sizes where it matters: datasets of 1 and 4 GB of shards (byte tokens) made here.
 
-    python scripts/bench_scale.py            # prints tables, writes the "scale" section of docs/data_benchmarks.md
-    python scripts/bench_scale.py --sizes-gb 1,4 --baseline d9f9fd3 --repeats 2
+    python bench/bench_scale.py            # prints tables, writes the "scale" section of docs/data_benchmarks.md
+    python bench/bench_scale.py --sizes-gb 1,4 --baseline d9f9fd3 --repeats 2
 
 1. Each dataset is prepared with 2 workers from copies of the embedded corpus (JSONL files of 32 copies each, 88M tokens).
 2. Launch to first step: `torchrun --standalone --nproc_per_node=2 train.py` (a 2-layer model, one step of 4 x 32
@@ -226,7 +226,7 @@ def main():
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    lines = [f"Command: `python scripts/bench_scale.py --sizes-gb {args.sizes_gb} --baseline {args.baseline} "
+    lines = [f"Command: `python bench/bench_scale.py --sizes-gb {args.sizes_gb} --baseline {args.baseline} "
              f"--repeats {args.repeats}`. Machine: {machine()}; shared, so times vary between runs (each run is "
              "listed).", "",
              "## Preparing the datasets (byte tokens, 2 workers)", "",

@@ -1,7 +1,7 @@
 """KV-cache memory under grouped-query attention and sliding windows, measured from the cache tensors themselves.
 
-    python scripts/bench_kv_cache.py                  # writes docs/kv_cache.md (about 3 minutes on a busy 2-core CPU)
-    python scripts/bench_kv_cache.py --tokens 512 --out /tmp/kv_cache.md
+    python bench/bench_kv_cache.py                  # writes docs/kv_cache.md (about 3 minutes on a busy 2-core CPU)
+    python bench/bench_kv_cache.py --tokens 512 --out /tmp/kv_cache.md
 
 For each encoding a model of the given shape reads a prompt of --tokens tokens into a fresh cache, then decodes
 --decode more tokens one at a time; the table holds the bytes of every cached tensor (model.KVCache.nbytes: keys,
@@ -90,7 +90,7 @@ def main(argv=None):
               "|---|---|---|---|---|---|")
     lines = [f"| {e} | {s['MHA'] / 2**20:.3f} | {s['GQA'] / s['MHA']:.4f} | {s['MHA 3:1'] / s['MHA']:.4f} | "
              f"{s['GQA 3:1'] / s['MHA']:.4f} | {w:.1e} |" for e, s, w in rows]
-    command = "python scripts/bench_kv_cache.py" + ("" if argv is None and len(sys.argv) == 1 else
+    command = "python bench/bench_kv_cache.py" + ("" if argv is None and len(sys.argv) == 1 else
                                                     " " + " ".join(sys.argv[1:] if argv is None else argv))
     text = f"""# KV-cache memory with grouped-query attention and sliding windows
 

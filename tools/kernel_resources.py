@@ -1,8 +1,8 @@
 """Compile the Triton kernels for a GPU architecture without a GPU: resources and a static cost table.
 
-    python scripts/kernel_resources.py --out docs/kernel_resources.md    # sm_90, bf16 + fp16, D = 64 and 128
-    python scripts/kernel_resources.py --arch 80 --dtype fp32 --head_dim 128
-    PYTHONPATH=/tmp/triton-3.0.0 python scripts/kernel_resources.py --brief   # another Triton (see below)
+    python tools/kernel_resources.py --out docs/kernel_resources.md    # sm_90, bf16 + fp16, D = 64 and 128
+    python tools/kernel_resources.py --arch 80 --dtype fp32 --head_dim 128
+    PYTHONPATH=/tmp/triton-3.0.0 python tools/kernel_resources.py --brief   # another Triton (see below)
 
 Triton compiles ahead of time for any target with its bundled ptxas; cuobjdump (also in the Triton wheel)
 then reads registers and stack (spilled registers) per thread and disassembles the machine code (SASS).
@@ -401,7 +401,7 @@ def tables(rows, args, command) -> list[str]:
              "Predicted cycles per element: the busiest unit of an H100/H200 SM per clock: issue 4 warp "
              f"instructions; fma 128 lanes; alu 64; xu (MUFU and conversions) 16; tensor cores {TENSOR_MACS_PER_CLOCK:,} "
              f"bf16 multiply-adds for wgmma (989 TFLOP/s = 132 SMs x 1.83 GHz x 4,096 FLOPs), mma.sync (HMMA) at "
-             f"{HMMA_FRACTION:g} of that, tf32 at half (scripts/kernel_resources.py says which instruction goes where). "
+             f"{HMMA_FRACTION:g} of that, tf32 at half (tools/kernel_resources.py says which instruction goes where). "
              "A lower bound: latency, dependencies and overlap are left out.", "",
              "## Resources", "", "| kernel | function | tiles | head dim | dtype | needs |", "|---|---|---|---|---|---|"]
     lines += [f"| {r['family']} | `{r['kernel']}` | {r['config']} | {r['head_dim']} | {r['dtype']} | {resource_text(r)} |"
@@ -439,7 +439,7 @@ def tables(rows, args, command) -> list[str]:
               "tensor-core floor is any exact attention's: seven T x T x D products (forward q·kᵀ and P·v; backward "
               "q·kᵀ again, dO·vᵀ, dV, dQ and dK) at the dense wgmma rate. The Triton kernels run above their bounds "
               "by latency and stalls; the ratio GRAPE-AP / plain is what `bash scripts/gpu_check.sh` holds against "
-              "the measured GRAPE-AP / causal SDPA (scripts/bench_path_kernels.py).", "",
+              "the measured GRAPE-AP / causal SDPA (bench/bench_path_kernels.py).", "",
               "| head dim | dtype | GRAPE-AP (ms) | separable (ms) | plain (ms) | tensor-core floor (ms) | "
               "predicted GRAPE-AP / plain |", "|---|---|---|---|---|---|---|"]
     elements = 8 * PREDICT_T * (PREDICT_T + 1) / 2
@@ -455,7 +455,7 @@ def tables(rows, args, command) -> list[str]:
 
 
 def prediction_record(rows) -> dict:
-    """What scripts/bench_path_kernels.py reads: per head dim and dtype, each family's predicted cycles per score
+    """What bench/bench_path_kernels.py reads: per head dim and dtype, each family's predicted cycles per score
     element forward + backward."""
     rows = [r for r in rows if not r.get("windowed")]
     return {f"{head_dim},{dtype}": {family: sums[family]["cycles"] for family in FAMILIES}
@@ -501,7 +501,7 @@ def main(argv=None):
     spilled = sum(r.get("stack", 0) > 0 for r in rows)
     print(f"triton {triton.__version__}: {len(rows) - failed} of {len(rows)} kernels build, {spilled} spill")
     if args.out:
-        command = "python scripts/kernel_resources.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        command = "python tools/kernel_resources.py " + " ".join(argv if argv is not None else sys.argv[1:])
         with open(args.out + ".tmp", "w") as f:
             f.write("\n".join(tables(rows, args, command.strip())) + "\n")
         os.replace(args.out + ".tmp", args.out)

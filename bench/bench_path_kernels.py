@@ -1,7 +1,7 @@
 """GPU: GRAPE-AP attention (Triton) beside causal SDPA, plain attention built the same way and the stick-breaking
 attention kernel, with the static predictions of docs/kernel_resources.md beside the measured ratios.
 
-    python scripts/bench_path_kernels.py [--T 4096,8192] [--batch 1,4] [--out docs/benchmarks_path_gpu.md]
+    python bench/bench_path_kernels.py [--T 4096,8192] [--batch 1,4] [--out docs/benchmarks_path_gpu.md]
 
 Forward + backward of attention alone, bf16, H = 8, D = 128 (the medium config's heads), median of CUDA-event
 timings (triton.testing.do_bench). Targets of this kernel: <= 1.5x causal SDPA and <= 1.2x stick-breaking.
@@ -16,7 +16,7 @@ and `pip install --no-deps <the .whl>` there.
 
 Plain attention built the same way is the in-tile separable kernel without a bias (kernels/separable_triton.py:
 Triton, its own default tiles, the same two-kernel backward), the "plain" row of docs/kernel_resources.md. The
-predictions, from docs/kernel_resources.json (`python scripts/kernel_resources.py --out docs/kernel_resources.md`
+predictions, from docs/kernel_resources.json (`python tools/kernel_resources.py --out docs/kernel_resources.md`
 writes both; no GPU needed): GRAPE-AP / plain attention = the ratio of their predicted cycles per score element,
 forward + backward, the static estimate of GRAPE-AP / causal SDPA where SDPA runs a FlashAttention as fast as
 the plain Triton kernel (the table's measured plain / SDPA column says how far that holds); and a lower bound for
@@ -70,10 +70,10 @@ def report(path, rows, device_name, H, D, cycles, sms, peer) -> None:
     import triton
     predicted = cycles["grape_ap"] / cycles["plain"] if cycles else None
     lines = ["# GRAPE-AP attention beside causal SDPA, plain attention and stick-breaking attention (GPU)", "",
-             f"`python scripts/bench_path_kernels.py` on {device_name}, torch {torch.__version__}, "
+             f"`python bench/bench_path_kernels.py` on {device_name}, torch {torch.__version__}, "
              f"triton {triton.__version__}; bf16, H = {H}, D = {D}, forward + backward, median ms. Targets: GRAPE-AP "
              "<= 1.5x SDPA and <= 1.2x stick-breaking. Plain = the separable Triton kernel without a bias (FlashAttention "
-             "built the same way). Predicted (static, docs/kernel_resources.md, scripts/kernel_resources.py): GRAPE-AP / "
+             "built the same way). Predicted (static, docs/kernel_resources.md, tools/kernel_resources.py): GRAPE-AP / "
              f"plain = {f'{predicted:.2f}x' if predicted else 'n/a (no docs/kernel_resources.json for this head dim)'}, "
              "the estimate of GRAPE-AP / SDPA where SDPA is as fast as the plain Triton kernel; the lower bound "
              f"{cycles['grape_ap'] if cycles else 'n/a'} cycles per score element on {sms} SMs at {CLOCK_HZ / 1e9:.2f} GHz.",

@@ -4,7 +4,7 @@ A 4-layer, 256-wide random `rope` model with head_dim 128 and norm gains moved o
 scripts/export_hf.py's code and loaded by transformers, in fp32: the largest logit difference relative to the
 largest logit, and the share of positions whose argmax agrees, at T = 2048 and 4096.
 
-    python3 scripts/hf_native_parity.py
+    python3 tools/hf_native_parity.py
 """
 import os
 import sys

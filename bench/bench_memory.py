@@ -1,9 +1,9 @@
 """Memory and time of the options for training past one GPU's memory, measured on this machine, and the memory
 planner's table for the paper-sized and larger configs. Writes docs/memory.md.
 
-    python scripts/bench_memory.py                      # all three parts (minutes on a 2-core CPU)
-    python scripts/bench_memory.py --skip-planner       # without the planner's table
-    python scripts/bench_memory.py --out /tmp/memory.md
+    python bench/bench_memory.py                      # all three parts (minutes on a 2-core CPU)
+    python bench/bench_memory.py --skip-planner       # without the planner's table
+    python bench/bench_memory.py --out /tmp/memory.md
 
 1. The loss alone at the quickstart's vocabulary (50,304) and width (128): the plain loss (full fp32 logits)
    against the chunked one, forward and backward, at the quickstart's micro-batch (8 x 128 tokens) and a larger

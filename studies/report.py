@@ -1,0 +1,306 @@
+"""A study's report: report.md and report.json written from summary.build_report, its plots, and --publish
+(the report copied between markers into a docs page)."""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import statistics
+from pathlib import Path
+
+
+from training.metrics import atomic_write_text
+from studies.curves import main as plot_loss_curves
+from studies.spec import CONFIDENCE, MIN_SEEDS_FOR_A_FINDING, Study, StudyError, evaluation
+from studies.summary import build_report, eval_outputs_by_seed, finding_word
+
+
+def fmt(stat: dict | None, digits: int = 4) -> str:
+    if not stat or stat.get("mean") is None:
+        return "–"
+    return f"{stat['mean']:.{digits}f}" + (f" ± {stat['std']:.{digits}f}" if stat.get("std") is not None else "")
+
+
+def setup_lines(setup: dict) -> list[str]:
+    m = setup["model"]
+    params = ", ".join(f"{encoding} {n:,}" for encoding, n in setup["parameters"].items())
+    lines = [f"- Model: {m['n_layer']} layers, width {m['n_embd']} ({m['n_head']} heads × {m['head_dim']}), context "
+             f"{m['block_size']} tokens, vocabulary {m['vocab_size']}; parameters: {params}.",
+             f"- Training: {setup['tokens_per_run']:,} tokens per run ({setup['iterations']} iterations × "
+             f"{setup['sequences_per_iteration']} sequences × {m['block_size']} tokens); the Runs table has each "
+             "run's own count."]
+    if "zero_shot_documents" in setup:
+        lines.append("- Zero-shot: documents per task: "
+                     + ", ".join(f"{task} {n}" for task, n in setup["zero_shot_documents"].items()) + ".")
+    if "extrapolation" in setup:
+        ex = setup["extrapolation"]
+        lines.append(f"- Extrapolation: the first {ex['val_tokens']:,} validation tokens; non-overlapping windows "
+                     "per context: " + ", ".join(f"{c} tokens: {n}" for c, n in ex["windows"].items()) + ".")
+    if "long_context" in setup:
+        lc = setup["long_context"]
+        factors = ", ".join(f"{n:,} ({n / lc['train_context']:g}×)" for n in lc["lengths"])
+        documents = f"the first {lc['limit']}" if lc["limit"] else "all"
+        lines.append(f"- Long context: RULER and BABILong through lm-eval at {factors} tokens; {len(lc['tasks'])} tasks, "
+                     f"{documents} documents per task and length; positions: `--rope-scaling {lc['rope_scaling']}`.")
+    if "passkey" in setup:
+        p = setup["passkey"]
+        trials = f"{p['trials']} trial{'s' if p['trials'] != 1 else ''}"
+        lines.append(f"- Passkey: prompts of {', '.join(map(str, p['lengths']))} tokens × {p['depths']} depths × "
+                     f"{trials} = {len(p['lengths']) * p['depths'] * p['trials']} prompts per run.")
+    return lines
+
+
+def paper_warning(setup: dict) -> list[str]:
+    paper = setup.get("paper")
+    if not paper or paper["comparable"]:
+        return []
+    params = ", ".join(f"{n:,}" for n in sorted(set(setup["parameters"].values())))
+    return [f"**Warning:** the paper's {paper['size']} row below comes from a {paper['parameters'] / 1e6:,.0f}M-"
+            f"parameter model trained on {paper['tokens'] / 1e9:,.0f}B tokens; this study's model has {params} "
+            f"parameters and saw {setup['tokens_per_run']:,} tokens per run. Beside it, our numbers show that the "
+            "pipeline works, not how the encodings compare at the paper's scale.", ""]
+
+
+def markdown(report: dict, plots: dict) -> str:
+    ref = report["reference"]
+    enc = report["encodings"]
+    lines = [f"# Study `{report['study']}`", "",
+             f"Base config `{os.path.relpath(report['base'])}`, overrides `{' '.join(report['overrides']) or 'none'}`, "
+             f"seeds {report['seeds']}, launch {report['launch']['mode']}. Every number is mean ± sample standard "
+             "deviation over seeds, read from the runs' own metrics.jsonl and eval/*.json "
+             "(report.json holds them all).",
+             "", "## Setup", "", *setup_lines(report["setup"]),
+             "", "## Final validation loss", "",
+             f"| encoding | seeds | val loss | − {ref} (paired) | {CONFIDENCE:.0%} t-interval "
+             "| finding | diverged |",
+             "|---|---:|---:|---:|---:|---|---:|"]
+    for name, e in enc.items():
+        d = e["difference_to_reference"]
+        interval = f"[{d['interval'][0]:+.4f}, {d['interval'][1]:+.4f}]" if d and d["interval"] else "–"
+        lines.append(f"| {name} | {e['final_val_loss']['n']} | {fmt(e['final_val_loss'])} | {fmt(d)} | "
+                     f"{interval} | {finding_word(d) if name != ref else '–'} | {len(e.get('diverged_seeds', []))} |")
+    lines += ["", f"Rule: {report['rule']}.", ""] + [f"- {e['verdict']}" for e in enc.values()]
+    if "loss_curves" in plots:
+        lines += ["", f"![loss curves]({plots['loss_curves']})"]
+    if any("extrapolation" in e for e in enc.values()):
+        lines += ["", "## Loss beyond the training context", "",
+                  "| encoding | C/L | C | non-overlapping | beyond L | sliding |", "|---|---:|---:|---:|---:|---:|"]
+        for name, e in enc.items():
+            for factor, c in e.get("extrapolation", {}).get("contexts", {}).items():
+                lines.append(f"| {name} | {factor} | {c['context']} | {fmt(c['nonoverlapping'])} | "
+                             f"{fmt(c['beyond_train_context'])} | {fmt(c['sliding'])} |")
+        lines += extrapolation_comparison_lines(report)
+        if "loss_vs_position" in plots:
+            lines += ["", f"![loss vs position]({plots['loss_vs_position']})"]
+        passkeys = {n: e["extrapolation"]["passkey"] for n, e in enc.items() if "passkey" in e.get("extrapolation", {})}
+        if passkeys:
+            lengths = next(iter(passkeys.values()))["lengths"]
+            lines += ["", "## Passkey retrieval accuracy (mean over depths, then over seeds)", "",
+                      "| encoding | " + " | ".join(f"{n} tokens" for n in lengths) + " |",
+                      "|---|" + "---:|" * len(lengths)]
+            for name, p in passkeys.items():
+                lines.append(f"| {name} | " + " | ".join(fmt(a, 2) for a in p["accuracy_by_length"]) + " |")
+    zs = {n: e["zero_shot"] for n, e in enc.items() if "zero_shot" in e}
+    if zs:
+        first = next(iter(zs.values()))
+        tasks = list(first["tasks"])
+        lines += ["", "## Zero-shot accuracy (%)", "", *paper_warning(report["setup"]),
+                  "The metric eval/zero_shot.py averages (named per task), ours beside the paper's row:", "",
+                  "| encoding | " + " | ".join(f"{t} ({first['tasks'][t]['average_metric']})" for t in tasks)
+                  + " | average |", "|---|" + "---:|" * (len(tasks) + 1)]
+        for name, z in zs.items():
+            lines.append(f"| {name} (ours) | " + " | ".join(fmt(z["tasks"][t].get("score"), 2) for t in tasks)
+                         + f" | {fmt(z['average'], 2)} |")
+            paper = z["paper"]
+            complete = paper is not None and len(tasks) == len(paper) - 1
+            lines.append(f"| {name} (paper, {z['paper_size']}) | " + " | ".join(
+                "–" if not paper or paper.get(t) is None else f"{paper[t]:.2f}" for t in tasks)
+                + (f" | {paper['avg']:.2f} |" if complete else " | – |"))
+        lines += ["", "Both metrics, acc / acc_norm:", "", "| encoding | " + " | ".join(tasks) + " |",
+                  "|---|" + "---:|" * len(tasks)]
+        for name, z in zs.items():
+            lines.append(f"| {name} | " + " | ".join(
+                f"{fmt(z['tasks'][t].get('acc'), 2)} / {fmt(z['tasks'][t].get('acc_norm'), 2)}" for t in tasks) + " |")
+    lines += long_context_lines(report, plots)
+    lines += ["", "## Runs", "", "| encoding | seed | status | iterations | tokens | final val loss | wall-clock (h) "
+              "| GPU-hours | run directory |", "|---|---:|---|---:|---:|---:|---:|---:|---|"]
+    for r in report["runs"]:
+        loss = "–" if r["final_val_loss"] is None else f"{r['final_val_loss']:.4f}"
+        lines.append(f"| {r['encoding']} | {r['seed']} | {r['status']} | {r['iter']} | {r['tokens']:,} | {loss} | "
+                     f"{sum(r['wall_clock_s'].values()) / 3600:.3f} | {r['gpu_hours']:.2f} | `{r['run_dir']}` |")
+    failed = [r for r in report["runs"] if r["errors"]]
+    if failed:
+        lines += ["", "## Failed or diverged runs", ""]
+        lines += [f"- {r['encoding']} seed {r['seed']}: {'; '.join(r['errors'])}" for r in failed]
+    return "\n".join(lines) + "\n"
+
+
+def interval_cell(stat: dict | None, digits: int = 3) -> str:
+    """mean [95% interval], with * where it is a finding (excludes 0 over enough seeds)."""
+    if not stat or stat.get("mean") is None:
+        return "–"
+    if stat["interval"] is None:
+        return f"{stat['mean']:+.{digits}f} ({stat['n']} seed)"
+    lo, hi = stat["interval"]
+    return f"{stat['mean']:+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}]" + ("*" if stat["finding"] else "")
+
+
+def extrapolation_comparison_lines(report: dict) -> list[str]:
+    comparisons = {n: e["extrapolation"]["by_seed"] for n, e in report["encodings"].items()
+                   if e.get("extrapolation", {}).get("by_seed")}
+    if not comparisons:
+        return []
+    factors = sorted({k for c in comparisons.values() for k in c["rise"]}, key=int)
+    header = " | ".join(f"{k}L" for k in factors)
+    ref = report["reference"]
+    lines = ["", f"Per seed, then the mean and its {CONFIDENCE:.0%} t-interval over seeds (* where the interval "
+             f"excludes 0 over at least {MIN_SEEDS_FOR_A_FINDING} seeds): the rise of the loss beyond L over the "
+             "loss at L, in the same windows (positive: the loss grows past the training context).", "",
+             f"| encoding | loss at L | rise at {header.replace(' | ', ' | rise at ')} |",
+             "|---|---:|" + "---:|" * len(factors)]
+    for name, c in comparisons.items():
+        lines.append(f"| {name} | {fmt(c['at_L'], 3)} | "
+                     + " | ".join(interval_cell(c["rise"].get(k)) for k in factors) + " |")
+    lines += ["", f"The loss beyond L minus {ref}'s (paired by seed):", "", f"| encoding | {header} |",
+              "|---|" + "---:|" * len(factors)]
+    for name, c in comparisons.items():
+        if name != ref:
+            lines.append(f"| {name} − {ref} | "
+                         + " | ".join(interval_cell(c["beyond_minus_reference"].get(k)) for k in factors) + " |")
+    return lines
+
+
+def long_context_lines(report: dict, plots: dict) -> list[str]:
+    enc = {n: e["long_context"] for n, e in report["encodings"].items() if "long_context" in e}
+    if not enc:
+        return []
+    first = next(iter(enc.values()))
+    lengths = [str(n) for n in first["lengths"]]
+    header = " | ".join(f"{int(n):,} ({int(n) / first['train_context']:g}×)" for n in lengths)
+    lines = ["", "## Long context: RULER and BABILong (accuracy %)", "",
+             "Each cell: lm-eval's score, mean ± sample std over seeds (eval/long_context.py; each run's "
+             "eval/long_context.md has its tables). An average over fewer tasks than RULER's 13 or BABILong's 5 says "
+             "how many.", "", f"| encoding | average | {header} |", "|---|---|" + "---:|" * len(lengths)]
+    for name, lc in enc.items():
+        for family, label, full in (("ruler", "RULER", 13), ("babilong", "BABILong", 5)):
+            counts = lc[f"{family}_average_tasks"]
+            if not any(counts.values()):
+                continue
+            cells = [fmt(lc[f"{family}_average"][n], 2) + (f" ({counts[n]} of {full})" if 0 < counts[n] < full else "")
+                     for n in lengths]
+            lines.append(f"| {name} | {label} | " + " | ".join(cells) + " |")
+    ref = report["reference"]
+    diffs = {n: lc.get("difference_to_reference") for n, lc in enc.items() if lc.get("difference_to_reference")}
+    if diffs:
+        lines += ["", f"Paired difference to {ref} (per seed, then mean; {CONFIDENCE:.0%} t-interval; * where it "
+                      f"excludes 0 over at least {MIN_SEEDS_FOR_A_FINDING} seeds):", "", f"| encoding | average | {header} |",
+                  "|---|---|" + "---:|" * len(lengths)]
+        for name, families in diffs.items():
+            for family, label in (("ruler", "RULER"), ("babilong", "BABILong")):
+                cells = []
+                for n in lengths:
+                    d = families[family][n]
+                    cells.append(interval_cell(d, 2) if d["n"] else "–")
+                if any(c != "–" for c in cells):
+                    lines.append(f"| {name} − {ref} | {label} | " + " | ".join(cells) + " |")
+    lines += ["", "Per task:", "", f"| encoding | task | {header} |", "|---|---|" + "---:|" * len(lengths)]
+    for name, lc in enc.items():
+        for task, cells in lc["tasks"].items():
+            lines.append(f"| {name} | {task} | " + " | ".join(fmt(cells[n], 1) for n in lengths) + " |")
+    if "long_context" in plots:
+        lines += ["", f"![accuracy against context length]({plots['long_context']})"]
+    return lines
+
+
+def mean_over_seeds(results: list[dict]) -> dict:
+    """An extrapolation result whose longest context's binned loss curve is the mean of the seeds' curves (the
+    same validation tokens and bins for every seed)."""
+    longest = max(results[0]["contexts"], key=int)
+    curves = [r["contexts"][longest]["nonoverlapping"]["binned_loss"] for r in results]
+    cell = {"binned_positions": results[0]["contexts"][longest]["nonoverlapping"]["binned_positions"],
+            "binned_loss": [statistics.fmean(column) for column in zip(*curves)]}
+    return {"train_context": results[0]["train_context"], "contexts": {longest: {"nonoverlapping": cell}}}
+
+
+def write_plots(study: Study, report: dict) -> dict:
+    plots = {}
+    done = [r for r in report["runs"] if r["finished"]]
+    if done:
+        path = os.path.join(study.out_dir, "loss_curves.png")
+        labels = [f"{r['encoding']} seed {r['seed']}" for r in done]
+        with contextlib.redirect_stdout(io.StringIO()):  # it prints the path
+            plot_loss_curves([r["run_dir"] for r in done] + ["--out", path, "--title", study.name, "--labels", *labels,
+                                                           "--groups", *[r["encoding"] for r in done]])
+        plots["loss_curves"] = "loss_curves.png"
+    results = []  # one line per encoding: its seeds' loss at each position of the longest context, averaged
+    for encoding in study.encodings:
+        seeds = eval_outputs_by_seed(study, encoding, "extrapolation")
+        if seeds:
+            results.append(mean_over_seeds(list(seeds.values())) | {"name": encoding,
+                                                                     "encoding": f"{len(seeds)} seeds"})
+    if results:
+        evaluation("extrapolation").plot_loss_vs_position(results, os.path.join(study.out_dir, "loss_vs_position.png"))
+        plots["loss_vs_position"] = "loss_vs_position.png"
+    lines = []  # one line per encoding: the mean over seeds of each average
+    for name, entry in report["encodings"].items():
+        lc = entry.get("long_context")
+        if lc:
+            means = {f: {n: v["mean"] for n, v in lc[f"{f}_average"].items()} for f in ("ruler", "babilong")}
+            lines.append({"name": name, "encoding": name, "label": f"{name} (mean of {len(lc['seeds'])} seeds)",
+                          "lengths": lc["lengths"], "train_context": lc["train_context"],
+                          "ruler_average": means["ruler"], "babilong_average": means["babilong"],
+                          "ruler_average_tasks": lc["ruler_average_tasks"],
+                          "babilong_average_tasks": lc["babilong_average_tasks"]})
+    if lines and evaluation("long_context").plot_accuracy_vs_length(lines, os.path.join(study.out_dir, "long_context.png")):
+        plots["long_context"] = "long_context.png"
+    return plots
+
+
+def write_report(study: Study, statuses: dict) -> dict:
+    report = build_report(study, statuses)
+    os.makedirs(study.out_dir, exist_ok=True)
+    plots = write_plots(study, report)
+    report["plots"] = plots
+    atomic_write_text(os.path.join(study.out_dir, "report.json"), json.dumps(report, indent=2) + "\n")
+    atomic_write_text(os.path.join(study.out_dir, "report.md"), markdown(report, plots))
+    return report
+
+
+REPORT_BEGIN, REPORT_END = "<!-- study report: begin (study.py --publish writes this part) -->", \
+    "<!-- study report: end -->"
+FORMER_BEGIN = REPORT_BEGIN.replace("study.py", "scripts/study.py")  # in pages published before study.py moved
+
+
+def check_publish_target(target: str) -> str:
+    """The text of `target` (the two markers alone for a missing file), refused before any work when it lacks the
+    markers or its folder cannot be written: a study of hours must not end in an error that loses its report."""
+    text = Path(target).read_text() if os.path.exists(target) else f"{REPORT_BEGIN}\n{REPORT_END}\n"
+    text = text.replace(FORMER_BEGIN, REPORT_BEGIN)
+    if text.count(REPORT_BEGIN) != 1 or text.count(REPORT_END) != 1 or text.index(REPORT_BEGIN) > text.index(REPORT_END):
+        raise StudyError(f"{target} must hold the lines {REPORT_BEGIN} and {REPORT_END} once each, in that order: "
+                         "the report goes between them; add them where it belongs.")
+    folder = os.path.dirname(os.path.abspath(target))
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        raise StudyError(f"--publish {target}: its folder {folder} does not exist or cannot be written; "
+                         "make it or choose another file.")
+    return text
+
+
+def publish(study: Study, report: dict, target: str) -> None:
+    """The report into `target` between REPORT_BEGIN and REPORT_END (the text around them is kept; a new file gets
+    just the markers and the report), one heading level down, with its plots copied beside the file as
+    <target stem>_<plot>.png."""
+    import shutil
+
+    text = check_publish_target(target)
+    folder, stem = os.path.dirname(os.path.abspath(target)), Path(target).stem
+    plots = {}
+    for key, name in report["plots"].items():
+        plots[key] = f"{stem}_{name}"
+        shutil.copyfile(os.path.join(study.out_dir, name), os.path.join(folder, plots[key]))
+    body = "\n".join("#" + line if line.startswith("#") else line for line in markdown(report, plots).splitlines())
+    before, rest = text.split(REPORT_BEGIN)
+    after = rest.split(REPORT_END)[1]
+    atomic_write_text(target, f"{before}{REPORT_BEGIN}\n{body}\n{REPORT_END}{after}")
+    print(f"[study] wrote the report into {target} and its plots beside it", flush=True)
