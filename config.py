@@ -137,7 +137,7 @@ class TrainConfig:
     # system
     device: str = "auto"             # auto | cpu | cuda
     dtype: str = "auto"              # auto (bf16 autocast on GPU, fp32 on CPU) | bf16 | fp32
-    compile: bool = False            # torch.compile the model (under fsdp: each block)
+    compile: bool = False            # torch.compile the model (under fsdp: each block, before sharding)
     # memory: past one GPU (docs/train.md, "Memory"; python -m training.memory CONFIG plans a run)
     parallel: str = "ddp"            # ddp: every process holds the whole model, its gradients and Adam state (the
                                      # paper's sizes) | fsdp: all three sharded over the processes (FSDP2; 1.3B and up)

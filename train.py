@@ -64,7 +64,7 @@ from training.checkpointing import (FIXED_FOR_A_RUN, TRAJECTORY_KEYS, Checkpoint
 from training.distributed import Distributed, is_collective_failure
 from training.metrics import (Metrics, Throughput, atomic_write_text, code_version, duration, gpu_peak_flops,
                               peak_memory, provenance, start_wandb, trim_metrics)
-from training.layout import bf16_parameters, lay_out
+from training.layout import bf16_parameters, describe_compile, lay_out
 from training.divergence import DivergenceMonitor, divergence_error
 from training.optimizer import lr_at, make_optimizer, set_lr
 from training.step import StepResult, confirmation, evaluate, train_step
@@ -432,6 +432,7 @@ def describe(raw_model, cfg: TrainConfig, ddp: Distributed, use_bf16: bool, grad
             f"{ddp.world_size} process(es) on {ddp.device.type}, "
             f"{'FSDP (sharded)' if ddp.sharded else 'DDP' if ddp.world_size > 1 else 'one replica'}, {precision_name}, "
             f"loss {describe_loss(raw_model.loss_impl, raw_model.loss_chunk_tokens)}, "
+            f"{describe_compile(raw_model, cfg, ddp, use_bf16)}, "
             + (f"activation checkpointing on {checkpointed} of {model_cfg.n_layer} blocks, " if checkpointed else "")
             + 
             f"batch {cfg.global_batch_size} x {model_cfg.block_size} tokens = {cfg.batch_size} x {grad_accum} accum x "
@@ -516,6 +517,8 @@ def train(args: Arguments, model_cfg, cfg: TrainConfig, ckpt: dict | None, chang
     wandb_id = ckpt.get("wandb_id") if ckpt else None
     metrics = open_run_directory(cfg, resolved, step, ckpt is not None, changes, ddp, wandb_id, args.start_over)
     del ckpt
+    # compile = true: the whole model here; under FSDP lay_out compiled each block before sharding it (the start-up
+    # line says which)
     model = ddp.wrap(torch.compile(raw_model) if cfg.compile and not ddp.sharded else raw_model)
     tokens_per_step = cfg.global_batch_size * T
     throughput = Throughput(step, tokens_per_step, raw_model.flops_per_token(T), gpu_peak_flops(ddp.device),

@@ -7,6 +7,7 @@ step under FSDP, 8 in the 1-process reference) and clipping active at every step
 step's norm), and one pair without clipping (grad_clip 0, a branch of its own under FSDP). The faults of a sharded
 save (a full disk, an unwritable directory, a process killed during it) and shards whose ckpt.pt is gone are here too.
 """
+import dataclasses
 import json
 import os
 import pickle
@@ -284,6 +285,70 @@ def test_bf16_policy_gathers_the_matrices_in_bf16_and_keeps_positional_parameter
         assert 0 < abs(loss.item() - fp32_loss) < 1e-2 * fp32_loss  # bf16 rounding, nothing more
     finally:
         ddp.release()
+
+
+# ----------------------------------------------------------------------------- compile = true under FSDP
+
+COMPILE_TRAIN = dict(max_iters=6, warmup_iters=2, global_batch_size=4, batch_size=1, eval_interval=3, eval_windows=4)
+# relative: inductor fuses and reorders the blocks' fp32 arithmetic (the norms' reductions, the MLP's silu x up,
+# the softmax), each fused op rounding differently, by ~1e-7; over these 6 steps the losses and validation losses
+# moved apart by at most 1.4e-7 and the gradient norms by 1.2e-6 (measured, torch 2.13): 1e-4 leaves a margin of
+# about 100 over the largest, far below what a wrong block, a gradient not reduced or a micro-batch lost would do
+# to losses that fall by 1e-2 to 1e-1 a step
+COMPILED_ROUNDING = 1e-4
+
+
+def test_compile_under_fsdp_compiles_each_block_before_sharding_and_gives_the_uncompiled_losses(tmp_path):
+    """compile = true under FSDP, 2 gloo processes, inductor on the CPU, 2 micro-batches a step, validation at
+    steps 0, 3 and 6 (a no-grad graph too): each block is compiled before fully_shard (the start-up line counts
+    them on the model; torch._dynamo's counters say graphs were made, without a graph break), and the training
+    and validation losses are the uncompiled FSDP run's."""
+    data_dir = synthetic_corpus(tmp_path, 10, 400)
+    config = tmp_path / "tiny.toml"
+    config.write_text(tiny_config(data_dir, **COMPILE_TRAIN))
+
+    def fsdp(out, *more):
+        return [str(config), "--pos=rope", "--parallel=fsdp", f"--out_dir={tmp_path / out}", *more]
+    done = launch(2, {"runs": [fsdp("eager"), fsdp("compiled", "--compile")],
+                      "results": str(tmp_path / "results.json")}, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    with open(tmp_path / "results.json") as f:
+        eager, compiled = json.load(f)["runs"]
+    starts = [line for line in done.stdout.splitlines() if line.startswith("model: ")]
+    assert len(starts) == 2, done.stdout[-3000:]
+    assert "FSDP (sharded)" in starts[0] and ", compile: off, " in starts[0]
+    assert ", compile: 2 of 2 blocks (per block, before fully_shard; embedding, final norm, LM head and loss eager), " \
+        in starts[1]
+    assert eager["graphs"] == 0 and compiled["graphs"] > 0 and compiled["graph_breaks"] == 0
+    assert len(compiled["losses"]) == 6 and compiled["grad_accum"] == 2
+    assert compiled["losses"] == pytest.approx(eager["losses"], rel=COMPILED_ROUNDING)
+    assert compiled["grad_norms"] == pytest.approx(eager["grad_norms"], rel=COMPILED_ROUNDING)
+    assert [step for step, _ in compiled["val_losses"]] == [0, 3, 6]
+    assert [v for _, v in compiled["val_losses"]] == pytest.approx([v for _, v in eager["val_losses"]],
+                                                                   rel=COMPILED_ROUNDING)
+
+
+def test_the_start_up_line_counts_the_compiled_blocks_on_the_model():
+    """What the start-up line says for each case, the blocks counted on the model (here one compiled of two), not
+    assumed from the config; with bf16 parameters the matrices' own FSDP units inside each block are named as
+    where its graph breaks."""
+    from types import SimpleNamespace
+
+    from config import TrainConfig
+    from model import GPTConfig
+    from training.layout import describe_compile
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, head_dim=16, vocab_size=64, block_size=16))
+    sharded, replica = SimpleNamespace(sharded=True), SimpleNamespace(sharded=False)
+    on = TrainConfig(compile=True, parallel="fsdp")
+    assert describe_compile(model, TrainConfig(parallel="fsdp"), sharded) == "compile: off"
+    assert describe_compile(model, dataclasses.replace(on, parallel="ddp"), replica) == "compile: whole model"
+    assert describe_compile(model, on, sharded).startswith("compile: 0 of 2 blocks (")
+    model.blocks[1].compile()  # (nothing is traced before a call)
+    assert describe_compile(model, on, sharded) == ("compile: 1 of 2 blocks (per block, before fully_shard; "
+                                                    "embedding, final norm, LM head and loss eager)")
+    assert describe_compile(model, on, sharded, use_bf16=True) == (
+        "compile: 1 of 2 blocks (per block, before fully_shard; each block's graph broken at its bf16 qkv, proj and "
+        "MLP units; embedding, final norm, LM head and loss eager)")
 
 
 # ----------------------------------------------------------------------------- shards without their ckpt.pt

@@ -75,7 +75,9 @@ class Distributed:
         embedding, final norm and tied head the root's. `bf16_params`: the weight matrices (qkv, proj, MLP, the
         embedding) are gathered and computed in bf16 and their gradients reduced in fp32; each block's own group
         then keeps the norms and positional parameters (spectra, gates, rates, path projections) fp32, since their
-        phases and cumulative sums must stay fp32. Each block is compiled before it is sharded (`compile_blocks`)."""
+        phases and cumulative sums must stay fp32. `compile_blocks`: each block is compiled (nn.Module.compile, in
+        place: its state_dict keys unchanged) before it is sharded, as torchtitan does; the root's embedding, final
+        norm, LM head and loss stay eager (the start-up line says so: training/layout.py, describe_compile)."""
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         fp32 = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)
         matrices = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16_params else fp32

@@ -1,6 +1,6 @@
 """How the model runs in training, beyond its architecture: the loss implementation (lm_loss.py), activation
-checkpointing, and FSDP's sharding and mixed precision (training/distributed.py). train.py and the memory
-measurements (training/memory.py) set a model up through the same function."""
+checkpointing, FSDP's sharding and mixed precision (training/distributed.py), and what torch.compile compiles.
+train.py and the memory measurements (training/memory.py) set a model up through the same function."""
 from __future__ import annotations
 
 from config import ConfigError, TrainConfig
@@ -25,3 +25,25 @@ def lay_out(raw_model, cfg: TrainConfig, ddp, use_bf16: bool) -> None:
     if ddp.sharded:
         ddp.shard(raw_model, bf16_params=bf16_parameters(cfg, use_bf16),
                   reshard_after_forward=cfg.fsdp_reshard_after_forward, compile_blocks=cfg.compile)
+
+
+def compiled_blocks(raw_model) -> int:
+    """How many of the model's blocks have a compiled call (nn.Module.compile, as Distributed.shard gives each block
+    under FSDP before sharding it)."""
+    return sum(getattr(block, "_compiled_call_impl", None) is not None for block in raw_model.blocks)
+
+
+def describe_compile(raw_model, cfg: TrainConfig, ddp, use_bf16: bool = False) -> str:
+    """The start-up line's account of torch.compile: off; the whole model (train.py compiles it under DDP and on one
+    process); or, under FSDP, the blocks that have a compiled call, counted on the model itself, out of all of them
+    (each compiled before fully_shard, as torchtitan does; FSDP's hooks, which torch.compile does not trace, gather
+    and free the weights eagerly around each block's graph). The FSDP root's part (the embedding, the final norm,
+    the LM head and the loss) runs eagerly. Under bf16 parameters the qkv, proj and MLP are FSDP units of their own
+    inside each block, and their hooks break the block's graph there (seen with torch 2.13: several graphs a block)."""
+    if not cfg.compile:
+        return "compile: off"
+    if not ddp.sharded:
+        return "compile: whole model"
+    broken = "; each block's graph broken at its bf16 qkv, proj and MLP units" if bf16_parameters(cfg, use_bf16) else ""
+    return (f"compile: {compiled_blocks(raw_model)} of {len(raw_model.blocks)} blocks (per block, before fully_shard"
+            f"{broken}; embedding, final norm, LM head and loss eager)")
