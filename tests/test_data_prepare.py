@@ -365,3 +365,36 @@ def test_an_unquoted_files_glob_is_answered_with_how_to_quote_it(tmp_path, capsy
     assert "unrecognized arguments: --bogus" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         parse_args(["--file", expanded[0]])  # no abbreviations
+
+
+def test_the_preparation_lock_is_skipped_only_where_it_cannot_be_made(tmp_path, monkeypatch):
+    """A lock file that cannot be made because the folder is read-only or not ours (EACCES, EPERM, EROFS) means
+    this process could not write the shards either: it takes no turn and goes on (the preparation then says what
+    is wrong). Any other failure to make it (a full disk, say) is raised, not silently run without the lock."""
+    import errno
+
+    from data import prepare as prep
+
+    out = tmp_path / "corpus"
+    with prep.preparation_lock(str(out)):
+        assert os.path.isfile(prep.lock_path(str(out)))  # the normal case makes the lock file beside out
+    real_open = open
+
+    def refused(code):
+        def opener(path, *args, **kwargs):
+            if str(path).endswith(".lock"):
+                raise OSError(code, os.strerror(code), str(path))
+            return real_open(path, *args, **kwargs)
+        return opener
+
+    for code in (errno.EACCES, errno.EPERM, errno.EROFS):
+        monkeypatch.setattr(prep, "open", refused(code), raising=False)
+        with prep.preparation_lock(str(tmp_path / "other")):
+            entered = code
+        assert entered == code
+    for code in (errno.ENOSPC, errno.EIO):
+        monkeypatch.setattr(prep, "open", refused(code), raising=False)
+        with pytest.raises(OSError) as error:
+            with prep.preparation_lock(str(tmp_path / "other")):
+                pytest.fail("entered without the lock after an error that is not a read-only folder")
+        assert error.value.errno == code

@@ -707,3 +707,17 @@ def test_a_length_equal_to_a_tasks_answer_leaves_no_room_and_one_more_token_does
         assert long_context.shorter_than_answer(task, answer) is not None
         assert f"{answer} answer" in long_context.shorter_than_answer(task, answer)
         assert long_context.shorter_than_answer(task, answer + 1) is None
+
+
+def test_a_length_too_short_for_some_chosen_tasks_but_not_all_runs_the_others():
+    """check_lengths_fit refuses a length only when no chosen task can run at it: 100 tokens leave no room beside
+    niah_single_1's 128 answer tokens but do beside babilong_qa1's 16, so that pair is allowed (the too-short task
+    is scored as not run), while niah alone is refused with the shortest length that would work."""
+    from config import UserError
+
+    model = tiny_model(block_size=64)
+    long_context.check_lengths_fit(model, [100], "cpu", ["niah_single_1", "babilong_qa1"])
+    long_context.check_lengths_fit(model, [129], "cpu", ["niah_single_1"])
+    with pytest.raises(UserError, match=r"too short for every chosen task.*none can run below 129 tokens") as error:
+        long_context.check_lengths_fit(model, [200, 128], "cpu", ["niah_single_1", "niah_single_2"])
+    assert "--lengths asks for 128 tokens (2x the training context of 64)" in str(error.value)
