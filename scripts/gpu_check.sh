@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Everything that needs a GPU, in one call with a hard time limit (default 300 s on an H200):
+# Everything that needs a GPU, in one call with a hard time limit (default 420 s on an H200):
 #   1. correctness (<= 60 s): the start-up numeric probe of each kernel family (bf16 and fp16, head dims 64 and
 #      128: its error beside the tolerance that would send it to the portable path), the bf16 Triton kernels
 #      (GRAPE-AP and the in-tile separable bias) against fp64 (values and all gradients, Tq < Tk, decode, T = 4096), the bf16 lifted columns through
 #      FlashAttention, whole models in bf16 (auto / lifted vs dense, KV-cache decoding), both kernel families
 #      with grouped-query keys and a sliding window                                 -> docs/gpu_check.md
+#   1b. compile = true under FSDP (one process, NCCL, inductor's Triton): the compiled run's losses, gradient norms
+#      and validation losses beside the eager run's, fp32 and bf16                -> docs/fsdp_compile_gpu.md
 #   2. GRAPE-AP beside causal SDPA, plain attention built the same way (the separable Triton kernel without a
 #      bias) and the stick-breaking kernel (when installed: see bench/bench_path_kernels.py), B1 and B4 at
 #      T = 4096 and 8192: the measured GRAPE-AP / SDPA beside the static prediction of docs/kernel_resources.json
@@ -29,7 +31,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
-budget=${GPU_CHECK_SECONDS:-300}
+budget=${GPU_CHECK_SECONDS:-420}
 log=${OUT:-/tmp}/gpu_check.log
 : >"$log"
 status=0
@@ -37,7 +39,8 @@ status=0
 save() {
     if [ -n "${OUT:-}" ]; then
         cp -f docs/gpu_check.md docs/benchmarks_gpu.md docs/benchmarks_gpu.json docs/benchmarks_gpu_b4.md docs/benchmarks_path_gpu.md \
-            docs/benchmarks_train_gpu.md docs/benchmarks_long_gpu.md docs/benchmarks_gpu_extra.md "$OUT"/ 2>/dev/null || true
+            docs/benchmarks_train_gpu.md docs/benchmarks_long_gpu.md docs/benchmarks_gpu_extra.md docs/fsdp_compile_gpu.md \
+            "$OUT"/ 2>/dev/null || true
     fi
 }
 
@@ -82,9 +85,11 @@ optional_stage() {  # a stage whose absence (time ran out) or failure does not f
 }
 
 medium="--heads 8 --head_dim 128 --n_embd 1024 --dense_max_T 1 --repeats 5"
-# stage limits add up to the 300 s budget (the GRAPE-AP ratios come second, right after correctness): the optional
+# stage limits add up to the 420 s budget less 20 s of start-up (correctness first, then compile under FSDP and
+# the GRAPE-AP ratios): the optional
 # last stage runs only on what earlier stages leave
 stage correctness 55 python3 scripts/gpu_check.py --seconds 30 --out docs/gpu_check.md
+stage fsdp-compile 100 python3 tools/fsdp_compile_check.py --seconds 45 --out docs/fsdp_compile_gpu.md
 stage path-kernels 45 python3 bench/bench_path_kernels.py --T 4096,8192 --batch 1,4 --out docs/benchmarks_path_gpu.md
 stage attention 40 python3 bench/bench_attention.py --T 4096,8192 $medium --profile grape_m_basis \
     --out docs/benchmarks_gpu.md
