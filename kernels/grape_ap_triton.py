@@ -648,9 +648,9 @@ def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16, *, interp
     """Forward, query-major and key-major (BLOCK_M, BLOCK_N, warps, stages), then pass rows. bf16/fp16: the
     tiles with the fewest predicted cycles per score element on sm_90 among those tried with
     scripts/kernel_resources.py (docs/kernel_resources.md): the forward and query-major kernels without
-    spills; the key-major kernel's 64-key tiles (a warpgroup's wgmma rows for dk, dv, dr) spill some registers
-    at every tile tried that uses wgmma (its 32-query tiles that do not spill run on mma.sync and are bound by
-    shared memory at 2-4x the cycles). fp32 inputs run every dot without tensor cores, in tiles that fit an
+    spills (except the windowed forward at D = 128: 24-32 B outside its loops); the key-major kernel's 64-key
+    tiles (a warpgroup's wgmma rows for dk, dv, dr) spill at every tile tried, and the others predict 1.1-6x
+    the cycles (docs/grape_ap_kernel.md, "What bounds the key-major kernel's registers"). fp32 inputs run every dot without tensor cores, in tiles that fit an
     A100's shared memory. The interpreter uses tiny tiles so that the tests are fast (interpreter=False: the
     GPU's choice there too)."""
     if interpreter:
