@@ -324,20 +324,6 @@ def _bwd_query(Q, K, V, PZ, RZ, SLOPES, DO, LSE, DELTA, DQ, DS_TOTAL, CARRY_PSI,
 
 
 @triton.jit
-def _path_dot_left(y, x, acc, SPLIT: tl.constexpr):
-    """acc + y·x for the path gradients, y as [hi | lo] bf16 rows from the host (_path_parts): x's own hi and lo
-    parts times y, so that the two halves of acc's rows, summed on the host, hold y·x to 16 bits of each operand
-    in two dots (x·y the same way is _split_dot with y's bf16 columns). Else one fp32 dot."""
-    if SPLIT:
-        x_hi, x_lo = _parts(x, tl.bfloat16)
-        acc = tl.dot(y, x_hi, acc)
-        acc = tl.dot(y, x_lo, acc)
-    else:
-        acc = tl.dot(y, x, acc, input_precision="ieee")
-    return acc
-
-
-@triton.jit
 def _bwd_key_tiles(dk, dv_acc, dr, k, v, rz, rr, cols, Q, PP, PZ, DO, LSE, DELTA, DS_TOTAL, CARRY_PSI,
                    CARRY_DS, DP_PART, bh, kb, Tq, offset, window, N_KTILES, PASS_ROWS, first_row, end_row, slope,
                    qk_scale, gt, ge, lo, hi, D: tl.constexpr, DV: tl.constexpr, KZ: tl.constexpr,
@@ -375,14 +361,13 @@ def _bwd_key_tiles(dk, dv_acc, dr, k, v, rz, rr, cols, Q, PP, PZ, DO, LSE, DELTA
         suffix = _split_dot(ds, ge, tl.zeros_like(ds), SPLIT)  # Σ_{j>=ℓ} dS(i, j) within the tile
         # the path gradient weight·dψ, dψ(i, ℓ) = Σ_{j<ℓ} dS(i, j) = E_i - (carry_ds_i + suffix)
         dz = weight * ((row_total - carry_ds)[:, None] - suffix)
-        dz = tl.trans(dz)  # both products take dz with the keys first (one layout: no recomputation for another)
-        dr = _split_dot(dz, load_tile(PP, bh, Tq, rows, row_ok, BLOCK_DP, BLOCK_DP), dr, SPLIT)
-        # this key tile's share of dp_i = Σ_ℓ dz(i, ℓ)·r_ℓ, summed over the key tiles by _sum_path_partials
-        part = _path_dot_left(rr, dz, tl.zeros([BLOCK_DP, BLOCK_M], tl.float32), SPLIT)
-        if SPLIT:  # ·r_hi and ·r_lo rows added here: the shares take half the scratch
-            part = tl.sum(tl.reshape(part, (2, BLOCK_DP // 2, BLOCK_M)), axis=0)
-        store_tile(DP_PART, tl.trans(part), bh * N_KTILES + kb, PASS_ROWS, rows - first_row, row_ok, SHARE,
-                   SHARE)
+        # this key tile's share of dp_i = Σ_ℓ dz(i, ℓ)·r_ℓ (rows first, as dz is: no transpose), summed over the
+        # key tiles by _sum_path_partials
+        part = _split_dot(dz, rr, tl.zeros([BLOCK_M, BLOCK_DP], tl.float32), SPLIT)
+        if SPLIT:  # ·r_hi and ·r_lo columns added here: the shares take half the scratch
+            part = tl.sum(tl.reshape(part, (BLOCK_M, 2, BLOCK_DP // 2)), axis=1)
+        store_tile(DP_PART, part, bh * N_KTILES + kb, PASS_ROWS, rows - first_row, row_ok, SHARE, SHARE)
+        dr = _split_dot(tl.trans(dz), load_tile(PP, bh, Tq, rows, row_ok, BLOCK_DP, BLOCK_DP), dr, SPLIT)
     return dk, dv_acc, dr
 
 
@@ -410,7 +395,7 @@ def _bwd_key(Q, K, V, PP, RR, PZ, RZ, SLOPES, DO, LSE, DELTA, DK, DV_OUT, DR, DS
     v = load_tile(V, bkv, Tk, cols, col_ok, DV, BLOCK_DV)
     rz = load_tile(RZ, bkv, Tk, cols, col_ok, KZ, KZ)
     # r_0 as zero: ψ(i, 0) is in no bias, so key 0 adds nothing to dp (its dψ is zero only up to rounding)
-    rr = tl.trans(load_tile(RR, bkv, Tk, cols, col_ok & (cols >= 1), BLOCK_DP, BLOCK_DP))
+    rr = load_tile(RR, bkv, Tk, cols, col_ok & (cols >= 1), BLOCK_DP, BLOCK_DP)
     gt, ge = _triangles(BLOCK_N, SPLIT)
 
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
@@ -663,9 +648,9 @@ def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16, *, interp
     """Forward, query-major and key-major (BLOCK_M, BLOCK_N, warps, stages), then pass rows. bf16/fp16: the
     tiles with the fewest predicted cycles per score element on sm_90 among those tried with
     tools/kernel_resources.py (docs/kernel_resources.md): the forward and query-major kernels without
-    spills; the key-major kernel's 64-key tiles (a warpgroup's wgmma rows for dk, dv, dr) spill some registers
-    at every tile tried that uses wgmma (its 32-query tiles that do not spill run on mma.sync and are bound by
-    shared memory at 2-4x the cycles). fp32 inputs run every dot without tensor cores, in tiles that fit an
+    spills (except the windowed forward at D = 128: 24-32 B outside its loops); the key-major kernel's 64-key
+    tiles (a warpgroup's wgmma rows for dk, dv, dr) spill at every tile tried, and the others predict 1.1-6x
+    the cycles (docs/grape_ap_kernel.md, "What bounds the key-major kernel's registers"). fp32 inputs run every dot without tensor cores, in tiles that fit an
     A100's shared memory. The interpreter uses tiny tiles so that the tests are fast (interpreter=False: the
     GPU's choice there too)."""
     if interpreter:

@@ -12,16 +12,18 @@ cd "$(dirname "$0")/.."
 cache=${1:-/tmp/triton-versions}
 mkdir -p "$cache"
 # torch version(s) -> the Triton their Linux x86-64 wheels require (from the wheels' metadata), then the newest
-pairs="2.4:3.0.0 2.5:3.1.0 2.6:3.2.0 2.7:3.3.1 2.8:3.4.0 2.9:3.5.1 2.10,2.11:3.6.0 2.12:3.7.0 2.13:3.7.1 2.14:3.8.0 newest:3.9.0"
+# (TRITON_VERSIONS="2.10,2.11:3.6.0 newest:3.9.0" bash tools/triton_versions.sh: only those)
+pairs=${TRITON_VERSIONS:-"2.4:3.0.0 2.5:3.1.0 2.6:3.2.0 2.7:3.3.1 2.8:3.4.0 2.9:3.5.1 2.10,2.11:3.6.0 2.12:3.7.0 2.13:3.7.1 2.14:3.8.0 newest:3.9.0"}
 out=docs/triton_versions.md
 {
     echo "# Triton versions: do the kernels build?"
     echo
     echo "\`bash tools/triton_versions.sh\`: every Triton kernel compiled for sm_90 (H100/H200) without a GPU by"
     echo "\`tools/kernel_resources.py --brief\` under each Triton that torch 2.4 to 2.14 bring, default tiles,"
-    echo "D = 64 and 128, bf16 and fp16 (12 kernels per family). 'spill' = a kernel with stack > 0 B."
+    echo "D = 64 and 128, bf16 and fp16, each without and with a sliding window (24 kernels per family). 'spill' ="
+    echo "a kernel with stack > 0 B."
     echo
-    echo "| torch | triton | separable (3 kernels x 4) | GRAPE-AP (3 kernels x 4) | note |"
+    echo "| torch | triton | separable (3 kernels x 8) | GRAPE-AP (3 kernels x 8) | note |"
     echo "|---|---|---|---|---|"
 } >"$out.tmp"
 for pair in $pairs; do
