@@ -53,7 +53,7 @@ import torch
 import torch.distributed as dist
 
 from checkpoints import unreferenced_shard_directories
-from config import ConfigError, TrainConfig, describe_keys, resolve
+from config import ConfigError, TrainConfig, default_out_dir, describe_keys, resolve
 from data.prefetch import DamagedBatch
 from data.shards import DataError
 from hf.init_from import initial_state
@@ -137,6 +137,13 @@ def parse_args(argv: list[str]) -> Arguments:
 
 # ----------------------------------------------------------------------------- set-up, in the order run() calls it
 
+def config_of_default_directory(config_path: str | None, out_dir: str) -> str | None:
+    """The config file when out_dir is the default run directory of it (a TOML file, not a run's own settings)."""
+    if not config_path or not config_path.endswith(".toml") or not os.path.isfile(config_path):
+        return None
+    return config_path if os.path.abspath(out_dir) == os.path.abspath(default_out_dir(config_path)) else None
+
+
 def open_checkpoint(args: Arguments, cfg: TrainConfig, model_cfg: dict) -> tuple[dict | None, list[dict], dict | None]:
     """(the checkpoint a resume continues, checked against the settings, or None for a new run; the deliberate
     changes that --allow_changes lets through; a new run's initial weights from init_from, or None). Both are read
@@ -144,7 +151,7 @@ def open_checkpoint(args: Arguments, cfg: TrainConfig, model_cfg: dict) -> tuple
     path = os.path.join(cfg.out_dir, "ckpt.pt")
     if not args.resume:
         if not args.start_over:
-            refuse_earlier_checkpoint(cfg.out_dir, args.config_path)
+            refuse_earlier_checkpoint(cfg.out_dir, config_of_default_directory(args.config_path, cfg.out_dir))
         return None, [], initial_state(cfg.init_from, model_cfg) if cfg.init_from else None
     ckpt = load_checkpoint(path)  # fail fast on a missing or damaged checkpoint
     return ckpt, check_resume_compatible(ckpt, model_cfg, cfg, path, args.allowed_changes), None

@@ -659,7 +659,7 @@ def test_dotted_keys_and_sub_tables_of_overrides_are_train_and_model_keys(worksp
     assert "did you mean 'n_layer'?" in str(error.value)
 
 
-@pytest.mark.parametrize("in_the_way", ["out", "out/sub"])
+@pytest.mark.parametrize("in_the_way", ["out", "out/sub", "out/sub/study"])
 def test_an_out_dir_that_a_file_stands_in_is_refused_before_any_run(workspace, tmp_path, monkeypatch, in_the_way):  # noqa: F811
     """The report folder (or a folder above it) is a file: said before any run, with the file named; it used to end
     the study, after every run had failed to make its directory, in a traceback."""
@@ -692,6 +692,10 @@ def test_a_settings_mistake_in_a_study_file_names_keys_not_train_py_flags(worksp
         study_spec.load_study(path)
     assert "lr must be a positive number, not 0.0; set it in [overrides], e.g. lr = 0.001 (the default)." \
         in str(error.value) and "--" not in str(error.value)
+    Path(path).write_text(Path(path).read_text().replace("lr = 0.0", 'loss = "bogus"'))
+    with pytest.raises(study_spec.StudyError) as error:  # a string's default in TOML's quotes: the line can be pasted
+        study_spec.load_study(path)
+    assert 'set it in [overrides], e.g. loss = "auto" (the default).' in str(error.value)
     with pytest.raises(ConfigError, match=r"lower --warmup_iters or raise --max_iters\.$"):
         resolve("base.toml", ["--max_iters=5", "--warmup_iters=10"], GPTConfig)
 

@@ -156,6 +156,24 @@ def test_a_new_run_is_refused_a_run_directory_made_from_another_config_file(tmp_
     with pytest.raises(ConfigError, match="already holds a checkpoint; add --resume to continue it"):
         train.run(["a/fox.toml"])
     assert train.run(["b/fox.toml", f"--out_dir={tmp_path / 'fox_b'}"])["step"] == 2
+    # a directory chosen with --out_dir is the user's (a study's, or a copy of one): no config-file check there
+    (tmp_path / "fox_b" / "ckpt.pt").unlink()
+    assert train.run(["a/fox.toml", f"--out_dir={tmp_path / 'fox_b'}"])["step"] == 2
+    (run_dir / "ckpt.pt").unlink()
+    # the earlier config file gone (its checkout moved): nothing to tell apart, the run starts
+    (tmp_path / "a" / "fox.toml").unlink()
+    assert train.run(["b/fox.toml"])["step"] == 2
+
+
+def test_a_run_directory_whose_config_json_is_not_an_object_names_no_config_file(tmp_path):
+    from training.checkpointing import config_file_of_run, refuse_earlier_checkpoint
+
+    for text in ("[1, 2]", "null", '"configs/cpu/fox.toml"', "{not json", '{"config_file": 3}'):
+        (tmp_path / "config.json").write_text(text)
+        assert config_file_of_run(str(tmp_path)) is None
+        refuse_earlier_checkpoint(str(tmp_path), str(tmp_path / "fox.toml"))  # nothing to refuse: no error
+    (tmp_path / "config.json").write_text(json.dumps({"config_file": "/x/fox.toml"}))
+    assert config_file_of_run(str(tmp_path)) == "/x/fox.toml"
 
 
 # ----------------------------------------------------------------------------- processes

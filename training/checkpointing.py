@@ -121,21 +121,24 @@ def config_file_of_run(run_dir: str) -> str | None:
     """The config file the run in run_dir was first started from (its config.json), or None when none is recorded."""
     try:
         with open(os.path.join(run_dir, "config.json")) as f:
-            saved = json.load(f).get("config_file")
-    except (OSError, ValueError, AttributeError):
+            saved = json.load(f)
+    except (OSError, ValueError):
         return None
+    saved = saved.get("config_file") if isinstance(saved, dict) else None
     return saved if isinstance(saved, str) else None
 
 
-def refuse_earlier_checkpoint(run_dir: str, config_path: str | None = None) -> None:
+def refuse_earlier_checkpoint(run_dir: str, default_for: str | None = None) -> None:
     """For a new run: an earlier run's checkpoint in run_dir (ckpt.pt, or shards whose ckpt.pt is gone, the
     weights that recover_from_shards can resume) is a ConfigError that names the way out; the run must not
-    overwrite or remove it (--start_over moves it aside instead). So is any earlier run made from another config
-    file than `config_path`: two config files of one name (configs/cpu/fox.toml and a fox.toml outside configs/)
-    share a default run directory, and --resume would be the wrong advice."""
-    earlier = config_file_of_run(run_dir)
-    if config_path and earlier and earlier != os.path.abspath(config_path):
-        raise ConfigError(f"{run_dir} holds a run made from {earlier}, not from {config_path}; give this run its own "
+    overwrite or remove it (--start_over moves it aside instead). `default_for`: the config file when run_dir is
+    its default directory, which two config files of one name share (configs/cpu/fox.toml's runs/cpu/fox, and
+    runs/fox of every fox.toml outside configs/): an earlier run there made from another config file that still
+    exists is refused too, with both named, since --resume would be the wrong advice. (A run directory given
+    with --out_dir, a study's, is the user's choice; a config file that is gone was moved with its checkout.)"""
+    earlier = config_file_of_run(run_dir) if default_for else None
+    if earlier and os.path.isfile(earlier) and not os.path.samefile(earlier, default_for):
+        raise ConfigError(f"{run_dir} holds a run made from {earlier}, not from {default_for}; give this run its own "
                           "directory with --out_dir=DIR, or add --start_over to move the earlier run aside.")
     if os.path.exists(os.path.join(run_dir, "ckpt.pt")):
         raise ConfigError(f"{run_dir} already holds a checkpoint; add --resume to continue it, choose another "
