@@ -1,6 +1,6 @@
-"""Memory: the chunked LM-head loss against the plain one and a float64 formula, activation checkpointing against
-running without it, and the memory planner (training/memory.py) against the measured peak of real training
-steps (FSDP with 2 processes: tests/test_fsdp.py)."""
+"""Memory: the memory planner (training/memory.py) against the measured peak of real training steps (FSDP with 2
+processes: tests/test_fsdp.py), the check before any work, and activation checkpointing against running without
+it (the chunked LM-head loss itself: tests/test_lm_loss.py)."""
 import dataclasses
 import math
 import os
