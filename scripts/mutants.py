@@ -721,6 +721,15 @@ def run_own_file(name: str, files: list[str], cap_s: float) -> tuple[int | None,
         except BaseException:
             code = 99
         os._exit(int(code))
+    try:
+        return wait_own_file(pid, started, cap_s)
+    except KeyboardInterrupt:
+        os.killpg(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        raise
+
+
+def wait_own_file(pid: int, started: float, cap_s: float) -> tuple[int | None, float]:
     while True:
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
@@ -732,11 +741,13 @@ def run_own_file(name: str, files: list[str], cap_s: float) -> tuple[int | None,
         time.sleep(0.2)
 
 
-def own_file_sitting(sample: list[str], seed: int, cap_s: float, sources: dict) -> dict:
+def own_file_sitting(sample: list[str], seed: int, cap_s: float, sources: dict, clean: bool = True) -> dict:
     """Each sampled mutant of a module with an own test file against that file alone (OWN_TEST_FILES), after a
     clean run of each file (a file that fails unmutated would kill falsely: its mutants are left out). A mutant is
     killed when pytest fails (exit 1), survives when it passes, and counts as a timeout past max(cap_s, 3 x the
-    clean run). Verdicts accumulate in OWN_RESULTS; stop it any time."""
+    clean run). Without the clean runs (clean=False: where the whole suite has just passed on the same commit) the
+    limit is cap_s, and a mutant still running then is "past the cap", not judged: a slow file cannot be told
+    from a hang. Verdicts accumulate in OWN_RESULTS; stop it any time (Ctrl-C or kill PID)."""
     import torch  # noqa: F401 (imported once here, not in every forked child)
     import numpy  # noqa: F401
     import hypothesis  # noqa: F401
@@ -745,16 +756,23 @@ def own_file_sitting(sample: list[str], seed: int, cap_s: float, sources: dict) 
         with open(OWN_RESULTS) as f:
             record = json.load(f)
     record["digests"] = record.get("digests", {})
+    record["cap_s"] = cap_s
     order = [n for n in own_file_order(sample, seed) if OWN_TEST_FILES.get(module_of(n))]
     pending = [n for n in order if n not in record["verdicts"] or
                record["digests"].get(n) != (source_digest(*sources[n]) if n in sources else None)]
     print(f"--own-file: {len(order)} sampled mutants of modules with an own test file, {len(pending)} to run; "
           f"{len(sample) - len(order)} of modules without one", flush=True)
     started = time.time()
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, stop)
     try:
         for i, name in enumerate(pending):
             files = OWN_TEST_FILES[module_of(name)]
             key = " ".join(files)
+            if not clean:
+                record["clean"].setdefault(key, [0, None])
             if key not in record["clean"]:
                 code, seconds = run_own_file("", files, 3600)
                 record["clean"][key] = [code, seconds]
@@ -763,8 +781,9 @@ def own_file_sitting(sample: list[str], seed: int, cap_s: float, sources: dict) 
             if clean_code != 0:
                 record["verdicts"][name] = ["clean run failed", 0.0]
                 continue
-            code, seconds = run_own_file(name, files, max(cap_s, 3 * clean_s))
-            verdict = {None: "timeout", 0: "survived", 1: "killed", 5: "no test"}.get(code, f"exit {code}")
+            code, seconds = run_own_file(name, files, max(cap_s, 3 * clean_s) if clean_s else cap_s)
+            verdict = {None: "timeout" if clean_s else "past the cap", 0: "survived", 1: "killed",
+                       5: "no test"}.get(code, f"exit {code}")
             record["verdicts"][name] = [verdict, seconds]
             record["digests"][name] = source_digest(*sources[name]) if name in sources else None
             print(f"    [{i + 1}/{len(pending)}] {name}: {verdict} ({seconds:.0f} s)", flush=True)
@@ -793,13 +812,16 @@ def write_own_file_report(sample: list[str], record: dict, sources: dict, comman
     for name in sample:
         module = module_of(name)
         row = rows.setdefault(module, {"sampled": 0, "equivalent": 0, "judged": 0, "killed": 0, "timeout": 0,
-                                       "suite judged": 0, "suite killed": 0, "not run": 0})
+                                       "suite judged": 0, "suite killed": 0, "not run": 0,
+                                       "past the cap": 0})
         row["sampled"] += 1
         if equivalence(name, sources, equivalents):
             row["equivalent"] += 1
             continue
         verdict = record["verdicts"].get(name, [None])[0]
-        if verdict in ("killed", "survived", "timeout", "no test"):
+        if verdict == "past the cap":
+            row["past the cap"] += 1
+        elif verdict in ("killed", "survived", "timeout", "no test"):
             row["judged"] += 1
             row["killed"] += verdict == "killed"
             row["timeout"] += verdict == "timeout"
@@ -817,23 +839,25 @@ def write_own_file_report(sample: list[str], record: dict, sources: dict, comman
              f"{MIN_PER_MODULE} a table row), each run with `pytest -x` on its module's own test file(s) alone "
              f"(`OWN_TEST_FILES` in scripts/mutants.py), one mutant at a time; {record.get('seconds', 0) / 60:.0f} "
              f"min on {os.cpu_count()} cores shared with other work. Killed = the own file fails; a timeout "
-             f"(3 x the file's clean run, at least the cap) counts as killed. The whole suite's verdicts of the "
+             f"(3 x the file's clean run, at least the cap) counts as killed; without the clean runs (`--no-clean`, "
+             f"after the whole suite passed on the commit) a mutant still running at the cap "
+             f"({record.get('cap_s', 0):g} s) is past the cap, not judged. The whole suite's verdicts of the "
              f"same mutants are those of the score above (`{RECORD}`; mutants whose function changed since are "
              f"left out of that column). Equivalent mutants (`{EQUIVALENT}`) are left out of both.",
-             "", "| module | own test file(s) | sampled | equivalent | not run | killed by own file / judged | "
-             "whole suite, same mutants |", "|---|---|---|---|---|---|---|"]
+             "", "| module | own test file(s) | sampled | equivalent | not run | past the cap | killed by own file / "
+             "judged | whole suite, same mutants |", "|---|---|---|---|---|---|---|---|"]
     for module in sorted(rows, key=lambda m: [g for g, (_, p) in enumerate(GROUPS) if m == p or
                                               (p.endswith(".") and m.startswith(p))] + [m]):
         r = rows[module]
         files = OWN_TEST_FILES.get(module)
         own = ", ".join(f"`{os.path.basename(f)}`" for f in files) if files else "none yet"
-        if files and any(clean.get(" ".join(files), [0])[0] not in (0, None) for _ in [0]):
+        if files and clean.get(" ".join(files), [0])[0] not in (0, None):
             own += " (failed unmutated: not run)"
         path = module.replace(".", "/") + ".py"
-        lines.append(f"| `{path}` | {own} | {r['sampled']} | {r['equivalent']} | {r['not run']} | "
+        lines.append(f"| `{path}` | {own} | {r['sampled']} | {r['equivalent']} | {r['not run']} | {r['past the cap']} | "
                      f"{r['killed'] + r['timeout']} / {r['judged']} ({pct(r['killed'] + r['timeout'], r['judged'])}) | "
                      f"{r['suite killed']} / {r['suite judged']} ({pct(r['suite killed'], r['suite judged'])}) |")
-    lines.append(f"| **all** | | {total['sampled']} | {total['equivalent']} | {total['not run']} | "
+    lines.append(f"| **all** | | {total['sampled']} | {total['equivalent']} | {total['not run']} | {total['past the cap']} | "
                  f"{total['killed'] + total['timeout']} / {total['judged']} "
                  f"({pct(total['killed'] + total['timeout'], total['judged'])}) | {total['suite killed']} / "
                  f"{total['suite judged']} ({pct(total['suite killed'], total['suite judged'])}) |")
@@ -867,6 +891,9 @@ def main(argv=None) -> int:
     parser.add_argument("--own-file", action="store_true",
                         help="run each sampled mutant against its module's own test file alone (OWN_TEST_FILES) "
                              "and write that table; the score's run, state and record are left as they are")
+    parser.add_argument("--no-clean", action="store_true",
+                        help="with --own-file: no clean run of each own file first (the whole suite has just passed "
+                             "on this commit); a mutant still running at --cap is then not judged")
     parser.add_argument("--cap", type=float, default=120.0,
                         help="with --own-file: a mutant's time limit, at least 3 x its file's clean run "
                              "(default %(default)s s)")
@@ -913,7 +940,7 @@ def main(argv=None) -> int:
         draw_sample(rows, args.sample, args.seed)
     if args.own_file:  # its own record and table: the score's state is not touched
         if not args.report:
-            record = own_file_sitting(sample, args.seed, args.cap, sources)
+            record = own_file_sitting(sample, args.seed, args.cap, sources, clean=not args.no_clean)
         else:
             with open(OWN_RESULTS) as f:
                 record = json.load(f)
