@@ -5,9 +5,10 @@ import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
-# Property-based tests (tests/test_properties_*.py): CI runs the "ci" profile, derandomised (the same examples on
-# every run, so a failure reproduces) and bounded; `--hypothesis-profile=long` (or HYPOTHESIS_PROFILE=long) searches
-# 20x as many random examples and keeps what it finds in .hypothesis/ for the next run.
+# Property-based tests (hypothesis's @given, in each module's own test file): CI runs the "ci" profile, derandomised
+# (the same examples on every run, so a failure reproduces) and bounded; `--hypothesis-profile=long` (or
+# HYPOTHESIS_PROFILE=long) searches 20x as many random examples and keeps what it finds in .hypothesis/ for the
+# next run.
 settings.register_profile("ci", max_examples=25, derandomize=True, deadline=None, database=None,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 settings.register_profile("long", max_examples=500, deadline=None,

@@ -1,8 +1,14 @@
 """What several test files share: a tiny byte-level model's config file and a corpus prepared for it
 (the fixture `one_thread` is in conftest.py)."""
 import json
+import math
 import os
 import random
+
+import torch
+from hypothesis import strategies as st
+
+from model import GPT, GPTConfig
 
 # A 2-layer, 32-wide model on byte tokens (vocabulary 256 + specials < 320) and a few steps of training.
 TINY_MODEL = dict(n_layer=2, n_head=2, n_embd=32, head_dim=16, vocab_size=320, block_size=32)
@@ -164,3 +170,30 @@ def flash_attention_bf16(q, k, v, bias, scale: float, grad_out):
     d_low = d_logits.to(bf16).float()
     grads = [scale * d_low @ k, scale * d_low.transpose(-1, -2) @ q, low.transpose(-1, -2) @ grad_out]
     return [out.double()] + [g.to(bf16).double() for g in grads]
+
+
+def model_grads(pos, loss_impl="plain", checkpointing="none", dtype=torch.float32):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=3, n_head=2, n_embd=32, head_dim=16, vocab_size=300, block_size=24, pos=pos,
+                          kv_shift=pos == "fox")).to(dtype)
+    model.loss_impl, model.loss_chunk_tokens = loss_impl, 10
+    model.set_activation_checkpointing(checkpointing, 2)
+    idx = torch.randint(0, 300, (3, 24), generator=torch.Generator().manual_seed(1))
+    targets = idx.roll(-1, 1)
+    targets[0, :5] = -1
+    logits, loss = model(idx, targets)
+    loss.backward()
+    return logits, loss.detach(), {n: p.grad for n, p in model.named_parameters()}
+
+
+any_seconds = st.one_of(st.floats(min_value=0, max_value=1e8, allow_nan=False),
+                    st.integers(0, 10**8).map(float),
+                    st.sampled_from([59.4, 59.5, 59.6, 60.0, 3599.4, 3599.5, 3600.0, 3660.0, 86399.5, 86400.0]))
+
+
+def down(x):
+    return math.nextafter(x, -math.inf)
+
+
+def up(x):
+    return math.nextafter(x, math.inf)

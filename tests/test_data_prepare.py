@@ -1,4 +1,6 @@
 """Tokenizers, shard files and data/prepare.py, with the byte tokenizer (no GPT-2 vocabulary needed)."""
+import errno
+import functools
 import hashlib
 import json
 import lzma
@@ -11,11 +13,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from data import prepare as prep
 from data.loader import load_split_tokens, read_manifest
+from data.prepare import Source, files_source, prepare
 from data.shards import DataError, HEADER_BYTES, open_shard, read_header, write_shard
 from data.tokenizer import get_tokenizer
+from data import prepare as prep
+from helpers import examples, prepare_byte_corpus, write_position_shards
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = [f"Document {i}: the quick brown fox jumps over the lazy dog {i * 7} times. " * (1 + i % 4)
@@ -350,7 +356,6 @@ def test_verify_command_reads_every_shard(tmp_path, capsys):
     assert f"{name} is damaged" in err and "1 of " in err and "python -m data.prepare --files" in err
 
 
-
 def test_an_unquoted_files_glob_is_answered_with_how_to_quote_it(tmp_path, capsys):
     from data.prepare import parse_args
     for name in ("a.jsonl", "b.jsonl", "c.jsonl"):
@@ -365,6 +370,216 @@ def test_an_unquoted_files_glob_is_answered_with_how_to_quote_it(tmp_path, capsy
     assert "unrecognized arguments: --bogus" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         parse_args(["--file", expanded[0]])  # no abbreviations
+
+
+# -------------------------------------------------------------------------------- where generated mutants found no test
+# Each test here fails under at least one generated mutant (tools/mutants.py) that survived before
+# it was written.
+
+
+def test_the_hub_source_streams_and_checks_offline_mode_first(monkeypatch):
+    calls = []
+
+    class FakeDatasets:
+        @staticmethod
+        def load_dataset(*args, **kwargs):
+            calls.append((args, kwargs))
+            return "stream"
+    monkeypatch.setattr(prep, "_quiet_datasets", lambda: FakeDatasets)
+    monkeypatch.setattr(prep, "_check_hub", lambda: None)
+    source = prep.hub_source("100B")
+    assert source.description == {"kind": "hub", "dataset": "HuggingFaceFW/fineweb-edu", "config": "sample-100BT"}
+    assert source.open_dataset() == "stream"
+    assert calls == [(("HuggingFaceFW/fineweb-edu",), {"name": "sample-100BT", "split": "train", "streaming": True})]
+    monkeypatch.undo()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(DataError, match="offline mode is on"):
+        prep.hub_source("10B").check()
+
+
+def test_pieces_are_counted_in_a_child_process(tmp_path):
+    for i in range(3):
+        (tmp_path / f"part{i}.jsonl").write_text(json.dumps({"text": f"document {i}"}) + "\n")
+    files = sorted(str(p) for p in tmp_path.glob("*.jsonl"))
+    import datasets
+    source = Source({"kind": "test"}, functools.partial(datasets.load_dataset, "json", data_files=files,
+                                                        split="train", streaming=True))
+    assert source.pieces is None
+    assert prep._count_pieces(source) == 3
+
+
+def test_an_adopted_manifest_has_the_fields_of_a_prepared_one(tmp_path):
+    (tmp_path / "x").mkdir()
+    prepared_dir = prepare_byte_corpus(tmp_path / "x", ["some text " * 50], val_tokens=100)
+    prepared = json.loads(open(os.path.join(prepared_dir, "manifest.json")).read())
+    folder = tmp_path / "llmc"
+    folder.mkdir()
+    write_shard(str(folder / "fineweb_val_000000.bin"), np.arange(20))
+    write_shard(str(folder / "fineweb_train_000001.bin"), np.arange(50256, 50257))
+    adopted = prep.adopt(str(folder))
+    assert adopted["format"] == prepared["format"]
+    assert adopted["eot_token"] == 50256 and adopted["tokenizer"] == "gpt2" and adopted["vocab_size"] == 50257
+    assert adopted["tokens"] == {"val": 20, "train": 1, "total": 21}
+    assert {"format", "tokenizer", "eot_token", "tokens", "shards"} <= set(prepared) & set(adopted)
+    assert json.loads((folder / "manifest.json").read_text()) == adopted
+
+
+@pytest.fixture
+def no_preparation(monkeypatch):
+    """ensure_default_corpus with prepare() replaced by a recorder that writes a manifest of the expected config."""
+    prepared = []
+
+    def fake_prepare(source, out_dir, tokenizer, val_tokens, shard_tokens, progress_bar):
+        prepared.append(out_dir)
+        config = {"source": source.description, "tokenizer": tokenizer, "val_tokens": val_tokens,
+                  "shard_tokens": shard_tokens, "max_tokens": None}
+        with open(os.path.join(out_dir, "manifest.json"), "w") as f:
+            json.dump({"config": config}, f)
+    monkeypatch.setattr(prep, "prepare", fake_prepare)
+    return prepared
+
+
+@pytest.mark.parametrize("tokenizer,folder", [("gpt2", "default"), ("byte", "default-byte")])
+def test_the_default_corpus_folder_is_named_by_its_tokenizer(no_preparation, monkeypatch, tmp_path, tokenizer,
+                                                              folder):
+    monkeypatch.setattr(prep, "REPO_ROOT", str(tmp_path))
+    assert prep.ensure_default_corpus(tokenizer=tokenizer) == str(tmp_path / "data_cache" / folder)
+    assert no_preparation == [str(tmp_path / "data_cache" / folder)]
+
+
+@pytest.mark.parametrize("manifest,rebuilt", [
+    ("{damaged", True),                                                          # a damaged manifest of the cache
+    (json.dumps({"config": {"source": {"kind": "default", "sha256": "older"}}}), True),  # another corpus version
+    (json.dumps({"config": {"source": {"kind": "files"}}}), False),              # not a default-corpus folder
+])
+def test_a_damaged_or_outdated_default_corpus_cache_is_rebuilt(no_preparation, tmp_path, manifest, rebuilt):
+    out = tmp_path / "cache"
+    out.mkdir()
+    (out / "manifest.json").write_text(manifest)
+    (out / "train_000001.bin").write_bytes(b"old shard")
+    prep.ensure_default_corpus(out_dir=str(out), tokenizer="byte")
+    assert (out / "train_000001.bin").exists() == (not rebuilt)
+    assert no_preparation == [str(out)]
+    if rebuilt:  # and a current cache is kept as it is
+        prep.ensure_default_corpus(out_dir=str(out), tokenizer="byte")
+        (out / "keep").write_text("")
+        prep.ensure_default_corpus(out_dir=str(out), tokenizer="byte")
+        assert (out / "keep").exists()
+
+
+@pytest.mark.parametrize("endpoint, address", [("https://hub.example", ("hub.example", 443)),
+                                               ("http://mirror.example", ("mirror.example", 80)),
+                                               ("http://mirror.example:8080", ("mirror.example", 8080))])
+def test_the_hub_check_connects_to_the_endpoints_port(monkeypatch, endpoint, address):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", endpoint)
+    tried = []
+
+    def refuse(target, timeout):
+        tried.append(target)
+        raise ConnectionRefusedError(errno.ECONNREFUSED, "refused")
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    with pytest.raises(DataError, match=f"cannot reach the Hugging Face hub at {address[0]}:{address[1]} "):
+        prep._check_hub()
+    assert tried == [address]
+
+
+def test_adopting_a_directory_that_has_a_manifest_points_to_verify(tmp_path):
+    folder = tmp_path / "data"
+    folder.mkdir()
+    write_position_shards(folder, [40], val_first=100, val_tokens=16)
+    with pytest.raises(DataError) as info:
+        prep.adopt(str(folder))
+    assert str(info.value) == (f"{folder} already has a manifest.json; `python -m data.prepare --verify {folder}` "
+                               "checks its shards against it")
+
+
+def test_the_default_corpus_never_rebuilds_over_a_directory_it_did_not_make(tmp_path):
+    """A directory whose manifest has no preparation config (an adopted llm.c copy) is someone's data: refused in
+    one sentence and left as it was, not deleted as a stale cache of the embedded corpus."""
+    folder = tmp_path / "adopted"
+    folder.mkdir()
+    write_position_shards(folder, [40], val_first=100, val_tokens=16)
+    before = {name: (folder / name).read_bytes() for name in os.listdir(folder)}
+    with pytest.raises(DataError, match="already holds data prepared with other arguments; use another --out"):
+        prep.ensure_default_corpus(str(folder), progress_bar=False)
+    assert {name: (folder / name).read_bytes() for name in os.listdir(folder)} == before
+
+
+def test_prepare_offers_its_tokenizers_and_every_txt_unit_on_the_command_line(capsys):
+    args = prep.parse_args(["--default", "--txt-sample-by", "paragraph"])
+    assert args.txt_sample_by == "paragraph"
+    with pytest.raises(SystemExit):
+        prep.parse_args(["--default", "--tokenizer", "nope"])
+    assert "argument --tokenizer: invalid choice: 'nope'" in capsys.readouterr().err
+
+
+# ------------------------------------------------- properties: the data round trip and checkpoint damage, for any input
+# Prepare then load gives, for any documents (empty ones, any Unicode but lone surrogates, which UTF-8 cannot encode),
+# split over any number of input files, with any validation size and shard size: <|endoftext|> (256) then the
+# document's UTF-8 bytes, document after document, the first val_tokens of that stream in the validation shards and
+# the rest in the train shards. A checkpoint with any single byte changed is refused or loads content equal to the
+# original.
+
+
+EOT = 256
+
+
+texts = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=40)
+
+
+@examples(6)
+@given(files=st.lists(st.lists(texts, min_size=1, max_size=4), min_size=1, max_size=3), data=st.data())
+def test_prepare_then_load_gives_the_utf8_bytes_of_every_document(tmp_path_factory, files, data):
+    root = tmp_path_factory.mktemp("docs")
+    for i, documents in enumerate(files):
+        with open(root / f"part{i}.jsonl", "w", encoding="utf-8") as f:
+            for text in documents:
+                f.write(json.dumps({"text": text}, ensure_ascii=data.draw(st.booleans())) + "\n")
+    stream = [token for documents in files for text in documents for token in [EOT, *text.encode("utf-8")]]
+    val_tokens = data.draw(st.integers(1, len(stream) - 1)) if len(stream) > 1 else 0
+    shard_tokens = data.draw(st.integers(1, max(1, len(stream))))
+    if val_tokens == 0:
+        return  # a single empty document: nothing to split
+    out = root / "prepared"
+    manifest = prepare(files_source(str(root / "*.jsonl")), str(out), tokenizer="byte", val_tokens=val_tokens,
+                       shard_tokens=shard_tokens, workers=1, progress_bar=False)
+    val, train = load_split_tokens(str(out), "val"), load_split_tokens(str(out), "train")
+    assert val.tolist() == stream[:val_tokens]
+    assert train.tolist() == stream[val_tokens:]
+    assert manifest["tokens"]["val"] == val_tokens and manifest["tokens"]["train"] == len(stream) - val_tokens
+    assert all(shard["tokens"] <= shard_tokens for shard in manifest["shards"])
+
+
+@given(text=texts)
+def test_the_byte_tokenizer_is_utf8_and_round_trips(text):
+    from data.tokenizer import get_tokenizer
+    tok = get_tokenizer("byte")
+    assert tok.encode(text) == list(text.encode("utf-8"))
+    assert tok.decode(tok.encode(text)) == text
+    assert tok.eot_token == EOT and tok.n_vocab > EOT
+
+
+# -------------------------------------------------- properties: every threshold at, just below and just above its limit
+# Each limit is written here from its documented rule, not read from the code: the divergence rules
+# (training/divergence.py's docstring), the config's ranges (TrainConfig's field comments), token ids against the
+# vocabulary (a batch, a shard, an adopted GPT-2 folder) and the memory check before any work. "Just below" and "just
+# above" are the neighbouring float (math.nextafter) or integer, so a comparison moved by one is caught.
+
+
+@pytest.mark.parametrize("largest,accepted", [(50255, True), (50256, True), (50257, False), (65535, False)])
+def test_adopt_accepts_gpt2_ids_only(tmp_path, largest, accepted):
+    from data.prepare import adopt
+    write_shard(str(tmp_path / "fineweb_val_000000.bin"), np.arange(30))
+    write_shard(str(tmp_path / "fineweb_train_000001.bin"), np.r_[np.arange(30), largest])
+    if accepted:
+        manifest = adopt(str(tmp_path))
+        assert manifest["vocab_size"] == 50257 and [s["tokens"] for s in manifest["shards"]] == [30, 31]
+    else:
+        with pytest.raises(DataError, match=f"holds token id {largest}, beyond GPT-2's 50257 ids"):
+            adopt(str(tmp_path))
+        assert not os.path.exists(tmp_path / "manifest.json")
 
 
 def test_the_preparation_lock_is_skipped_only_where_it_cannot_be_made(tmp_path, monkeypatch):

@@ -1,16 +1,19 @@
 """data/verify.py and data/prefetch.py: shard contents read once and recorded, the first read split over processes,
 every batch's token ids checked, and prefetched batches equal to the loader's own."""
+import json
 import os
 import threading
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from data import verify
 from data.loader import TrainBatches
 from data.prefetch import DamagedBatch, PrefetchedBatches
-from data.shards import HEADER_BYTES, DataError
+from data.shards import DataError, HEADER_BYTES, write_shard
 from helpers import write_position_shards
 
 T = 8
@@ -160,3 +163,68 @@ def test_a_batch_with_an_id_beyond_the_vocabulary_is_refused(data_dir):
                 prefetched.batch(i)
         else:
             assert torch.equal(prefetched.batch(i)[0], clean[i][0])
+
+
+# -------------------------------------------------------------------------------- where generated mutants found no test
+# Each test here fails under at least one generated mutant (tools/mutants.py) that survived before
+# it was written.
+
+
+def test_verify_all_reports_a_damaged_header_in_the_shards_own_words(tmp_path, monkeypatch):
+    monkeypatch.setattr(verify, "_checked", {})
+    folder = tmp_path / "data"
+    folder.mkdir()
+    write_position_shards(folder, [40, 30], val_first=100, val_tokens=16)
+    damaged = folder / "train_000002.bin"
+    damaged.write_bytes(damaged.read_bytes()[:100])  # shorter than the header
+    count, _, problems = verify.verify_all(str(folder))
+    assert count == 3
+    assert problems == [f"{damaged}: file has 100 bytes, less than the 1024-byte shard header; it is truncated or "
+                        "not a token shard: see the command below"]
+
+
+def test_the_verified_shards_record_lives_under_the_xdg_cache_home(tmp_path, monkeypatch):
+    monkeypatch.delenv(verify.CACHE_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert verify.record_path(tmp_path / "data").startswith(str(tmp_path / "xdg" / "grape" / "verified") + os.sep)
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert verify.record_path(tmp_path / "data").startswith(str(tmp_path / "home" / ".cache" / "grape") + os.sep)
+
+
+# -------------------------------------------------- properties: every threshold at, just below and just above its limit
+# Each limit is written here from its documented rule, not read from the code: the divergence rules
+# (training/divergence.py's docstring), the config's ranges (TrainConfig's field comments), token ids against the
+# vocabulary (a batch, a shard, an adopted GPT-2 folder) and the memory check before any work. "Just below" and "just
+# above" are the neighbouring float (math.nextafter) or integer, so a comparison moved by one is caught.
+
+
+def shard_folder(root, largest, vocab_in_manifest):
+    from data import verify
+    root.mkdir(parents=True, exist_ok=True)
+    write_shard(str(root / "val_000000.bin"), np.arange(40) % 50)
+    write_shard(str(root / "train_000001.bin"), np.r_[np.arange(60) % 50, largest])
+    shards = [{"file": "val_000000.bin", "split": "val", "tokens": 40},
+              {"file": "train_000001.bin", "split": "train", "tokens": 61}]
+    for shard in shards:
+        shard["sha256"] = verify.hash_and_max(str(root / shard["file"]))[0]
+    (root / "manifest.json").write_text(json.dumps({"tokenizer": "t", "vocab_size": vocab_in_manifest,
+                                                    "shards": shards}))
+    return str(root)
+
+
+@given(largest=st.integers(50, 65535))
+def test_shard_ids_against_the_model_and_the_tokenizer(tmp_path_factory, largest):
+    """A shard's largest id must be below the model's vocab_size (else: a larger vocab_size is the advice) and below
+    its tokenizer's id count (else: the shard is damaged), each limit hit exactly."""
+    from data import verify
+    verify._checked.clear()
+    data_dir = shard_folder(tmp_path_factory.mktemp("d"), largest, vocab_in_manifest=65536)
+    verify.verify_shards(data_dir, vocab_size=largest + 1)
+    with pytest.raises(DataError, match=f"set --vocab_size={largest + 1} or more"):
+        verify.verify_shards(data_dir, vocab_size=largest)
+    damaged = shard_folder(tmp_path_factory.mktemp("d"), largest, vocab_in_manifest=largest + 1)
+    verify.verify_shards(damaged, vocab_size=65536)
+    at_limit = shard_folder(tmp_path_factory.mktemp("d"), largest, vocab_in_manifest=largest)
+    with pytest.raises(DataError, match="never produces: the shard is damaged"):
+        verify.verify_shards(at_limit, vocab_size=65536)

@@ -311,3 +311,21 @@ def test_sampled_decoding_draws_from_the_tempered_softmax_of_the_models_logits(o
     assert counts[top].sum() == n
     statistic, dof = chi_square(counts[top], tempered[top] / tempered[top].sum())
     assert dof == 4 and statistic < dof + 7 * math.sqrt(2 * dof), statistic
+
+
+# -------------------------------------------------------------------------------- where generated mutants found no test
+# Each test here fails under at least one generated mutant (tools/mutants.py) that survived before
+# it was written.
+
+
+def test_lm_eval_model_arguments_keep_equals_signs_in_values_and_take_batch_size_and_device():
+    from eval.lm_adapter import GrapeLM
+
+    class Captured(GrapeLM):
+        def __init__(self, **kwargs):
+            self.kwargs = kwargs
+    made = Captured.create_from_arg_string("ckpt=/runs/a=b/ckpt.pt,max_length=64,,batch_size=2",
+                                           {"batch_size": 8, "device": "cpu", "max_batch_size": 9, "other": None})
+    assert made.kwargs == {"ckpt": "/runs/a=b/ckpt.pt", "max_length": "64", "batch_size": 8, "device": "cpu"}
+    kept = Captured.create_from_arg_string("ckpt=x.pt,batch_size=2", {"batch_size": None})
+    assert kept.kwargs == {"ckpt": "x.pt", "batch_size": "2"}

@@ -184,3 +184,47 @@ def test_progress_lines_count_the_tokens_the_model_reads(tmp_path, data_dir, wor
     # A total above or below the tokens really read would leave done short of it or elapsed off done.
     assert result["elapsed_s"] == {"loss": loss, "passkey": passkey}
     assert passkey == 2 * 2 * sum(result["passkey"]["actual_lengths"])  # 2 depths x 2 trials per length
+
+
+# -------------------------------------------------------------------------------- where generated mutants found no test
+# Each test here fails under at least one generated mutant (tools/mutants.py) that survived before
+# it was written.
+
+
+def test_extrapolation_reads_the_runs_resolved_data_directory(tmp_path):
+    from eval import extrapolation
+    run, data = tmp_path / "run", tmp_path / "data"
+    run.mkdir()
+    data.mkdir()
+    (run / "config.json").write_text(json.dumps({"data_dir_resolved": str(data)}))
+    assert extrapolation.resolve_data_dir(str(run), {"train_config": {"data_dir": "elsewhere"}}, None) == str(data)
+    assert extrapolation.resolve_data_dir(str(run), {}, "given") == "given"
+
+
+def test_the_extrapolation_report_has_a_passkey_table_for_each_run_that_has_one():
+    from eval import extrapolation
+    contexts = {"64": {"nonoverlapping": {"mean": 3.0, "mean_beyond_train_context": None},
+                       "sliding": {"mean": 2.9, "stride": 16}}}
+    with_keys = {"name": "a", "encoding": "rope", "train_context": 64, "contexts": contexts,
+                 "passkey": {"trials": 4, "depths": [0.0, 1.0], "actual_lengths": [60], "accuracy": [[1.0, 0.5]]}}
+    without = {"name": "b", "encoding": "alibi", "train_context": 64, "contexts": contexts}
+    report = extrapolation.markdown_report([with_keys, without])
+    assert "## Passkey retrieval accuracy: a (rope, L = 64, 4 keys per cell)" in report
+    assert "| 60 | 1.00 | 0.50 |" in report and "accuracy: b" not in report
+
+
+def test_the_loss_by_position_refuses_a_split_shorter_than_one_window():
+    from eval import extrapolation
+    from config import UserError
+    with pytest.raises(UserError, match="the validation split has 64 tokens, too few for one window of 64"):
+        extrapolation.nonoverlapping_loss(None, torch.zeros(64, dtype=torch.long), 64)
+
+
+def test_extrapolation_falls_back_to_the_embedded_corpus_of_the_checkpoints_tokenizer(tmp_path, monkeypatch):
+    from data import prepare as prepare_module
+    from eval import extrapolation
+    asked = []
+    monkeypatch.setattr(prepare_module, "ensure_default_corpus", lambda **kw: asked.append(kw) or "corpus")
+    ckpt = {"tokenizer": "bytes", "train_config": {"data_dir": "default"}}
+    assert extrapolation.resolve_data_dir(str(tmp_path / "no-run"), ckpt, None) == "corpus"
+    assert asked == [{"tokenizer": "bytes", "progress_bar": False}]

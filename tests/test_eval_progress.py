@@ -7,8 +7,11 @@ the elapsed time of each line must equal the work done and its ETA the work left
 import re
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from eval import progress
+from helpers import any_seconds
 
 LINE = re.compile(r"^(?P<label>.+): (?P<done>[\d,]+)/(?P<total>[\d,]+) (?P<unit>[a-z ]+) \((?P<percent>\d+)%\), "
                   r"elapsed (?P<elapsed>[\d:]+), ETA (?P<eta>[\d:]+)$")
@@ -70,3 +73,44 @@ def test_many_quick_steps_print_two_lines(monkeypatch, capsys):
                                         (90061, "25:01:01")])
 def test_durations_read_as_clock_times(value, text):
     assert progress.duration(value) == text
+
+
+# ---------------------------------- properties: durations, rates and progress at any magnitude, from a second to months
+# Each printed duration is parsed back and compared with the seconds it stands for (rounded to the second, and to the
+# minute in training's hours form); the rates and times left are compared with their formulas on a clock the test
+# moves (train: the average time per step so far times the steps left; evaluation: the average time per unit of work
+# times the units left).
+
+
+@given(s=any_seconds)
+def test_evaluation_durations_read_back_at_any_magnitude(s):
+    text = progress.duration(s)
+    long = re.fullmatch(r"([1-9]\d*):(\d\d):(\d\d)", text)
+    short = re.fullmatch(r"(\d+):(\d\d)", text)
+    assert long or short, text
+    if long:
+        assert int(long[2]) < 60 and int(long[3]) < 60
+        assert 3600 * int(long[1]) + 60 * int(long[2]) + int(long[3]) == int(round(s))
+    else:
+        assert int(short[1]) < 60 and int(short[2]) < 60
+        assert 60 * int(short[1]) + int(short[2]) == int(round(s))
+
+
+@given(total=st.integers(1, 10**9), pieces=st.lists(st.integers(1, 10**8), min_size=1, max_size=6),
+       per_unit=st.floats(min_value=1e-6, max_value=10.0))
+def test_evaluation_progress_lines_at_any_magnitude(work_clock, capsys, total, pieces, per_unit):
+    """Each line: done/total (percent), the time elapsed and the ETA = elapsed / done x (total - done), as
+    durations; the work done never passes the total."""
+    work_clock[0] = 0.0  # (the fixture's clock is shared by the examples)
+    meter = progress.Progress("job", total, "tokens")
+    assert capsys.readouterr().err.splitlines() == [f"job: {total:,} tokens to do"]
+    done = 0
+    for n in pieces:
+        work_clock[0] += n * per_unit
+        meter.advance(n)
+        done = min(total, done + n)
+        elapsed = work_clock[0]
+        line = capsys.readouterr().err.strip()
+        eta = elapsed / done * (total - done)
+        assert line == (f"job: {done:,}/{total:,} tokens ({100 * done / total:.0f}%), "
+                        f"elapsed {progress.duration(elapsed)}, ETA {progress.duration(eta)}")

@@ -207,3 +207,33 @@ def test_the_table_is_printed_as_well_as_written(tmp_path, capsys):
                     "--tasks", "arc_easy"])
     table = (tmp_path / "out" / "zero_shot.md").read_text()
     assert "| arc_easy |" in table and table in capsys.readouterr().out
+
+
+# -------------------------------------------------------------------------------- where generated mutants found no test
+# Each test here fails under at least one generated mutant (tools/mutants.py) that survived before
+# it was written.
+
+
+@pytest.mark.parametrize("name", ["ConnectionError", "OfflineModeIsEnabled", "LocalEntryNotFoundError",
+                                  "ConnectTimeout", "ReadTimeout", "MaxRetryError", "NameResolutionError"])
+def test_an_unreachable_hub_is_recognised_anywhere_in_the_error_chain(name):
+    from eval.zero_shot import is_connection_error
+    cause = type(name, (Exception,), {})("no network")
+    assert is_connection_error(cause)
+    wrapped = RuntimeError("loading the task failed")
+    wrapped.__cause__ = cause
+    outer = ValueError("outer")
+    outer.__context__ = wrapped
+    assert is_connection_error(outer)
+    assert not is_connection_error(RuntimeError("a bug")) and not is_connection_error(KeyError(name))
+
+
+def test_zero_shot_names_a_missing_data_dir_and_the_files_it_needs(tmp_path):
+    import types
+
+    from eval import tasks, zero_shot
+    from config import UserError
+    with pytest.raises(UserError) as info:
+        zero_shot.run(types.SimpleNamespace(data_dir=str(tmp_path / "missing")))
+    assert str(info.value) == f"--data-dir {tmp_path / 'missing'} is not a directory.\n" + \
+        tasks.expected_files_message()

@@ -5,8 +5,10 @@ ids written here), transformers' own Qwen3 implementation for the native export,
 tokenizer files, and a fresh process that cannot import this repository or Triton for the remote code.
 """
 import dataclasses
+import errno
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -520,3 +522,72 @@ def test_a_parent_that_cannot_be_made_leaves_none_of_the_parents_the_export_made
     os.rmdir(made[0])  # someone else removed the deepest one
     hf.export.remove_empty(made)
     assert sorted(os.listdir(tmp_path)) == ["existing", "run"]
+
+
+# -------------------------------------------------------------------------------- where generated mutants found no test
+# Each test here fails under at least one generated mutant (tools/mutants.py) that survived before
+# it was written.
+
+
+def tiny_export(tmp_path, pos, out="export"):
+    """A 1-layer byte model with grouped heads (4 query heads, 2 key/value heads) exported to tmp_path / out."""
+    from eval.tiny import save_run
+    from hf.export import export
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=4, n_kv_head=2, n_embd=16, head_dim=8, vocab_size=320, block_size=16,
+                          pos=pos))
+    out = tmp_path / out
+    return out, export(save_run(model, str(tmp_path / "run")), str(out), "auto")
+
+
+@pytest.mark.parametrize("pos", ["rope", "alibi"])
+def test_an_export_is_an_ordinary_directory_with_a_card_that_loads_it(tmp_path, pos):
+    out, summary = tiny_export(tmp_path, pos)
+    native = pos == "rope"
+    umask = os.umask(0)
+    os.umask(umask)
+    assert os.stat(out).st_mode & 0o7777 == 0o777 & ~umask
+    assert {name: os.stat(out / name).st_mode & 0o7777 for name in os.listdir(out)} == \
+        {name: 0o666 & ~umask for name in os.listdir(out)}
+    code = sorted(name for name in os.listdir(out) if name.endswith(".py"))
+    assert sorted(summary["code"]) == code and bool(code) == (not native)
+    card = (out / "README.md").read_text()
+    trust = "" if native else ", trust_remote_code=True"
+    assert f"model = AutoModelForCausalLM.from_pretrained(path{trust})\n" in card
+    assert f"tokenizer = AutoTokenizer.from_pretrained(path{trust})\n" in card
+    no_padding = "The model has no padding mask: batch sequences of one length (or right-pad them without a cache)."
+    assert (no_padding in card) == (not native)
+    settings = json.loads((out / "config.json").read_text())
+    eot = 256  # the byte tokenizer's end-of-text
+    assert (settings["bos_token_id"], settings["eos_token_id"]) == (eot, eot)
+    sizes = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+             "head_dim", "max_position_embeddings")
+    assert {key: settings[key] for key in sizes} == dict(zip(sizes, (320, 16, 1, 4, 2, 8, 16)))
+
+
+def test_an_export_whose_tokenizer_cannot_be_written_says_so_and_leaves_nothing(tmp_path, monkeypatch):
+    import hf.export
+
+    def unwritable(name, directory, length):
+        raise ValueError("the ranks file is damaged")
+    monkeypatch.setattr(hf.export, "write_tokenizer", unwritable)
+    with pytest.raises(hf.export.ExportError, match=r"^cannot write the tokenizer files: the ranks file is damaged$"):
+        tiny_export(tmp_path, "alibi", out="new/parents/export")
+    assert sorted(os.listdir(tmp_path)) == ["run"]  # the parents it made too
+
+    def vanished(name, directory, length):  # the partial directory removed by someone else, then a failure
+        shutil.rmtree(directory)
+        raise ValueError("the ranks file is damaged")
+    monkeypatch.setattr(hf.export, "write_tokenizer", vanished)
+    with pytest.raises(hf.export.ExportError, match="the ranks file is damaged"):
+        tiny_export(tmp_path, "alibi")
+    assert sorted(os.listdir(tmp_path)) == ["run"]
+
+    def vanished_disk_full(name, directory, length):  # the same, then an OSError
+        shutil.rmtree(directory)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(hf.export, "write_tokenizer", vanished_disk_full)
+    with pytest.raises(hf.export.ExportError, match=r"cannot write the export beside .*export \(No space left on "
+                                                    r"device\); check the free space and permissions there"):
+        tiny_export(tmp_path, "alibi")
+    assert sorted(os.listdir(tmp_path)) == ["run"]

@@ -11,7 +11,8 @@ import os
 import re
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SKIP = ("tests", ".git", "data_cache", "runs", "templates")  # hf/templates are copied into exports, not imported
+SKIP = ("tests", ".git", "data_cache", "runs", "templates", "mutants")  # hf/templates are copied into exports, not
+# imported; mutants/ is the generated copy tools/mutants.py leaves (ignored by git)
 
 
 def project_modules() -> dict[str, str]:

@@ -1,17 +1,20 @@
-"""Memory: the chunked LM-head loss against the plain one and a float64 formula, activation checkpointing against
-running without it, and the memory planner (training/memory.py) against the measured peak of real training
-steps (FSDP with 2 processes: tests/test_fsdp.py)."""
+"""Memory: the memory planner (training/memory.py) against the measured peak of real training steps (FSDP with 2
+processes: tests/test_fsdp.py), the check before any work, and activation checkpointing against running without
+it (the chunked LM-head loss itself: tests/test_lm_loss.py)."""
 import dataclasses
 import math
 import os
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 import train
 from config import ConfigError, TrainConfig, resolve
-from lm_loss import chunked_cross_entropy, lm_loss, plain_loss, resolve_loss
-from model import GPT, GPTConfig, checkpointed_blocks
+from helpers import model_grads
+from model import GPTConfig, checkpointed_blocks
+from test_config import valid
 from tests.helpers import SMALL, synthetic_corpus, tiny_config
 from training import memory
 from training.distributed import Distributed
@@ -19,161 +22,7 @@ from training.distributed import Distributed
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def relative_error(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
-
-
-def reference_loss(hidden, weight, targets):
-    """The mean cross-entropy written out in float64: log Σ exp(logits) - logit of the target, over the targets
-    that are not -1."""
-    logits = hidden.double() @ weight.double().T
-    keep = targets != -1
-    log_z = logits.max(-1).values + (logits - logits.max(-1, keepdim=True).values).exp().sum(-1).log()
-    picked = logits.gather(1, targets.clamp(min=0)[:, None])[:, 0]
-    return ((log_z - picked) * keep).sum() / keep.sum()
-
-
-def loss_and_grads(fn, hidden, weight, targets, dtype=torch.float32, autocast=False, scale=3.0):
-    h = hidden.to(dtype).detach().requires_grad_()
-    w = weight.to(dtype).detach().requires_grad_()
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-        loss = fn(h, w, targets)
-    (scale * loss).backward()  # a gradient from above that is not 1, as grad_accum and loss_scale make it
-    return loss.detach(), h.grad, w.grad
-
-
-@pytest.fixture(scope="module")
-def head_inputs():
-    g = torch.Generator().manual_seed(0)
-    hidden = torch.randn(300, 48, generator=g, dtype=torch.float64)
-    weight = 0.3 * torch.randn(1000, 48, generator=g, dtype=torch.float64)
-    targets = torch.randint(0, 1000, (300,), generator=g)
-    targets[:7] = -1  # ignored positions
-    targets[150] = -1
-    return hidden, weight, targets
-
-
-def test_an_fp32_hidden_state_meets_a_bf16_head_in_the_heads_dtype(head_inputs):
-    """Without autocast the head's matmul runs in the weight's dtype whatever the hidden state's (a norm that
-    computes in fp32 feeding a bf16 head): both losses equal the float64 formula on bf16-rounded inputs."""
-    hidden, weight, targets = head_inputs
-    h, w = hidden.float(), weight.bfloat16()
-    expected = reference_loss(h.bfloat16(), w, targets)
-    for loss in (plain_loss(h, w, targets), chunked_cross_entropy(h, w, targets, 64)):
-        assert loss.dtype == torch.float32
-        assert abs(loss.double() - expected).item() < 1e-3 * expected.item()
-
-
-@pytest.mark.parametrize("chunk", [1, 7, 64, 300, 4096])
-def test_chunked_loss_and_gradients_equal_the_plain_loss_in_fp32(head_inputs, chunk):
-    hidden, weight, targets = head_inputs
-    truth = loss_and_grads(reference_loss, hidden, weight, targets, torch.float64)
-    plain = loss_and_grads(plain_loss, hidden, weight, targets)
-    chunked = loss_and_grads(lambda h, w, t: chunked_cross_entropy(h, w, t, chunk), hidden, weight, targets)
-    for name, a, b, c in zip(("loss", "d hidden", "d weight"), chunked, plain, truth):
-        assert relative_error(a, b) <= 1e-6, name
-        assert relative_error(a, c) <= 1e-6, name  # and both are the float64 formula to fp32 rounding
-    assert relative_error(plain[0], truth[0]) <= 1e-6
-    # ignored positions get no gradient
-    assert chunked[1][:7].abs().max() == 0 and chunked[1][150].abs().max() == 0 and chunked[1][7].abs().max() > 0
-
-
-def test_chunked_loss_under_bf16_is_as_close_to_the_truth_as_the_plain_loss(head_inputs):
-    hidden, weight, targets = head_inputs
-    truth = loss_and_grads(reference_loss, hidden, weight, targets, torch.float64)
-    plain = loss_and_grads(plain_loss, hidden, weight, targets, autocast=True)
-    chunked = loss_and_grads(lambda h, w, t: chunked_cross_entropy(h, w, t, 64), hidden, weight, targets,
-                             autocast=True)
-    for name, a, b, c in zip(("loss", "d hidden", "d weight"), chunked, plain, truth):
-        bf16_error = relative_error(b, c)
-        assert bf16_error > 1e-5, name  # bf16 rounding is visible, so the comparison means something
-        assert relative_error(a, c) <= 1.25 * bf16_error, name
-    assert chunked[1].dtype == torch.float32  # the gradient of an fp32 input stays fp32
-
-
-def test_chunked_loss_without_gradients_and_a_second_backward(head_inputs):
-    hidden, weight, targets = head_inputs
-    h, w = hidden.float(), weight.float().requires_grad_()
-    with torch.no_grad():
-        assert chunked_cross_entropy(h, w, targets, 16).item() == pytest.approx(reference_loss(h, w, targets).item(),
-                                                                                 rel=1e-6)
-    loss = chunked_cross_entropy(h, w, targets, 16)
-    loss.backward(retain_graph=True)
-    with pytest.raises(RuntimeError, match="backpropagated twice"):
-        loss.backward()
-
-
-def test_chunked_loss_holds_one_chunk_of_logits_at_a_time():
-    """The most the chunked loss allocates (the allocator's record, forward and backward) is the weight's fp32
-    gradient, its input's gradient and one chunk's fp32 logits, plus small per-token vectors: a chunk's logits
-    are freed before the next chunk's are made (10 chunks here; two alive at once would add a chunk's). The
-    no-grad pass comes after the backward one, whose gradients stay allocated: the measurement counts from what
-    was allocated before it, not from the profiler's first session."""
-    tokens, width, vocab, chunk = 160, 16, 4000, 16
-    g = torch.Generator().manual_seed(0)
-    hidden = torch.randn(tokens, width, generator=g).requires_grad_()
-    weight = torch.randn(vocab, width, generator=g).requires_grad_()
-    targets = torch.randint(0, vocab, (tokens,), generator=g)
-    one_chunk = 4 * chunk * vocab
-    gradients = 4 * vocab * width + 4 * tokens * width
-
-    def train():
-        chunked_cross_entropy(hidden, weight, targets, chunk).backward()
-    peak = memory.profiled_peak(train)
-    assert gradients + one_chunk <= peak < gradients + 1.25 * one_chunk
-    with torch.no_grad():
-        assert memory.profiled_peak(lambda: chunked_cross_entropy(hidden, weight, targets, chunk)) < 1.25 * one_chunk
-
-
-def test_loss_choice_on_this_machine_and_fused_losses_refused_in_one_sentence(monkeypatch):
-    cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert resolve_loss("auto", cpu) == "chunked"
-    assert resolve_loss("plain", cpu) == "plain"
-    with pytest.raises(ValueError, match="loss='liger' runs a Triton kernel on CUDA GPUs only .*use loss='chunked'"):
-        resolve_loss("liger", cpu)
-    import lm_loss as module
-    monkeypatch.setattr(module, "fused_loss_available", lambda name: name == "cce")
-    assert resolve_loss("auto", cuda) == "cce"  # liger first, then cce: only cce "installed"
-    with pytest.raises(ValueError, match="needs the liger_kernel package, which is not installed; pip install "
-                                         "liger-kernel"):
-        resolve_loss("liger", cuda)
-    monkeypatch.setattr(module, "fused_loss_available", lambda name: True)
-    assert resolve_loss("auto", cuda) == "liger"
-    monkeypatch.setattr(module, "fused_loss_available", lambda name: False)
-    assert resolve_loss("auto", cuda) == "chunked"
-
-
 # ----------------------------------------------------------------------------- the model
-
-def model_grads(pos, loss_impl="plain", checkpointing="none", dtype=torch.float32):
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(n_layer=3, n_head=2, n_embd=32, head_dim=16, vocab_size=300, block_size=24, pos=pos,
-                          kv_shift=pos == "fox")).to(dtype)
-    model.loss_impl, model.loss_chunk_tokens = loss_impl, 10
-    model.set_activation_checkpointing(checkpointing, 2)
-    idx = torch.randint(0, 300, (3, 24), generator=torch.Generator().manual_seed(1))
-    targets = idx.roll(-1, 1)
-    targets[0, :5] = -1
-    logits, loss = model(idx, targets)
-    loss.backward()
-    return logits, loss.detach(), {n: p.grad for n, p in model.named_parameters()}
-
-
-@pytest.mark.parametrize("pos", ["rope", "fox", "grape_ap"])
-def test_model_with_the_chunked_loss_gives_the_plain_losses_and_gradients(pos):
-    _, truth, truth_grads = model_grads(pos, dtype=torch.float64)
-    logits, plain, plain_grads = model_grads(pos)
-    no_logits, chunked, chunked_grads = model_grads(pos, "chunked")
-    assert logits.shape == (3, 24, 300) and no_logits is None  # the chunked loss never makes the logits
-    assert relative_error(chunked, plain) <= 1e-6
-    # Every gradient equal to fp32 rounding through three blocks: within what separates the plain fp32 model from
-    # float64 (1e-6 to 1e-5 here, largest for the few-element gate biases), and no further from float64 than it.
-    plain_errors = {name: relative_error(plain_grads[name], truth) for name, truth in truth_grads.items()}
-    chunked_errors = {name: relative_error(chunked_grads[name], truth) for name, truth in truth_grads.items()}
-    assert 1e-7 < max(plain_errors.values()) < 2e-5
-    for name in truth_grads:
-        assert relative_error(chunked_grads[name], plain_grads[name]) <= 2e-5, name
-    assert max(chunked_errors.values()) <= 2 * max(plain_errors.values())
 
 
 def test_checkpointed_blocks():
@@ -376,3 +225,56 @@ def test_a_config_file_that_sets_nothing_is_refused_not_planned_as_the_defaults(
     path.write_text('include = "empty.toml"\n[train]\nbatch_size = 2\n')  # one key is a configuration
     memory.main([str(path), "--gpus", "1", *[a for a in SMALL if not a.startswith("--batch_size")]])
     assert "micro-batch 2 x" in capsys.readouterr().out
+
+
+# -------------------------------------------------------------------------------- where generated mutants found no test
+# Each test here fails under at least one generated mutant (tools/mutants.py) that survived before
+# it was written.
+
+
+def test_the_chunked_loss_probe_extrapolates_linearly_past_two_chunks(monkeypatch):
+    """Past two chunks the planner extrapolates the loss's memory from one and two chunks (a probe of every
+    length would loop over all chunks): for a loss whose probed bytes grow linearly, the extrapolation is exact."""
+    from training import memory
+    monkeypatch.setattr(memory, "_probe_loss", lambda cfg, tokens, *rest: 1000 + 7 * tokens)
+    chunk = 64
+    for tokens in (2 * chunk + 1, 5 * chunk, 5 * chunk + 13):
+        assert memory.probe_loss(None, tokens, "chunked", chunk, False) == 1000 + 7 * tokens
+    assert memory.probe_loss(None, 100, "plain", chunk, False) == 1000 + 700
+
+
+# -------------------------------------------------- properties: every threshold at, just below and just above its limit
+# Each limit is written here from its documented rule, not read from the code: the divergence rules
+# (training/divergence.py's docstring), the config's ranges (TrainConfig's field comments), token ids against the
+# vocabulary (a batch, a shard, an adopted GPT-2 folder) and the memory check before any work. "Just below" and "just
+# above" are the neighbouring float (math.nextafter) or integer, so a comparison moved by one is caught.
+
+
+@given(batch=st.integers(1, 64), slack=st.sampled_from([-1e-9, 0.0, 1e-9]))
+def test_memory_check_at_the_free_memory_limit(monkeypatch, batch, slack):
+    """Two limits, each exact: a lower bound (16 bytes a parameter, each block's fp32 input and one loss chunk's
+    fp32 logits) refuses at once; past it, the memory planner's peak of a step (training/memory.py, checked
+    against measured steps in test_memory.py) must fit. Exactly enough is enough."""
+    import train
+    from model import GPT, GPTConfig
+    from training import memory
+    from training.distributed import Distributed
+    model_cfg = GPTConfig(n_layer=1, n_head=2, n_embd=32, head_dim=16, vocab_size=97, block_size=16)
+    params = sum(p.numel() for p in GPT(model_cfg).parameters())
+    cfg = valid(batch_size=batch, global_batch_size=batch)
+    tokens = batch * 16
+    lower_gb = (16 * params + 4 * (tokens * 32 + min(tokens, cfg.loss_chunk_tokens) * 97)) / 2**30
+    need_gb = memory.plan(model_cfg, cfg, 1, grad_accum=1).total / 2**30
+    assert need_gb > lower_gb
+    ddp = Distributed.__new__(Distributed)
+    ddp.device, ddp.world_size, ddp.sharded = torch.device("cpu"), 1, False
+    for limit_gb, refusal in ((lower_gb, "for its activations and logits"), (need_gb, "a training step needs about")):
+        monkeypatch.setattr(train, "free_memory_gb", lambda device: limit_gb + slack * limit_gb)
+        if slack < 0:
+            with pytest.raises(ConfigError, match=refusal):
+                train.check_model_fits(model_cfg, cfg, ddp, use_bf16=False, grad_accum=1)
+        elif limit_gb == lower_gb:  # past the lower bound, the planner's larger peak refuses
+            with pytest.raises(ConfigError, match="a training step needs about"):
+                train.check_model_fits(model_cfg, cfg, ddp, use_bf16=False, grad_accum=1)
+        else:
+            train.check_model_fits(model_cfg, cfg, ddp, use_bf16=False, grad_accum=1)

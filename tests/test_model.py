@@ -196,3 +196,26 @@ def test_basis_generator_beyond_the_exp_range_gives_nan_and_a_named_cause():
     rotated_q, _ = model.blocks[1].attn.rotation(q, q, torch.zeros(1, 8, model.config.n_embd), torch.arange(8), {})
     assert torch.isnan(model.blocks[1].attn.rotation.basis()).all() and torch.isnan(rotated_q).all()
     assert "layer 1's learned basis generator" in model.nonfinite_cause()
+
+
+# -------------------------------------------------------------------------------- where generated mutants found no test
+# Each test here fails under at least one generated mutant (tools/mutants.py) that survived before
+# it was written.
+
+
+@pytest.mark.parametrize("pos", ["alibi", "grape_a_q", "grape_a_k", "grape_a_qk", "fox"])
+def test_the_bf16_lift_splits_exactly_the_query_columns_bf16_cannot_hold(pos):
+    """exact_query_columns marks the lifted query columns that need no bf16 split (a constant 1): one marked
+    inexact costs the fused kernel extra columns of zeros, one marked exact loses digits. Checked against the
+    columns themselves at positions bf16 cannot hold (1000 on)."""
+    from model import CausalSelfAttention, GPTConfig
+    torch.manual_seed(0)
+    H, D, C, T = 2, 8, 16, 12
+    attn = CausalSelfAttention(GPTConfig(n_layer=1, n_head=H, n_embd=C, head_dim=D, vocab_size=8, block_size=2048,
+                                         pos=pos))
+    with torch.no_grad():
+        q, k = torch.randn(1, H, T, D), torch.randn(1, H, T, D)
+        qf, kf = attn.bias.features(torch.randn(1, T, C), q, k, torch.arange(1000, 1000 + T), {})
+        q_cols = attn.bias.lift(qf, kf)[0]
+    held = [bool((q_cols[..., c] == q_cols[..., c].bfloat16().float()).all()) for c in range(q_cols.shape[-1])]
+    assert tuple(held) == tuple(attn.bias.exact_query_columns())

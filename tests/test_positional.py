@@ -4,6 +4,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given
+from hypothesis import strategies as st
 
 from model import GPT, GPTConfig
 from positional import (ALiBi, ForgetGate, GatedSlope, PathIntegral, Rotation, alibi_slopes, parse_pos,
@@ -348,3 +350,49 @@ def test_parse_pos_and_errors():
         GPTConfig.from_dict({"n_heads": 4})
     with pytest.raises(ValueError, match="attn_backend"):
         GPTConfig(attn_backend="flash")
+
+
+# -------------------------------------------------------------------------------- where generated mutants found no test
+# Each test here fails under at least one generated mutant (tools/mutants.py) that survived before
+# it was written.
+
+
+def test_rotated_planes_keep_the_inputs_dtype_and_round_the_fp32_rotation():
+    from positional import rotate_planes
+    x = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    angles = torch.linspace(0, 3, 20).view(5, 4)
+    rotated = rotate_planes(x, angles)
+    x1, x2 = x.float().chunk(2, dim=-1)
+    reference = torch.cat((x1 * angles.cos() - x2 * angles.sin(), x1 * angles.sin() + x2 * angles.cos()), -1)
+    assert rotated.dtype == torch.bfloat16
+    assert torch.equal(rotated, reference.to(torch.bfloat16))
+
+
+# ------------------------------------------------------ properties: positional.py's closed forms over their whole range
+# Rodrigues' exp of a rank-2 skew generator against torch.linalg.matrix_exp in fp64 at any angle, on both sides of its
+# small-angle series (s < 1e-3) and at the switch, to 1e-15; and in the dtype it was given.
+
+
+angles = st.one_of(st.floats(min_value=1e-9, max_value=3.0), st.sampled_from([9.99e-4, 1e-3, 1.001e-3, 5e-4]))
+
+
+@given(s=angles, d=st.integers(2, 6), seed=st.integers(0, 10**6))
+def test_rank2_exp_is_the_matrix_exponential_at_any_angle(s, d, seed):
+    g = torch.Generator().manual_seed(seed)
+    a, b = torch.randn(d, generator=g, dtype=torch.float64), torch.randn(d, generator=g, dtype=torch.float64)
+    b = b - (a @ b) / (a @ a) * a  # orthogonal, so s = |a| |b|
+    b = b / b.norm() * s / a.norm()
+    L = torch.outer(a, b) - torch.outer(b, a)
+    torch.testing.assert_close(rank2_exp(a, b), torch.linalg.matrix_exp(L), atol=1e-15, rtol=1e-13)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("s", [1e-4, 0.7])
+def test_rank2_exp_keeps_its_inputs_dtype(dtype, s):
+    a = torch.tensor([1.0, 0.0, 0.0], dtype=dtype)
+    b = torch.tensor([0.0, s, 0.0], dtype=dtype)
+    out = rank2_exp(a, b)
+    assert out.dtype == dtype
+    expected = torch.linalg.matrix_exp((torch.outer(a, b) - torch.outer(b, a)).double())
+    torch.testing.assert_close(out.double(), expected, atol=1e-2 if dtype in (torch.float16, torch.bfloat16)
+                               else 1e-6, rtol=0)

@@ -73,6 +73,32 @@ GROUPS = [("config.py", "config"), ("checkpoints.py", "checkpoints"), ("training
           ("model.py", "model"), ("attention.py", "attention"), ("lm_loss.py", "lm_loss"),
           ("kernels/grape_ap.py", "kernels.grape_ap"),
           ("studies/ (report)", "studies.")]
+# Each mutated module's own test file, by the rule of docs/testing.md ("Where a module's tests are": tests/test_<module>.py,
+# test_<package>_<module>.py for data/, hf/ and eval/), and where one other file holds part of its tests by an
+# older name, that file too; None: the module has no own file yet (its tests are in the train.py files). --own-file
+# runs each sampled mutant against these files alone, to measure what `pytest tests/test_<module>.py` catches.
+OWN_TEST_FILES = {
+    "config": ["tests/test_config.py"], "checkpoints": ["tests/test_checkpoints.py"],
+    "training.checkpointing": None, "training.distributed": ["tests/test_distributed.py"],
+    "training.divergence": ["tests/test_divergence.py"], "training.errors": None, "training.layout": None,
+    "training.memory": ["tests/test_memory.py"], "training.metrics": ["tests/test_metrics.py"],
+    "training.optimizer": None, "training.step": None, "training.stopping": ["tests/test_stopping.py"],
+    "data.loader": ["tests/test_data_loader.py"],
+    "data.prefetch": ["tests/test_data_prefetch.py", "tests/test_data_verify.py"],
+    "data.manifest": ["tests/test_data_manifest.py"], "data.verify": ["tests/test_data_verify.py"],
+    "data.shards": ["tests/test_data_prepare.py"], "data.prepare": ["tests/test_data_prepare.py"],
+    "hf.export": ["tests/test_hf_export.py"], "hf.init_from": ["tests/test_hf_init_from.py"],
+    "hf.qwen3": ["tests/test_hf_qwen3.py"], "hf.remote_code": ["tests/test_hf_remote_code.py"],
+    "hf.tokenizer_files": ["tests/test_hf_tokenizer_files.py"],
+    "eval.zero_shot": ["tests/test_eval_zero_shot.py"], "eval.lm_adapter": ["tests/test_eval_adapter.py"],
+    "eval.extrapolation": ["tests/test_eval_extrapolation.py"], "eval.tasks": ["tests/test_eval_tasks.py"],
+    "positional": ["tests/test_positional.py"], "model": ["tests/test_model.py"],
+    "attention": ["tests/test_attention.py"], "lm_loss": ["tests/test_lm_loss.py"],
+    "kernels.grape_ap": ["tests/test_kernels.py"],
+    **{f"studies.{part}": ["tests/test_study.py", "tests/test_study_features.py"] for part in ("launch", "summary", "report")},
+}
+OWN_RESULTS = os.path.join("mutants", "own_file.json")  # --own-file's verdicts (resumable)
+OWN_MARKERS = ("<!-- own-file:begin (tools/mutants.py --own-file writes this part) -->", "<!-- own-file:end -->")
 TEXT_KEYWORDS = {"help", "description", "epilog", "metavar", "usage"}  # argparse's texts for people
 MESSAGE_CALLS = {"print", "say", "warn", "warning", "write", "info", "note", "_write", "error", "fail", "exit"}
 STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no test", 33: "no test", 36: "timeout", 24: "timeout",
@@ -664,6 +690,188 @@ def load_average() -> float:
     return os.getloadavg()[0]
 
 
+def own_file_order(sample: list[str], seed: int) -> list[str]:
+    """The sample, one mutant of each module in turn (each module's in their seeded rank), so that a sitting
+    stopped early has judged some of every module."""
+    by_module = {}
+    for name in sorted(sample, key=lambda n: hashlib.sha256(f"{seed}:{n}".encode()).hexdigest()):
+        by_module.setdefault(module_of(name), []).append(name)
+    queues, out = [by_module[m] for m in sorted(by_module)], []
+    while any(queues):
+        out += [q.pop(0) for q in queues if q]
+    return out
+
+
+def run_own_file(name: str, files: list[str], cap_s: float) -> tuple[int | None, float]:
+    """pytest -x on `files` in mutants/ with mutant `name` active ("" = none), in a child forked from this process
+    (torch already imported) in its own process group; (exit code or None past cap_s, seconds)."""
+    started = time.time()
+    pid = os.fork()
+    if pid == 0:  # the child: mutants/ is the repository, and its output goes to a log
+        try:
+            os.setsid()
+            os.chdir(os.path.join(ROOT, "mutants"))
+            sys.path[:] = [os.getcwd()] + [p for p in sys.path if os.path.abspath(p or ".") not in
+                                           (ROOT, os.path.join(ROOT, "tools"))]
+            os.environ["MUTANT_UNDER_TEST"] = name
+            log = os.open(os.path.join(ROOT, "mutants", "own_file.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+            os.dup2(log, 1)
+            os.dup2(log, 2)
+            print(f"\n==== {name or '(no mutant)'}: {' '.join(files)}", flush=True)
+            code = pytest.main([*files, "-x", "-q", "-p", "no:cacheprovider"])
+        except BaseException:
+            code = 99
+        os._exit(int(code))
+    try:
+        return wait_own_file(pid, started, cap_s)
+    except KeyboardInterrupt:
+        os.killpg(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        raise
+
+
+def wait_own_file(pid: int, started: float, cap_s: float) -> tuple[int | None, float]:
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status), time.time() - started
+        if time.time() - started > cap_s:
+            os.killpg(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return None, time.time() - started
+        time.sleep(0.2)
+
+
+def own_file_sitting(sample: list[str], seed: int, cap_s: float, sources: dict, clean: bool = True) -> dict:
+    """Each sampled mutant of a module with an own test file against that file alone (OWN_TEST_FILES), after a
+    clean run of each file (a file that fails unmutated would kill falsely: its mutants are left out). A mutant is
+    killed when pytest fails (exit 1), survives when it passes, and counts as a timeout past max(cap_s, 3 x the
+    clean run). Without the clean runs (clean=False: where the whole suite has just passed on the same commit) the
+    limit is cap_s, and a mutant still running then is "past the cap", not judged: a slow file cannot be told
+    from a hang. Verdicts accumulate in OWN_RESULTS; stop it any time (Ctrl-C or kill PID)."""
+    import torch  # noqa: F401 (imported once here, not in every forked child)
+    import numpy  # noqa: F401
+    import hypothesis  # noqa: F401
+    record = {"clean": {}, "verdicts": {}, "seconds": 0.0}
+    if os.path.exists(OWN_RESULTS):
+        with open(OWN_RESULTS) as f:
+            record = json.load(f)
+    record["digests"] = record.get("digests", {})
+    record["cap_s"] = cap_s
+    order = [n for n in own_file_order(sample, seed) if OWN_TEST_FILES.get(module_of(n))]
+    pending = [n for n in order if n not in record["verdicts"] or
+               record["digests"].get(n) != (source_digest(*sources[n]) if n in sources else None)]
+    print(f"--own-file: {len(order)} sampled mutants of modules with an own test file, {len(pending)} to run; "
+          f"{len(sample) - len(order)} of modules without one", flush=True)
+    started = time.time()
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        for i, name in enumerate(pending):
+            files = OWN_TEST_FILES[module_of(name)]
+            key = " ".join(files)
+            if not clean:
+                record["clean"].setdefault(key, [0, None])
+            if key not in record["clean"]:
+                code, seconds = run_own_file("", files, 3600)
+                record["clean"][key] = [code, seconds]
+                print(f"    clean run of {key}: exit {code}, {seconds:.0f} s", flush=True)
+            clean_code, clean_s = record["clean"][key]
+            if clean_code != 0:
+                record["verdicts"][name] = ["clean run failed", 0.0]
+                continue
+            code, seconds = run_own_file(name, files, max(cap_s, 3 * clean_s) if clean_s else cap_s)
+            verdict = {None: "timeout" if clean_s else "past the cap", 0: "survived", 1: "killed",
+                       5: "no test"}.get(code, f"exit {code}")
+            record["verdicts"][name] = [verdict, seconds]
+            record["digests"][name] = source_digest(*sources[name]) if name in sources else None
+            print(f"    [{i + 1}/{len(pending)}] {name}: {verdict} ({seconds:.0f} s)", flush=True)
+            with open(OWN_RESULTS, "w") as f:
+                json.dump(record, f)
+    except KeyboardInterrupt:
+        print("stopped: run the same command again to continue", file=sys.stderr)
+    finally:
+        record["seconds"] += time.time() - started
+        with open(OWN_RESULTS, "w") as f:
+            json.dump(record, f)
+    return record
+
+
+def write_own_file_report(sample: list[str], record: dict, sources: dict, command: str) -> str:
+    """The per-module table of --own-file (killed by the module's own test file / judged), beside the whole
+    suite's verdicts of the same mutants from RECORD where their source is unchanged; between OWN_MARKERS."""
+    equivalents = load_equivalents()
+    suite = {}
+    if os.path.exists(RECORD):
+        with open(RECORD) as f:
+            for name, (code, _, digest) in json.load(f)["verdicts"].items():
+                if name in sources and source_digest(*sources[name]) == digest:
+                    suite[name] = STATUS.get(code, "other")
+    rows = {}
+    for name in sample:
+        module = module_of(name)
+        row = rows.setdefault(module, {"sampled": 0, "equivalent": 0, "judged": 0, "killed": 0, "timeout": 0,
+                                       "suite judged": 0, "suite killed": 0, "not run": 0,
+                                       "past the cap": 0})
+        row["sampled"] += 1
+        if equivalence(name, sources, equivalents):
+            row["equivalent"] += 1
+            continue
+        verdict = record["verdicts"].get(name, [None])[0]
+        if verdict == "past the cap":
+            row["past the cap"] += 1
+        elif verdict in ("killed", "survived", "timeout", "no test"):
+            row["judged"] += 1
+            row["killed"] += verdict == "killed"
+            row["timeout"] += verdict == "timeout"
+            if suite.get(name) in ("killed", "timeout", "survived", "no test"):
+                row["suite judged"] += 1
+                row["suite killed"] += suite[name] in ("killed", "timeout")
+        else:
+            row["not run"] += 1
+
+    def pct(a, b):
+        return f"{100 * a / b:.0f}%" if b else "-"
+    total = {k: sum(r[k] for r in rows.values()) for k in next(iter(rows.values()))}
+    clean = record.get("clean", {})
+    lines = [f"{command}: {len(sample)} mutants drawn as the score's sample is (seed, proportions, at least "
+             f"{MIN_PER_MODULE} a table row), each run with `pytest -x` on its module's own test file(s) alone "
+             f"(`OWN_TEST_FILES` in tools/mutants.py), one mutant at a time; {record.get('seconds', 0) / 60:.0f} "
+             f"min on {os.cpu_count()} cores shared with other work. Killed = the own file fails; a timeout "
+             f"(3 x the file's clean run, at least the cap) counts as killed; without the clean runs (`--no-clean`, "
+             f"after the whole suite passed on the commit) a mutant still running at the cap "
+             f"({record.get('cap_s', 0):g} s) is past the cap, not judged. The whole suite's verdicts of the "
+             f"same mutants are those of the score above (`{RECORD}`; mutants whose function changed since are "
+             f"left out of that column). Equivalent mutants (`{EQUIVALENT}`) are left out of both.",
+             "", "| module | own test file(s) | sampled | equivalent | not run | past the cap | killed by own file / "
+             "judged | whole suite, same mutants |", "|---|---|---|---|---|---|---|---|"]
+    for module in sorted(rows, key=lambda m: [g for g, (_, p) in enumerate(GROUPS) if m == p or
+                                              (p.endswith(".") and m.startswith(p))] + [m]):
+        r = rows[module]
+        files = OWN_TEST_FILES.get(module)
+        own = ", ".join(f"`{os.path.basename(f)}`" for f in files) if files else "none yet"
+        if files and clean.get(" ".join(files), [0])[0] not in (0, None):
+            own += " (failed unmutated: not run)"
+        path = module.replace(".", "/") + ".py"
+        lines.append(f"| `{path}` | {own} | {r['sampled']} | {r['equivalent']} | {r['not run']} | {r['past the cap']} | "
+                     f"{r['killed'] + r['timeout']} / {r['judged']} ({pct(r['killed'] + r['timeout'], r['judged'])}) | "
+                     f"{r['suite killed']} / {r['suite judged']} ({pct(r['suite killed'], r['suite judged'])}) |")
+    lines.append(f"| **all** | | {total['sampled']} | {total['equivalent']} | {total['not run']} | {total['past the cap']} | "
+                 f"{total['killed'] + total['timeout']} / {total['judged']} "
+                 f"({pct(total['killed'] + total['timeout'], total['judged'])}) | {total['suite killed']} / "
+                 f"{total['suite judged']} ({pct(total['suite killed'], total['suite judged'])}) |")
+    text = "\n".join(lines)
+    with open(os.path.join(ROOT, REPORT)) as f:
+        document = f.read()
+    if OWN_MARKERS[0] in document:
+        begin, end = document.index(OWN_MARKERS[0]) + len(OWN_MARKERS[0]), document.index(OWN_MARKERS[1])
+        with open(os.path.join(ROOT, REPORT), "w") as f:
+            f.write(document[:begin] + "\n" + text + "\n" + document[end:])
+    return text
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -681,6 +889,15 @@ def main(argv=None) -> int:
     parser.add_argument("--recheck", action="store_true",
                         help="run the survivors not listed as equivalent, and the mutants no test reached, again "
                              "with all the tests that reach them (no budget)")
+    parser.add_argument("--own-file", action="store_true",
+                        help="run each sampled mutant against its module's own test file alone (OWN_TEST_FILES) "
+                             "and write that table; the score's run, state and record are left as they are")
+    parser.add_argument("--no-clean", action="store_true",
+                        help="with --own-file: no clean run of each own file first (the whole suite has just passed "
+                             "on this commit); a mutant still running at --cap is then not judged")
+    parser.add_argument("--cap", type=float, default=120.0,
+                        help="with --own-file: a mutant's time limit, at least 3 x its file's clean run "
+                             "(default %(default)s s)")
     args = parser.parse_args(argv)
     os.chdir(ROOT)
     try:
@@ -722,6 +939,15 @@ def main(argv=None) -> int:
     rows, wording = population(sources)
     sample = sorted(n for names in rows.values() for n in names) if args.all else \
         draw_sample(rows, args.sample, args.seed)
+    if args.own_file:  # its own record and table: the score's state is not touched
+        if not args.report:
+            record = own_file_sitting(sample, args.seed, args.cap, sources, clean=not args.no_clean)
+        else:
+            with open(OWN_RESULTS) as f:
+                record = json.load(f)
+        print(write_own_file_report(sample, record, sources, f"`python3 tools/mutants.py --own-file --sample "
+                                    f"{args.sample} --seed {args.seed}` on commit `{git('rev-parse', '--short', 'HEAD')}`"))
+        return 0
     if (state.get("seed"), state.get("size"), state.get("all")) != (args.seed, args.sample, args.all):
         state = {"sittings": [], "stats_fingerprint": state.get("stats_fingerprint")}  # another run: its own time
     state.update(sample=sample, seed=args.seed, size=args.sample, all=args.all)

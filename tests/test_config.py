@@ -1,26 +1,86 @@
-"""Resume under every mix of the recipe keys (hypothesis; profiles in conftest.py).
-
-A run's recipe keys are each left to the recipe, or set to the official or the clean value, in the config file
-or on the command line. Whatever the mix, the resolved settings are the ones asked for (the values below are
-written from docs/recipe.md, not read from config.RECIPES), and a resume from the config file, from
-`train.py --resume RUN_DIR` or from RUN_DIR/config.json resolves exactly the saved settings and is accepted; each
-single key changed on the resume is refused, unless --allow_changes names it (then recorded as a change), and
-model keys and the keys fixed for a run are never allowed. The last test trains, stops and resumes two mixed
-runs with train.py itself.
-"""
+"""config.py: the config file's keys and messages, the train config's ranges at their limits, and resolving and
+resuming under every mix of the recipe keys."""
 import dataclasses
 import json
+import math
 import os
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import checkpoints
+import config
 import train
-from config import ConfigError, resolve
+from config import ConfigError, TrainConfig, resolve
+from helpers import down, up
 from model import GPTConfig
 from training.errors import TrainError
+
+
+# -------------------------------------------------------------------------------- where generated mutants found no test
+# Each test here fails under at least one generated mutant (tools/mutants.py) that survived before
+# it was written.
+
+
+def test_an_unknown_key_with_no_close_match_lists_every_valid_key():
+    assert config.closest_hint("zzzz", ["beta", "alpha"]) == "valid keys: alpha, beta"
+    assert config.closest_hint("alpah", ["beta", "alpha"]) == "did you mean 'alpha'?"
+
+
+def test_a_missing_config_file_names_its_closest_sibling(tmp_path):
+    (tmp_path / "tiny.toml").write_text("")
+    (tmp_path / "other.toml").write_text("")
+    error = config.missing_config(str(tmp_path / "tinny.toml"), resume=False)
+    assert str(error) == f"config file {tmp_path / 'tinny.toml'} does not exist; did you mean {tmp_path / 'tiny.toml'}?"
+    far = config.missing_config(str(tmp_path / "zzzzzz.toml"), resume=False)
+    assert str(far).endswith("does not exist; pick one of the files under configs/.")
+    (tmp_path / "a.toml").write_text("")  # named without .toml: the file itself, though "a" is not close to "a.toml"
+    bare = config.missing_config(str(tmp_path / "a"), resume=False)
+    assert str(bare) == f"config file {tmp_path / 'a'} does not exist; did you mean {tmp_path / 'a'}.toml?"
+
+
+def test_a_missing_config_named_without_a_folder_is_looked_for_in_the_current_one(tmp_path, monkeypatch):
+    (tmp_path / "tiny.toml").write_text("")
+    monkeypatch.chdir(tmp_path)
+    assert str(config.missing_config("tinny.toml", resume=False)) == \
+        "config file tinny.toml does not exist; did you mean tiny.toml?"
+
+
+@pytest.mark.parametrize("pos, scale", [("grape_m_ctx", 1.0), ("rope + grape_m_ctx", 1.0), ("grape_m_ctx+kv_shift", 1.0),
+                                        ("grape_m", 16.0), ("grape_m + kv_shift", 16.0)])
+def test_the_official_spectrum_scale_reads_a_composition_with_or_without_spaces(pos, scale):
+    assert config.official_spectrum_scale({"pos": pos}) == scale
+
+
+def test_run_directories_looks_max_depth_levels_down_and_past_unreadable_folders(tmp_path, monkeypatch):
+    for run in ("a/b/c", "a/b/c2/d", "z/run"):  # 3 levels, 4 levels, and one after an unreadable folder
+        (tmp_path / run).mkdir(parents=True)
+        (tmp_path / run / "ckpt.pt").write_bytes(b"")
+    (tmp_path / "m").mkdir()  # visited before z
+    assert config.run_directories(str(tmp_path), max_depth=3) == [str(tmp_path / "a/b/c"), str(tmp_path / "z/run")]
+    real = os.scandir
+    monkeypatch.setattr(os, "scandir", lambda path: (_ for _ in ()).throw(PermissionError(path))
+                        if os.path.basename(path) == "m" else real(path))
+    assert config.run_directories(str(tmp_path), max_depth=3) == [str(tmp_path / "a/b/c"), str(tmp_path / "z/run")]
+
+
+def test_a_badly_typed_model_key_in_the_file_is_named_with_its_section(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text('[model]\nn_layer = "two"\n[train]\ndata_dir = "d"\nout_dir = "o"\n')
+    with pytest.raises(config.ConfigError) as caught:
+        config.resolve(str(path), [], GPTConfig)
+    assert "model.n_layer" in str(caught.value)
+
+
+# ---------------------------------------------------------------- properties: resume under every mix of the recipe keys
+# A run's recipe keys are each left to the recipe, or set to the official or the clean value, in the config file or on
+# the command line. Whatever the mix, the resolved settings are the ones asked for (the values below are written from
+# docs/recipe.md, not read from config.RECIPES), and a resume from the config file, from `train.py --resume RUN_DIR`
+# or from RUN_DIR/config.json resolves exactly the saved settings and is accepted; each single key changed on the
+# resume is refused, unless --allow_changes names it (then recorded as a change), and model keys and the keys fixed
+# for a run are never allowed. The last test trains, stops and resumes two mixed runs with train.py itself.
+
 
 # (section, key): (official value, clean value); spectrum_scale's official value depends on the encoding.
 RECIPE_VALUES = {
@@ -33,8 +93,14 @@ RECIPE_VALUES = {
     ("train", "sampler"): ("random_offsets", "windows"),
     ("train", "seed"): (42, 1337),
 }
+
+
 POSITIONS = ["grape_m", "grape_m_ctx", "fox", "rope"]
+
+
 MODEL = dict(n_layer=1, n_head=2, n_embd=16, head_dim=8, vocab_size=64, block_size=8)
+
+
 TRAIN = dict(data_dir="DATA", batch_size=2, global_batch_size=8, max_iters=20, warmup_iters=2, reference_layout="2x2",
              device="cpu")
 
@@ -96,7 +162,11 @@ def resumed(argv):
 
 
 kinds = st.sampled_from(["unset", "official", "clean"])
+
+
 mixes = st.fixed_dictionaries({key: kinds for key in RECIPE_VALUES})
+
+
 places = st.fixed_dictionaries({key: st.sampled_from(["file", "cli"]) for key in RECIPE_VALUES})
 
 
@@ -133,7 +203,11 @@ def other_value(section, key, saved):
 CHANGEABLE = [("train", k) for k in ("seed", "max_iters", "lr", "min_lr", "warmup_iters", "weight_decay", "beta1",
                                      "beta2", "grad_clip", "dtype", "data_dir", "lr_schedule", "grad_scale",
                                      "sampler")]
+
+
 FIXED = [("train", "decay_params"), ("train", "global_batch_size")]
+
+
 MODEL_KEYS = [("model", k) for k in ("qk_norm", "spectrum_scale", "p_norm_eps", "n_layer", "pos")]
 
 
@@ -210,3 +284,102 @@ def test_a_mixed_run_resumed_by_run_directory_trains_exactly_as_uninterrupted(tm
     for key, value in mix.items():
         assert {**after["model"], **after["train"]}[key] == value
     assert rest["losses"] == pytest.approx(whole["losses"][2:], rel=1e-6)
+
+
+# -------------------------------------------------- properties: every threshold at, just below and just above its limit
+# Each limit is written here from its documented rule, not read from the code: the divergence rules
+# (training/divergence.py's docstring), the config's ranges (TrainConfig's field comments), token ids against the
+# vocabulary (a batch, a shard, an adopted GPT-2 folder) and the memory check before any work. "Just below" and "just
+# above" are the neighbouring float (math.nextafter) or integer, so a comparison moved by one is caught.
+
+
+# (key, the smallest allowed value, a step to the refused side): integer keys and their lower limits.
+INTEGER_FLOORS = [("batch_size", 1), ("max_iters", 1), ("seed", 0), ("dist_timeout_s", 1), ("log_interval", 1),
+                  ("eval_interval", 0), ("ckpt_interval", 0), ("stop_iter", 0), ("eval_windows", 1),
+                  ("warmup_iters", 0)]
+
+
+def valid(**changes):
+    cfg = TrainConfig(data_dir="d", batch_size=2, global_batch_size=8, max_iters=100, warmup_iters=10, lr=1e-3,
+                      min_lr=1e-4)
+    return dataclasses.replace(cfg, **changes)
+
+
+def refused(**changes):
+    with pytest.raises(ConfigError) as error:
+        valid(**changes).validate()
+    return str(error.value)
+
+
+@pytest.mark.parametrize("key,floor", INTEGER_FLOORS)
+@given(above=st.integers(min_value=0, max_value=10**6))
+def test_integer_keys_at_and_around_their_floor(key, floor, above):
+    changes = {key: floor + above}
+    if key == "max_iters":
+        changes["warmup_iters"] = 0
+    if key == "warmup_iters":
+        changes["max_iters"] = floor + above + 1
+    if key == "batch_size":
+        changes["global_batch_size"] = floor + above
+    valid(**changes).validate()
+    assert key in refused(**{key: floor - 1 - above})
+
+
+@given(max_iters=st.integers(min_value=1, max_value=10**6))
+def test_warmup_must_end_before_the_last_step(max_iters):
+    valid(max_iters=max_iters, warmup_iters=max_iters - 1).validate()
+    assert "warmup_iters" in refused(max_iters=max_iters, warmup_iters=max_iters)
+
+
+@given(batch=st.integers(min_value=1, max_value=4096))
+def test_global_batch_at_least_the_micro_batch(batch):
+    valid(batch_size=batch, global_batch_size=batch).validate()
+    assert "global_batch_size" in refused(batch_size=batch, global_batch_size=batch - 1)
+
+
+@given(lr=st.floats(min_value=1e-8, max_value=10.0))
+def test_learning_rates_at_their_limits(lr):
+    valid(lr=lr, min_lr=lr).validate()
+    valid(lr=lr, min_lr=0.0).validate()
+    assert "min_lr" in refused(lr=lr, min_lr=up(lr))
+    assert "min_lr" in refused(lr=lr, min_lr=-5e-324)
+    for bad in (0.0, -lr, math.inf, math.nan):
+        assert "lr must be a positive number" in refused(lr=bad, min_lr=0.0)
+    valid(lr=5e-324, min_lr=0.0).validate()
+
+
+@pytest.mark.parametrize("key", ["beta1", "beta2"])
+def test_betas_in_the_half_open_unit_interval(key):
+    valid(**{key: 0.0}).validate()
+    valid(**{key: down(1.0)}).validate()
+    assert "beta1 and beta2" in refused(**{key: 1.0})
+    assert "beta1 and beta2" in refused(**{key: -5e-324})
+
+
+@pytest.mark.parametrize("key", ["weight_decay", "grad_clip"])
+@given(value=st.floats(min_value=0.0, max_value=1e300))
+def test_non_negative_finite_keys(key, value):
+    valid(**{key: value}).validate()
+    assert key in refused(**{key: -5e-324})
+    assert key in refused(**{key: math.inf})
+
+
+@given(factor=st.floats(min_value=1.0, max_value=1e300, exclude_min=True))
+def test_spike_factor_is_off_or_above_one(factor):
+    valid(spike_factor=factor).validate()
+    valid(spike_factor=0.0).validate()
+    for bad in (1.0, down(1.0), 0.5, 5e-324, -1.0, math.inf):
+        assert "spike_factor" in refused(spike_factor=bad)
+
+
+@given(processes=st.integers(1, 16), micro=st.integers(1, 16), rows=st.integers(1, 8), extra=st.integers(1, 7))
+def test_reference_layout_divides_the_global_batch(processes, micro, rows, extra):
+    fits = valid(batch_size=1, global_batch_size=processes * micro * rows, grad_scale="official",
+                 reference_layout=f"{processes}x{micro}")
+    fits.validate()
+    assert fits.reference_processes_and_micro_steps() == (processes, micro)
+    assert fits.loss_scale == micro
+    assume(extra % (processes * micro))
+    assert "does not divide" in refused(batch_size=1, global_batch_size=processes * micro * rows + extra,
+                                        grad_scale="official",
+                                        reference_layout=f"{processes}x{micro}")
