@@ -9,8 +9,8 @@ failure; resumable; the per-module table is written into docs/testing.md and the
     python3 tools/mutants.py --fresh               # start over (after merging: the run on the final commit)
 
 The modules are pyproject.toml's [tool.mutmut] source_paths (only the report logic of the study runner
-studies/ is sampled: REPORT_FUNCTIONS). mutmut 3 (docs/testing.md says why it and not cosmic-ray) copies the repository to
-mutants/, with every function of those modules replaced by a trampoline that calls the original or one of its
+studies/ is sampled: REPORT_FUNCTIONS). mutmut 3 (docs/testing.md says why it and not cosmic-ray) copies the
+repository to mutants/, with every function of those modules replaced by a trampoline that calls the original or one of its
 mutants, chosen by the environment variable MUTANT_UNDER_TEST, which subprocesses inherit: a test that runs
 `python3 train.py` or torchrun tests the mutant too. mutmut first runs the whole suite once to record which tests
 reach each function ("stats"); it sees only calls in the test process, so a sitecustomize (tools/mutants_site/)
