@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import checkpoints
-from helpers import examples
+from helpers import examples, same_payload
 
 
 # -------------------------------------------------------------------------------- where generated mutants found no test
@@ -58,16 +58,6 @@ def saved_checkpoint(tmp_path_factory):
     return state, path.read_bytes()
 
 
-def same(a, b):
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-    return type(a) is type(b) and a == b
-
-
 @examples(60)
 @given(data=st.data())
 def test_any_flipped_byte_is_refused_or_loads_the_same_content(saved_checkpoint, tmp_path_factory, data):
@@ -83,7 +73,7 @@ def test_any_flipped_byte_is_refused_or_loads_the_same_content(saved_checkpoint,
     except checkpoints.CheckpointError as error:
         assert str(path) in str(error)
         return
-    assert same(loaded, state), f"byte {position} ^ {mask:#x} loaded different content"
+    assert same_payload(loaded, state), f"byte {position} ^ {mask:#x} loaded different content"
 
 
 def test_a_flip_in_every_tensor_payload_is_refused(saved_checkpoint, tmp_path):

@@ -31,7 +31,7 @@ from data.loader import verify_shards
 from data.shards import DataError, HEADER_BYTES, write_shard
 from model import GPT
 from checkpoints import load_gpt
-from tests.helpers import tiny_config
+from tests.helpers import same_payload, tiny_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.fault]
@@ -84,17 +84,6 @@ def directory_bytes(path):
 def train_losses(run_dir):
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         return [r["loss"] for r in map(json.loads, f) if r["type"] == "train"]
-
-
-def same_payload(a, b):
-    """Independent of the checksum code: every tensor equal bit for bit, every other value equal."""
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(same_payload(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(map(same_payload, a, b))
-    return a == b
 
 
 def run_script(script, args=(), timeout=120, **popen):
