@@ -94,3 +94,21 @@ def test_a_flip_in_every_tensor_payload_is_refused(saved_checkpoint, tmp_path):
         (tmp_path / "ckpt.pt").write_bytes(bytes(damaged))
         with pytest.raises(checkpoints.CheckpointError, match="do not match the checksum"):
             checkpoints.load(str(tmp_path / "ckpt.pt"))
+
+
+def test_load_model_gives_the_saved_model_in_eval_mode_with_its_tokenizer(tmp_path):
+    """What sample.py, the evaluations and the export get: the saved weights (the same logits as the model that was
+    saved), in eval mode on the device asked for, the checkpoint's tokenizer, and the checkpoint dict."""
+    from model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, head_dim=8, vocab_size=320, block_size=16, pos="fox"))
+    checkpoints.save(str(tmp_path / "ckpt.pt"), {"model": model.state_dict(), "model_config": vars(model.config),
+                                                 "tokenizer": "byte", "step": 3})
+    loaded, tokenizer, ckpt = checkpoints.load_model(str(tmp_path), device="cpu")
+    assert loaded.training is False and ckpt["step"] == 3 and tokenizer.encode("ab") == [97, 98]
+    idx = torch.randint(0, 320, (2, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(loaded(idx)[0], model.eval()(idx)[0])
+    with pytest.raises(checkpoints.UserError, match="no checkpoint at"):
+        checkpoints.load_model(str(tmp_path / "missing"))

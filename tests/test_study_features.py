@@ -718,3 +718,23 @@ def test_a_run_whose_only_checkpoint_is_its_shards_is_resumed_not_started_again(
     Path(run.run_dir).mkdir(parents=True)
     Path(run.run_dir, "ckpt.pt").write_bytes(b"")
     assert study_launch.train_argv(run) == run.train_args + ["--resume"]
+
+
+def test_a_last_line_cut_short_is_a_kills_unfinished_write_not_damage(tmp_path):
+    """read_metrics: a last line without its newline that is not a record is skipped (train.py's resume removes it);
+    the same line inside the file, or ended by its newline, is damage, counted by its line number."""
+    path = tmp_path / "metrics.jsonl"
+    for text, damaged in (('{"type": "train"}\n{"type": "tr', []), ('{"type": "train"}\n{"type": "tr\n', [2]),
+                          ('{"type": "tr\n{"type": "train"}\n', [1]), ('{"type": "train"}\n', [])):
+        path.write_text(text)
+        records, lines = study_launch.read_metrics(str(tmp_path))
+        assert (records, lines) == ([{"type": "train"}], damaged), text
+
+
+def test_seed_0_and_the_largest_seed_are_study_seeds(workspace, tmp_path, monkeypatch):  # noqa: F811
+    shutil.copy(workspace / "base.toml", tmp_path / "base.toml")
+    monkeypatch.chdir(tmp_path)
+    plan = study_spec.load_study(study_file(tmp_path, encodings=["rope"], seeds=[0, 2**64 - 1], evals=""))
+    assert plan.seeds == [0, 2**64 - 1] and [run.seed for run in plan.runs] == [0, 2**64 - 1]
+    with pytest.raises(study_spec.StudyError, match="seeds"):
+        study_spec.load_study(study_file(tmp_path, encodings=["rope"], seeds=[-1], evals=""))

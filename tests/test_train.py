@@ -165,6 +165,19 @@ def test_a_new_run_is_refused_a_run_directory_made_from_another_config_file(tmp_
     assert train.run(["b/fox.toml"])["step"] == 2
 
 
+def test_the_default_run_directory_is_recognised_however_it_is_spelled(tmp_path, monkeypatch):
+    """config_of_default_directory: the refusal of another config's run applies to the default directory whether
+    --out_dir spells it relatively, with ./, or absolutely; another directory or a config that is not a TOML file
+    (a run directory's own settings) gets none."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "fox.toml").write_text("[model]\n")
+    for out_dir in ("runs/fox", "./runs/fox", str(tmp_path / "runs" / "fox"), "runs/other/../fox"):
+        assert train.config_of_default_directory("fox.toml", out_dir) == "fox.toml", out_dir
+    assert train.config_of_default_directory("fox.toml", "runs/fox2") is None
+    assert train.config_of_default_directory("missing.toml", "runs/missing") is None
+    assert train.config_of_default_directory(None, "runs/fox") is None
+
+
 def test_a_run_directory_whose_config_json_is_not_an_object_names_no_config_file(tmp_path):
     from training.checkpointing import config_file_of_run, refuse_earlier_checkpoint
 
