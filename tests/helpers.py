@@ -4,6 +4,8 @@ import json
 import math
 import os
 import random
+import subprocess
+import sys
 
 import torch
 from hypothesis import strategies as st
@@ -209,3 +211,43 @@ def same_payload(a, b) -> bool:
     if isinstance(a, (list, tuple)):
         return type(a) is type(b) and len(a) == len(b) and all(map(same_payload, a, b))
     return type(a) is type(b) and a == b
+
+
+class ProcessJob:
+    """`world_size` processes of one job started by hand as torchrun would (RANK, LOCAL_RANK, WORLD_SIZE), running
+    `python -c script *args` with stdout and stderr captured, and the job's TCP store served by this process for the
+    job's whole life, as torchrun's agent serves it (TORCHELASTIC_USE_AGENT_STORE: every process joins as a client).
+    A port found free by binding port 0, released and bound again by the job's main process seconds later can in
+    between become another socket's ephemeral port (a listener or a connection of another job started at the same
+    time), and a process then joins the wrong job's sockets; here the port stays bound from before the first process
+    starts."""
+
+    def __init__(self, script: str, args: list[str], env: dict, cwd: str, world_size: int = 2):
+        from torch.distributed import TCPStore
+        self.store = TCPStore("127.0.0.1", 0, world_size=None, is_master=True, wait_for_workers=False)
+        job = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(self.store.port), "TORCHELASTIC_USE_AGENT_STORE": "True",
+               "WORLD_SIZE": str(world_size)}
+        self.procs = [subprocess.Popen([sys.executable, "-c", script, *args], cwd=cwd,
+                                       env={**env, **job, "RANK": str(r), "LOCAL_RANK": str(r)},
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                      for r in range(world_size)]
+        self.stderr = [None] * world_size
+
+    def wait(self, rank: int, timeout: float) -> str:
+        """Process `rank`'s stderr, once it has ended."""
+        self.stderr[rank] = self.procs[rank].communicate(timeout=timeout)[1]
+        return self.stderr[rank]
+
+    def returncodes(self) -> list:
+        return [proc.returncode for proc in self.procs]
+
+    def report(self) -> str:
+        """Every process's return code and the end of its stderr, for a failed assertion's message."""
+        return "\n".join(f"--- process {r}, return code {proc.returncode}:\n{(self.stderr[r] or '')[-2000:]}"
+                         for r, proc in enumerate(self.procs))
+
+    def kill(self) -> None:
+        for rank, proc in enumerate(self.procs):
+            proc.kill()
+            out = proc.communicate()[1]
+            self.stderr[rank] = self.stderr[rank] if self.stderr[rank] is not None else out

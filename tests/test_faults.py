@@ -31,7 +31,7 @@ from data.loader import verify_shards
 from data.shards import DataError, HEADER_BYTES, write_shard
 from model import GPT
 from checkpoints import load_gpt
-from tests.helpers import same_payload, tiny_config
+from tests.helpers import ProcessJob, same_payload, tiny_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.fault]
@@ -418,7 +418,7 @@ def test_token_ids_beyond_the_vocabulary_are_refused_before_training(config_file
     with pytest.raises(ConfigError, match="the data's tokenizer 'gpt2' has 50257 tokens but model.vocab_size is 320; "
                                           "set --vocab_size=50257 or more"):
         train.run(args)  # adopted shards are GPT-2 tokens
-    with pytest.raises(DataError, match=f"train_000001.bin holds token id 400.*vocab_size is 320.*--vocab_size=401"):
+    with pytest.raises(DataError, match="train_000001.bin holds token id 400.*vocab_size is 320.*--vocab_size=401"):
         verify_shards(str(bare), vocab_size=320)  # (what a model with a smaller vocabulary would meet, id by id)
     assert not (tmp_path / "run" / "ckpt.pt").exists()
     assert train.run(args + ["--vocab_size=50304"])["step"] == 1
@@ -616,30 +616,21 @@ RANK_FAULT = """
 
 
 def test_a_dead_or_frozen_process_ends_the_job_with_a_message(config_file, tmp_path):
-    import socket
-
     jobs = {}
-    for fault in ("killed", "frozen"):  # both jobs at once, to save time
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        args = [fault, config_file, "--batch_size=2", "--max_iters=100", "--ckpt_interval=3", "--dist_timeout_s=4",
-                f"--out_dir={tmp_path / fault}"]
-        jobs[fault] = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(RANK_FAULT), *args], cwd=REPO,
-                                        env={**ENV, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2",
-                                             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
     try:
-        for fault, procs in jobs.items():
-            err = procs[0].communicate(timeout=90)[1]
-            assert procs[0].returncode == 1, (fault, err[-3000:])
-            assert "process 0 stopped: a collective operation with the other processes failed" in err, err
+        for fault in ("killed", "frozen"):  # both jobs at once, to save time
+            args = [fault, config_file, "--batch_size=2", "--max_iters=100", "--ckpt_interval=3", "--dist_timeout_s=4",
+                    f"--out_dir={tmp_path / fault}"]
+            jobs[fault] = ProcessJob(textwrap.dedent(RANK_FAULT), args, ENV, REPO)
+        for fault, job in jobs.items():
+            err = job.wait(0, timeout=90)
+            assert job.returncodes()[0] == 1, (fault, job.report())
+            assert "process 0 stopped: a collective operation with the other processes failed" in err, job.report()
             assert "continue with --resume" in err and "Traceback" not in err
             assert checkpoints.load(str(tmp_path / fault / "ckpt.pt"))["step"] == 3  # the last one before the fault
     finally:
-        for proc in (p for procs in jobs.values() for p in procs):
-            proc.kill()
-            proc.communicate()
+        for job in jobs.values():
+            job.kill()
 
 
 # ----------------------------------------------------------------------------- settings and recovery

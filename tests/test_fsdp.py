@@ -14,7 +14,6 @@ import pickle
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -28,7 +27,7 @@ from config import ConfigError
 from data.loader import validation_batches
 from model import GPT
 from checkpoints import load_gpt
-from tests.helpers import SMALL, synthetic_corpus, tiny_config
+from tests.helpers import SMALL, ProcessJob, synthetic_corpus, tiny_config
 from training.errors import TrainError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -567,35 +566,28 @@ def test_a_process_killed_during_a_sharded_save_is_named_by_the_survivor(tiny_fs
     config, _ = tiny_fsdp
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": REPO}
     jobs = {}
-    for victim in (1, 0):  # both jobs at once, to save time
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        # (a dead peer's closed socket is seen at once, so the timeout costs nothing when the test passes; it must
-        # outlast every phase in which one process waits for the other: the start-up's wait for both to join, with 4
-        # processes importing torch, and a checkpoint write. 60 s was passed once in a CI run on 2 loaded cores)
-        args = [str(victim), config, "--parallel=fsdp", "--batch_size=2", "--ckpt_interval=2", "--dist_timeout_s=300",
-                f"--out_dir={tmp_path / str(victim)}"]
-        jobs[victim] = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(KILL_DURING_SHARDED_SAVE), *args],
-                                         cwd=REPO, env={**env, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2",
-                                                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
-                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
     try:
-        for victim, procs in jobs.items():
+        for victim in (1, 0):  # both jobs at once, to save time
+            # (a dead peer's closed socket is seen at once, so the timeout costs nothing when the test passes; it must
+            # outlast every phase in which one process waits for the other: the start-up's wait for both to join, with
+            # 4 processes importing torch, and a checkpoint write)
+            args = [str(victim), config, "--parallel=fsdp", "--batch_size=2", "--ckpt_interval=2",
+                    "--dist_timeout_s=300", f"--out_dir={tmp_path / str(victim)}"]
+            jobs[victim] = ProcessJob(textwrap.dedent(KILL_DURING_SHARDED_SAVE), args, env, REPO)
+        for victim, job in jobs.items():
             survivor, run_dir = 1 - victim, tmp_path / str(victim)
-            err = procs[survivor].communicate(timeout=600)[1]
-            procs[victim].communicate(timeout=30)
-            assert procs[victim].returncode == -signal.SIGKILL and procs[survivor].returncode == 1, err[-3000:]
+            err = job.wait(survivor, timeout=600)
+            job.wait(victim, timeout=30)
+            assert job.returncodes()[victim] == -signal.SIGKILL and job.returncodes()[survivor] == 1, job.report()
             shards = re.escape(str(run_dir / checkpoints.SHARDS_DIR))
             assert re.fullmatch(rf"error: process {survivor} stopped: another process died or stopped responding while "
                                 rf"the sharded checkpoint {shards}/00000004-[0-9a-f]{{8}} was written \(.+\); the "
                                 rf"previous checkpoint {re.escape(str(run_dir / 'ckpt.pt'))} is intact\. Fix the cause, "
-                                r"then run again \(with --resume if a checkpoint exists\)\.", err.strip()), err[-3000:]
+                                r"then run again \(with --resume if a checkpoint exists\)\.", err.strip()), job.report()
             assert checkpoints.load(str(run_dir / "ckpt.pt"))["step"] == 2  # its shards all as their checksums say
     finally:
-        for proc in (p for procs in jobs.values() for p in procs):
-            proc.kill()
-            proc.communicate()
+        for job in jobs.values():
+            job.kill()
     # the main process survived rank 1 and removed what its save had written; rank 1 could not, so the next start does
     assert [d.split("-")[0] for d in os.listdir(tmp_path / "1" / checkpoints.SHARDS_DIR)] == ["00000002"]
     run_dir = tmp_path / "0"
