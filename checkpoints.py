@@ -137,6 +137,23 @@ def _write_failure(error: OSError | None, directory: str) -> tuple[str, str]:
     return error.strerror or str(error), "Make the directory writable (or choose another --out_dir)"
 
 
+def file_in_the_way(path: str) -> str | None:
+    """The path itself or the nearest of its parents that exists, when that is a file (os.makedirs then says only
+    "File exists" or "Not a directory")."""
+    path = os.path.abspath(path)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return path if os.path.isfile(path) else None
+
+
+def not_a_folder(path: str, what: str, option: str) -> str | None:
+    """The sentence for a folder (`what`, e.g. "the run directory") that cannot be made at `path` because a file is
+    in the way, else None."""
+    blocker = file_in_the_way(path)
+    return None if blocker is None else (f"{what} {path} cannot be made: {blocker} is a file, not a folder; choose "
+                                         f"another {option} (or move the file)")
+
+
 def _file_size_limit() -> str:
     try:
         import resource

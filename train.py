@@ -52,7 +52,7 @@ if __name__ == "__main__" and "TORCHELASTIC_ERROR_FILE" in os.environ and os.env
 import torch
 import torch.distributed as dist
 
-from checkpoints import unreferenced_shard_directories
+from checkpoints import not_a_folder, unreferenced_shard_directories
 from config import ConfigError, TrainConfig, default_out_dir, describe_keys, resolve
 from data.prefetch import DamagedBatch
 from data.shards import DataError
@@ -148,6 +148,9 @@ def open_checkpoint(args: Arguments, cfg: TrainConfig, model_cfg: dict) -> tuple
     """(the checkpoint a resume continues, checked against the settings, or None for a new run; the deliberate
     changes that --allow_changes lets through; a new run's initial weights from init_from, or None). Both are read
     before the data, so that a mistake fails fast."""
+    problem = not_a_folder(cfg.out_dir, "the run directory", "--out_dir")
+    if problem:  # said now, before the data and the model, not when the run directory is first written
+        raise ConfigError(problem + ".")
     path = os.path.join(cfg.out_dir, "ckpt.pt")
     if not args.resume:
         if not args.start_over:
@@ -409,24 +412,12 @@ def open_run_directory(cfg: TrainConfig, resolved: dict, step: int, resumed: boo
             with open(metrics_path, "a") as f:
                 f.write(json.dumps({"type": "change", "iter": step, **change}) + "\n")
     except OSError as error:
-        blocking = file_in_the_way(cfg.out_dir)
-        if blocking:
-            raise ConfigError(f"the run directory {cfg.out_dir} cannot be made: {blocking} is a file, not a folder; "
-                              "choose another --out_dir (or move the file).") from None
-        raise ConfigError(f"cannot write to the run directory {cfg.out_dir} ({error.strerror or error}); "
-                          "make it writable or choose another --out_dir.") from None
+        problem = not_a_folder(cfg.out_dir, "the run directory", "--out_dir")
+        raise ConfigError(problem + "." if problem else f"cannot write to the run directory {cfg.out_dir} "
+                          f"({error.strerror or error}); make it writable or choose another --out_dir.") from None
     wandb_run = start_wandb(cfg, os.path.basename(os.path.normpath(cfg.out_dir)), resolved, wandb_id) \
         if cfg.wandb else None
     return Metrics(metrics_path, wandb_run)
-
-
-def file_in_the_way(path: str) -> str | None:
-    """The path itself or the nearest of its parents that exists, when that is a file (os.makedirs then says only
-    "File exists" or "Not a directory")."""
-    path = os.path.abspath(path)
-    while not os.path.exists(path) and os.path.dirname(path) != path:
-        path = os.path.dirname(path)
-    return path if os.path.isfile(path) else None
 
 
 def describe(raw_model, cfg: TrainConfig, ddp: Distributed, use_bf16: bool, grad_accum: int, data_dir: str,

@@ -29,7 +29,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from data.shards import DataError  # noqa: E402
-from checkpoints import load_model  # noqa: E402
+from checkpoints import load_model, not_a_folder  # noqa: E402
 from config import UserError  # noqa: E402
 from eval.runtime import autocast_context, describe_encoding, pick_device  # noqa: E402
 from eval.cli import make_parser  # noqa: E402
@@ -365,6 +365,9 @@ def main(argv=None):
     args = parse_args(argv)
     device = pick_device(args.device)
     try:
+        problem = not_a_folder(args.out, "the results folder", "--out")
+        if problem:  # said before the evaluation, whose results would be lost after it
+            raise UserError(problem)
         results = [evaluate_checkpoint(run, args, device) for run in args.ckpt]
     except (UserError, DataError) as error:
         print(f"error: {error}", file=sys.stderr)

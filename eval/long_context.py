@@ -409,7 +409,9 @@ def check_writable(directory, what, option="--out"):
         with tempfile.NamedTemporaryFile(dir=directory, prefix=".long_context_probe_"):
             pass
     except OSError as error:
-        raise UserError(f"cannot write {what} to {directory} ({error.strerror or error}); choose a writable "
+        from checkpoints import not_a_folder
+        raise UserError(not_a_folder(directory, f"the folder for {what}", option)
+                        or f"cannot write {what} to {directory} ({error.strerror or error}); choose a writable "
                         f"{option} (or make that directory writable)") from None
 
 

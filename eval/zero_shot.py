@@ -203,6 +203,12 @@ def write_samples(results, out_dir):
 
 
 def run(args):
+    from checkpoints import not_a_folder
+
+    out_dir = args.out or os.path.join(args.ckpt if os.path.isdir(args.ckpt) else os.path.dirname(args.ckpt), "eval")
+    problem = not_a_folder(out_dir, "the results folder", "--out")
+    if problem:  # said before the evaluation, whose scores would be lost after it
+        raise UserError(problem)
     if args.data_dir and not os.path.isdir(args.data_dir):
         raise UserError(f"--data-dir {args.data_dir} is not a directory.\n" + expected_files_message())
     if args.data_dir:
@@ -256,7 +262,6 @@ def run(args):
         "paper_size": size, "paper": paper_row(encoding, size),
         "lm_eval_version": lm_eval.__version__, "elapsed_s": timing.clock() - start,
     }
-    out_dir = args.out or os.path.join(args.ckpt if os.path.isdir(args.ckpt) else os.path.dirname(args.ckpt), "eval")
     os.makedirs(out_dir, exist_ok=True)
     table = markdown_table(report)
     write_atomic(os.path.join(out_dir, "zero_shot.json"), json.dumps(report, indent=2) + "\n")

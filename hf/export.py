@@ -34,7 +34,7 @@ def export(run_dir: str, out_dir: str, fmt: str = "auto", argument: str = "RUN_D
     model, else remote code), "native" or "remote". `argument`: how the caller names run_dir in its messages.
     Returns a summary."""
     from data.shards import DataError
-    from checkpoints import load_model
+    from checkpoints import load_model, not_a_folder
     from config import UserError
 
     if fmt not in FORMATS:
@@ -44,8 +44,9 @@ def export(run_dir: str, out_dir: str, fmt: str = "auto", argument: str = "RUN_D
     if os.path.lexists(out_dir):
         raise ExportError(f"{out_dir} already exists; the export only writes a new directory, so choose "
                           "another path or remove that one")
-    if os.path.lexists(parent) and not os.path.isdir(parent):
-        raise ExportError(f"{parent} is a file, so {out_dir} cannot be made there; choose another output path")
+    blocked = not_a_folder(out_dir, "the export", "output path")  # a file as its parent, or further up (mkdir: "Not a directory")
+    if blocked:
+        raise ExportError(blocked)
     try:
         model, tokenizer, ckpt = load_model(run_dir, "cpu", argument)
     except UserError as error:

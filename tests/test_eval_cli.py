@@ -1,5 +1,6 @@
-"""The command lines of sample.py, eval/ and scripts/: --help names every option with its default, and an
-abbreviated option is refused (argparse would otherwise take --window for --windows without a word)."""
+"""The command lines of sample.py, eval/ and scripts/: --help names every option with its default, an
+abbreviated option is refused (argparse would otherwise take --window for --windows without a word), and an --out
+that is a file is said to be one."""
 import pytest
 
 import sample
@@ -56,3 +57,20 @@ def test_an_abbreviated_option_is_refused(name, capsys):
             parser.parse_args(positional + required + [f"{prefix}=1"])
         assert exit_info.value.code == 2
         assert f"unrecognized arguments: {prefix}=1" in capsys.readouterr().err, (name, option)
+
+
+@pytest.mark.parametrize("name", ["eval/zero_shot.py", "eval/extrapolation.py"])
+@pytest.mark.parametrize("below", [False, True])
+def test_an_out_folder_that_is_a_file_is_one_sentence_before_any_evaluation(name, below, tmp_path, capsys):
+    """--out naming a file (or a folder below one) was a FileExistsError traceback once the scores were computed;
+    the run named here does not exist, so only a check made first can answer."""
+    main = {"eval/zero_shot.py": zero_shot.main, "eval/extrapolation.py": extrapolation.main}[name]
+    blocker = tmp_path / "file"
+    blocker.write_text("mine")
+    out = blocker / "out" if below else blocker
+    with pytest.raises(SystemExit) as info:
+        main(["--ckpt", str(tmp_path / "no_run"), "--out", str(out), "--device", "cpu"])
+    assert info.value.code == 2
+    assert capsys.readouterr().err == f"error: the results folder {out} cannot be made: {blocker} is a file, not a " \
+                                      "folder; choose another --out (or move the file)\n"
+    assert blocker.read_text() == "mine"

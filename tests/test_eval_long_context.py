@@ -647,20 +647,24 @@ def test_an_output_directory_that_cannot_be_written_is_refused_before_any_evalua
     no_lm_eval(monkeypatch)
     run = save_run(tiny_model(block_size=256), str(tmp_path / "run"))
     if how == "read-only":
-        out, reason = tmp_path / "ro", "Read-only file system"
+        out = tmp_path / "ro"
         out.mkdir()
         if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(out)],
                                                capture_output=True).returncode != 0:
             pytest.skip("needs root to mount a read-only tmpfs")
-    else:
+        cases = [(out, f"cannot write the report to {out} (Read-only file system); choose a writable --out (or make "
+                       "that directory writable)")]
+    else:  # the folder itself, or a parent of it, is a file: said so (os.makedirs says "Not a directory")
         (tmp_path / "file").write_text("mine")
-        out, reason = tmp_path / "file" / "out", "Not a directory"
+        blocker = tmp_path / "file"
+        cases = [(given, f"the folder for the report {given} cannot be made: {blocker} is a file, not a folder; "
+                         "choose another --out (or move the file)") for given in (blocker, blocker / "out")]
     try:
-        with pytest.raises(SystemExit) as info:
-            long_context.main(["--ckpt", run, "--lengths", "1x", "--tasks", "niah_single_1", "--out", str(out)])
-        assert info.value.code == 2
-        assert error_line(capsys) == (f"error: cannot write the report to {out} ({reason}); choose a writable --out "
-                                      "(or make that directory writable)")
+        for given, message in cases:
+            with pytest.raises(SystemExit) as info:
+                long_context.main(["--ckpt", run, "--lengths", "1x", "--tasks", "niah_single_1", "--out", str(given)])
+            assert info.value.code == 2
+            assert error_line(capsys) == "error: " + message
     finally:
         if how == "read-only":
             subprocess.run(["umount", str(out)], check=True)

@@ -702,14 +702,16 @@ def test_mistaken_settings_are_one_sentence_before_anything_is_written(config_fi
 @pytest.mark.parametrize("below", ["", "run", "run/deeper"])
 def test_a_file_where_the_run_directory_goes_is_named_as_a_file(config_file, tmp_path, below):
     """A file at the run directory's path or at one of its parents: the sentence says which path is a file (it
-    said "File exists" or "Not a directory"), and the file is left as it was."""
+    said "File exists" or "Not a directory"; a resume said that no checkpoint exists there), for a new run and a
+    resume, and the file is left as it was."""
     blocker = tmp_path / "file"
     blocker.write_text("a file where the run directory should go")
     out_dir = blocker / below if below else blocker
-    with pytest.raises(ConfigError) as error:
-        train.run([config_file, f"--out_dir={out_dir}"])
-    assert str(error.value) == (f"the run directory {out_dir} cannot be made: {blocker} is a file, not a folder; "
-                                "choose another --out_dir (or move the file).")
+    for resume in ([], ["--resume"]):  # said before the data and the checkpoint are read
+        with pytest.raises(ConfigError) as error:
+            train.run([config_file, f"--out_dir={out_dir}", *resume])
+        assert str(error.value) == (f"the run directory {out_dir} cannot be made: {blocker} is a file, not a folder; "
+                                    "choose another --out_dir (or move the file).")
     assert blocker.read_text() == "a file where the run directory should go"
 
 

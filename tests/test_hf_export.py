@@ -421,6 +421,19 @@ def test_existing_output_directory_is_refused_and_left_alone(tmp_path):
     assert os.listdir(tmp_path / "out") == ["mine.txt"] and no_leftovers(tmp_path)
 
 
+@pytest.mark.parametrize("depth", [1, 3])
+def test_a_file_above_the_output_directory_is_named(tmp_path, depth):
+    """A file as the output's parent, or further up (which os.mkdir answered with only "Not a directory")."""
+    run_dir = save_run(perturbed_model(), str(tmp_path / "run"))
+    (tmp_path / "file").write_text("mine")
+    out = os.path.join(tmp_path / "file", *["sub"] * (depth - 1), "out")
+    with pytest.raises(ExportError) as error:
+        export(run_dir, out)
+    assert str(error.value) == (f"the export {out} cannot be made: {tmp_path / 'file'} is a file, not a folder; "
+                                "choose another output path (or move the file)")
+    assert (tmp_path / "file").read_text() == "mine"
+
+
 @pytest.mark.parametrize("pos,config", [("fox", {}), ("rope", {"kv_shift": True}), ("rope", {"qk_norm": "after"}),
                                         ("nope", {})])
 def test_native_export_of_what_qwen3_cannot_express_is_one_sentence(tmp_path, pos, config):
