@@ -17,8 +17,10 @@ and BABILong's tasks download from DIR's folder made by `eval/long_context.py --
 network; other tasks come from lm-eval as usual. For RULER tasks with `--model grape`, the run's own tokenizer is
 handed to RULER as Hugging Face files (`tokenizer=` in --model_args, unless given) and max_length defaults to the
 longest of --metadata's max_seq_lengths (RULER's 4096 without it), so no prompt is cut. Without --output_path the results go to the run's own eval/ folder,
-RUN_DIR/eval/lm_eval_<date>.json (lm-eval alone would save nothing). lm-eval asks for cuda:0 when --device is
-not given: without CUDA the adapter runs on the CPU and says so.
+RUN_DIR/eval/lm_eval_<date>.json (lm-eval alone would save nothing); with --output_path FOLDER, for --model grape,
+to FOLDER/<run>/results_<date>.json, the subfolder named after ckpt= as lm-eval names it after pretrained=
+(runs/medium/rope -> runs__medium__rope; lm-eval alone would pick a random name). The file written is printed.
+lm-eval asks for cuda:0 when --device is not given: without CUDA the adapter runs on the CPU and says so.
 """
 import os
 import sys
@@ -147,6 +149,21 @@ def default_output_path(args):
     return os.path.join(run_dir, "eval", "lm_eval.json")
 
 
+def named_output_path(args):
+    """--output_path as lm-eval will use it. Given a folder, lm-eval writes FOLDER/<model>/results_<date>.json,
+    <model> being the pretrained=/path= value of --model_args; `ckpt=` is none of its keys, so for our model it
+    picks a random name (FOLDER/i82qcls7/). For `--model grape` the folder is named after the run instead, as
+    lm-eval names it after `pretrained=` (the same sanitising: runs/medium/rope -> runs__medium__rope): a
+    FOLDER/<run>/results.json path, which lm-eval turns into FOLDER/<run>/results_<date>.json."""
+    from lm_eval.utils import sanitize_model_name
+
+    path = args.output_path
+    ckpt = (args.model_args or {}).get("ckpt") if isinstance(args.model_args, dict) else None
+    if not path or args.model != "grape" or not ckpt or Path(path).suffix == ".json":
+        return path
+    return os.path.join(path, sanitize_model_name(str(ckpt)), "results.json")
+
+
 def results_written_since(output_path: str, started: float) -> list[str]:
     """The results files lm-eval wrote under output_path (a file name it dates, or a folder it adds a subfolder
     of its own naming to) since `started`, newest last."""
@@ -182,14 +199,14 @@ def main(argv=None):
             args = cli.parse_args()
             if getattr(args, "command", None) == "run":
                 prepare_long_context(args, data_dir, yaml_dir)
-                args.output_path = default_output_path(args)
+                args.output_path = named_output_path(args) if args.output_path else default_output_path(args)
                 if args.output_path:
                     print(f"results go to {args.output_path} (with the date added to the name)", file=sys.stderr)
             started = time.time()
             cli.execute(args)
             if getattr(args, "command", None) == "run" and args.output_path:
                 written = results_written_since(args.output_path, started)
-                if written:  # lm-eval names its own subfolder (after the model's arguments): say where it went
+                if written:  # lm-eval adds the date (and for other models a subfolder): say where it went
                     print(f"results written to {', '.join(written)}", file=sys.stderr)
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)

@@ -81,15 +81,21 @@ def test_lm_eval_output_path_defaults_to_the_runs_eval_folder_unless_given(tmp_p
     assert lm_eval_cli.default_output_path(args) == (expected and str(Path(expected)))
 
 
-def test_an_output_folder_is_answered_with_the_results_file_lm_eval_chose_inside_it(tmp_path, monkeypatch, capsys):
-    """lm-eval puts a `grape` model's results in a subfolder named after its arguments: the path is printed."""
+def test_an_output_folder_gets_a_subfolder_named_after_the_run_and_the_results_file_is_printed(
+        tmp_path, monkeypatch, capsys):
+    """lm-eval names the subfolder of --output_path FOLDER after pretrained=/path=, so `ckpt=` got a random name
+    (FOLDER/i82qcls7/); ours is the run's path, sanitised as lm-eval does, and the file written is printed."""
+    from lm_eval.utils import sanitize_model_name
     save_run(tiny_model(pos="alibi", block_size=256, seed=2), tmp_path / "run")
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     out = tmp_path / "results"
     out.mkdir()
     lm_eval_cli.main(["--model", "grape", "--model_args", f"ckpt={tmp_path / 'run'}", "--tasks", TASKS[0],
-                      "--data-dir", str(FIXTURES), "--limit", "1", "--output_path", str(out)])
+                      "--data-dir", str(FIXTURES), "--limit", "1", "--output_path", str(out), "--log_samples"])
     (written,) = [line.split("results written to ", 1)[1] for line in capsys.readouterr().err.splitlines()
                   if line.startswith("results written to ")]
     (on_disk,) = [str(p) for p in out.rglob("results*.json")]
     assert written == on_disk and TASKS[0] in json.loads(Path(on_disk).read_text())["results"]
+    folder = out / sanitize_model_name(str(tmp_path / "run"))
+    assert Path(written).parent == folder and re.fullmatch(r"results_.*\.json", Path(written).name)
+    assert [p.parent for p in out.rglob("*.json*")] == [folder] * 2  # the samples beside it
