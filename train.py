@@ -64,7 +64,7 @@ from training.checkpointing import (FIXED_FOR_A_RUN, TRAJECTORY_KEYS, Checkpoint
 from training.distributed import Distributed, is_collective_failure
 from training.metrics import (Metrics, Throughput, atomic_write_text, code_version, duration, gpu_peak_flops,
                               peak_memory, provenance, start_wandb, trim_metrics)
-from training.layout import bf16_parameters, describe_compile, lay_out
+from training.layout import bf16_parameters, describe_compile, lay_out, wrapped_for_training
 from training.divergence import DivergenceMonitor, divergence_error
 from training.optimizer import lr_at, make_optimizer, set_lr
 from training.step import StepResult, confirmation, evaluate, train_step
@@ -515,9 +515,7 @@ def train(args: Arguments, model_cfg, cfg: TrainConfig, ckpt: dict | None, chang
     wandb_id = ckpt.get("wandb_id") if ckpt else None
     metrics = open_run_directory(cfg, resolved, step, ckpt is not None, changes, ddp, wandb_id, args.start_over)
     del ckpt
-    # compile = true: the whole model here; under FSDP lay_out compiled each block before sharding it (the start-up
-    # line says which)
-    model = ddp.wrap(torch.compile(raw_model) if cfg.compile and not ddp.sharded else raw_model)
+    model = wrapped_for_training(raw_model, cfg, ddp)  # (the start-up line says what is compiled)
     tokens_per_step = cfg.global_batch_size * T
     throughput = Throughput(step, tokens_per_step, raw_model.flops_per_token(T), gpu_peak_flops(ddp.device),
                             ddp.world_size)

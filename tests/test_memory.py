@@ -113,6 +113,27 @@ def test_planned_peak_is_within_15_percent_of_a_measured_training_step(overrides
     assert planned.total == pytest.approx(measured, rel=0.15), (case, planned)
 
 
+@pytest.mark.parametrize("compile_model", [True, False])
+def test_measured_training_steps_compile_the_model_as_train_py_does(compile_model, monkeypatch):
+    """compile = true: the measured step runs the compiled model on one process, as train.py's does (it ran the
+    model uncompiled, so a measurement of a compiled run measured another program)."""
+    compiled = []
+
+    def recorded_compile(model, *args, **kwargs):
+        compiled.append(model)
+        return model
+    monkeypatch.setattr(torch, "compile", recorded_compile)
+    model_cfg, cfg = small_config([f"--compile={str(compile_model).lower()}"])
+    ddp = Distributed("cpu", 60, cfg.parallel)
+    try:
+        step, model, _ = memory.training_steps(model_cfg, cfg, ddp)
+        step(0)
+    finally:
+        ddp.release()
+    assert [type(m).__name__ for m in compiled] == (["GPT"] if compile_model else [])
+    assert not compiled or compiled[0] is model
+
+
 def test_planned_states_are_the_parameter_count_times_their_bytes():
     model_cfg, cfg = small_config(["--vocab_size=1000"])
     L, C, H, d, V = 3, 64, 2, 32, 1000

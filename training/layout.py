@@ -27,6 +27,13 @@ def lay_out(raw_model, cfg: TrainConfig, ddp, use_bf16: bool) -> None:
                   reshard_after_forward=cfg.fsdp_reshard_after_forward, compile_blocks=cfg.compile)
 
 
+def wrapped_for_training(raw_model, cfg: TrainConfig, ddp):
+    """The module the training step calls: with compile = true the whole model compiled (under FSDP lay_out has
+    compiled each block before sharding it instead), inside DDP's wrapper when there are several processes."""
+    import torch
+    return ddp.wrap(torch.compile(raw_model) if cfg.compile and not ddp.sharded else raw_model)
+
+
 def compiled_blocks(raw_model) -> int:
     """How many of the model's blocks have a compiled call (nn.Module.compile, as Distributed.shard gives each block
     under FSDP before sharding it)."""

@@ -349,11 +349,11 @@ def state_bytes(model, optimizer) -> int:
 
 
 def training_steps(model_cfg, cfg, ddp, use_bf16: bool = False):
-    """A function step(i) that runs training step i as train.py does (its model set-up, train_step with the
-    config's accumulation, the AdamW step) on random tokens and returns its StepResult; and the model and its
-    optimizer."""
+    """A function step(i) that runs training step i as train.py does (its model set-up and compilation, train_step
+    with the config's accumulation, the AdamW step) on random tokens and returns its StepResult; and the model and
+    its optimizer."""
     from model import GPT
-    from training.layout import bf16_parameters, lay_out
+    from training.layout import bf16_parameters, lay_out, wrapped_for_training
     from training.optimizer import make_optimizer
     from training.step import train_step
     from training.stopping import StopSignals
@@ -361,7 +361,7 @@ def training_steps(model_cfg, cfg, ddp, use_bf16: bool = False):
     model = GPT(model_cfg).to(ddp.device)
     lay_out(model, cfg, ddp, use_bf16)
     optimizer = make_optimizer(model, cfg, ddp.device)
-    trained = ddp.wrap(model)
+    trained = wrapped_for_training(model, cfg, ddp)
     batches = RandomBatches(cfg.batch_size, model_cfg.block_size, model_cfg.vocab_size)
     grad_accum = cfg.global_batch_size // (cfg.batch_size * ddp.world_size)
     autocast = (lambda: torch.autocast(ddp.device.type, dtype=torch.bfloat16)) \
