@@ -234,6 +234,6 @@ def test_zero_shot_names_a_missing_data_dir_and_the_files_it_needs(tmp_path):
     from eval import tasks, zero_shot
     from config import UserError
     with pytest.raises(UserError) as info:
-        zero_shot.run(types.SimpleNamespace(data_dir=str(tmp_path / "missing")))
+        zero_shot.run(types.SimpleNamespace(data_dir=str(tmp_path / "missing"), out=None, ckpt=str(tmp_path / "run")))
     assert str(info.value) == f"--data-dir {tmp_path / 'missing'} is not a directory.\n" + \
         tasks.expected_files_message()
