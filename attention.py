@@ -2,11 +2,11 @@
 
 * ``sdpa``: fused causal ``scaled_dot_product_attention`` (no additive bias);
 * ``lifted``: separable additive biases as extra q/k columns (the homogeneous lift), then the same
-  fused SDPA: O(T) memory, exact in bf16 (kernels/lift.py), any device. The CPU default;
+  fused SDPA: O(T) memory, exact in bf16 (attention_kernels/lift.py), any device. The CPU default;
 * ``tile``: separable additive biases added inside the tile in fp32 by a Triton FlashAttention kernel
-  (kernels/separable.py): q, k, v keep their 128-wide heads, which the lift widens to 136-144 and so
+  (attention_kernels/separable.py): q, k, v keep their 128-wide heads, which the lift widens to 136-144 and so
   sends to slower fused kernels. The CUDA default;
-* ``path_integral``: GRAPE-AP, whose bias is not separable: ``kernels.grape_ap_attention`` (a Triton
+* ``path_integral``: GRAPE-AP, whose bias is not separable: ``attention_kernels.grape_ap_attention`` (a Triton
   FlashAttention-style kernel on CUDA, a chunked PyTorch version with O(T·block) memory elsewhere);
 * ``dense``: the readable reference that materialises the (B, H, Tq, Tk) logits exactly as the
   formulas read. Tests compare every fast path against it.
@@ -28,10 +28,10 @@ import os
 import torch
 import torch.nn.functional as F
 
-from kernels import grape_ap_attention
-from kernels.lift import PARTS, split_lifted_columns
-from kernels.separable import separable_attention
-from kernels.triton_probe import DTYPE_NAMES, triton_builds
+from attention_kernels import grape_ap_attention
+from attention_kernels.lift import PARTS, split_lifted_columns
+from attention_kernels.separable import separable_attention
+from attention_kernels.triton_probe import DTYPE_NAMES, triton_builds
 from positional import AdditiveBias
 
 BACKENDS = ("auto", "lifted", "tile", "dense")

@@ -266,10 +266,10 @@ class AdditiveBias(nn.Module):
 
     def exact_query_columns(self) -> tuple[bool, ...]:
         """For each lifted query column: is it exact in bf16 whatever the input (a constant 1)? The
-        bf16 lift (kernels/lift.py) splits only the inexact ones into several parts."""
+        bf16 lift (attention_kernels/lift.py) splits only the inexact ones into several parts."""
         return (True,)
 
-    # The in-tile kernel's form (kernels/separable.py): b(t, j) = -(t - j)(a_t + b_j) + (c_t - c_j),
+    # The in-tile kernel's form (attention_kernels/separable.py): b(t, j) = -(t - j)(a_t + b_j) + (c_t - c_j),
     # with the terms an encoding has (rate: a or b, sum: c).
     has_rate = False
     has_sum = False

@@ -57,7 +57,7 @@ from config import ConfigError, TrainConfig, default_out_dir, describe_keys, res
 from data.prefetch import DamagedBatch
 from data.shards import DataError
 from hf.init_from import initial_state
-from kernels.triton_probe import probe_summary
+from attention_kernels.triton_probe import probe_summary
 from lm_loss import describe_loss
 from training.checkpointing import (FIXED_FOR_A_RUN, TRAJECTORY_KEYS, Checkpointer, check_resume_compatible,
                                     load_checkpoint, refuse_earlier_checkpoint, restore, set_aside_earlier_run)

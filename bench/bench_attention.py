@@ -8,10 +8,10 @@ Two tables, every number measured in the same run as its baseline:
    rotation / lift, attention, output projection) per encoding with attn_backend="auto", as a ratio
    to the RoPE layer (fused causal SDPA); additive encodings also against their own attn_backend="dense"
    layer (the official code's dense-bias path);
-   On a GPU the separable additive encodings run twice: "auto" (the in-tile Triton kernel, kernels/
+   On a GPU the separable additive encodings run twice: "auto" (the in-tile Triton kernel, attention_kernels/
    separable.py) and "lifted" (extra q/k columns through fused SDPA), measured in the same rounds;
 2. attention kernels alone against plain causal SDPA on the same q, k, v: the GRAPE-AP kernel
-   (kernels.grape_ap_attention on raw q, k, v, p, r; also against the dense bias), and FoX attention
+   (attention_kernels.grape_ap_attention on raw q, k, v, p, r; also against the dense bias), and FoX attention
    (when fox is among --encodings) through the in-tile kernel, the lift and, on a GPU,
    FlexAttention's score_mod with the per-token log-gate sums as captured tensors (compiled);
 3. with --profile ENC on a GPU: the CUDA kernels of one ENC layer step and of one RoPE layer step, by
@@ -41,7 +41,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from attention import attend  # noqa: E402
-from kernels import grape_ap_attention  # noqa: E402
+from attention_kernels import grape_ap_attention  # noqa: E402
 from attention import lift_qk  # noqa: E402
 from model import CausalSelfAttention, GPTConfig  # noqa: E402
 from positional import BIASES, ENCODINGS, PathIntegral  # noqa: E402
@@ -232,7 +232,7 @@ def fox_kernel_steps(q, k, v, scale, run, device, flex: bool, leaves: list) -> d
     """FoX attention alone, c = running sums of log forget gates (about -0.05 per token on average, so
     |c| reaches hundreds to thousands), with gradients to q, k, v and c: the in-tile kernel, the bf16
     lift through SDPA, and (CUDA) FlexAttention with c captured by its score_mod."""
-    from kernels.separable import separable_attention
+    from attention_kernels.separable import separable_attention
     from positional import ForgetGate
     B, H, T, D = q.shape
     g = torch.Generator(device="cpu").manual_seed(1)
@@ -272,7 +272,7 @@ def fox_kernel_steps(q, k, v, scale, run, device, flex: bool, leaves: list) -> d
 
 def checkpointed_grape_ap(q, k, v, p, r, slopes, scale, block=64):
     """Ablation: the same query-block algorithm with plain autograd inside torch.utils.checkpoint per
-    block (recomputed in backward) instead of kernels.grape_ap's hand-written backward."""
+    block (recomputed in backward) instead of attention_kernels.grape_ap's hand-written backward."""
     from torch.utils.checkpoint import checkpoint
 
     def block_attention(q_blk, k_pre, v_pre, p_blk, r_pre, start):
@@ -307,8 +307,8 @@ def sweep_tiles(T: int, args, device, dtype) -> list[tuple]:
     """GPU only: forward+backward time of each Triton kernel per tile configuration: GRAPE-AP (when among
     --encodings) and the in-tile separable kernel (FoX's form, when fox is among them).
     Rows: (kernel, config, seconds or None, True for the default / an error note)."""
-    from kernels import grape_ap_triton, separable, separable_triton
-    from kernels.grape_ap import grape_ap_triton as grape_ap_kernels
+    from attention_kernels import grape_ap_triton, separable, separable_triton
+    from attention_kernels.grape_ap import grape_ap_triton as grape_ap_kernels
     g = torch.Generator(device="cpu").manual_seed(0)
     B, H, D, dp = args.batch, args.heads, args.head_dim, args.p_head_dim
     q, k, v = ((torch.randn(B, H, T, D, generator=g)).to(device, dtype).requires_grad_(True) for _ in range(3))
@@ -525,7 +525,7 @@ def write_report(path, png, layer, kernel, Ts, args, device, dtype, argv, sweep=
         kTs = sorted(kernel)
         lines += ["## Attention kernels alone", "",
                   "On raw inputs with gradients to all of them, against causal SDPA on the same q, k, v (ratios within "
-                  f"each round). `grape_ap`: `kernels.grape_ap_attention` ({'Triton' if device.type == 'cuda' else 'chunked PyTorch'}); "
+                  f"each round). `grape_ap`: `attention_kernels.grape_ap_attention` ({'Triton' if device.type == 'cuda' else 'chunked PyTorch'}); "
                   "`grape_ap dense`: the dense bias (`attention.attend(backend=\"dense\")`); `fox tile`: the in-tile "
                   "kernel; `fox lifted`: the bf16 lift through SDPA; `fox flex`: FlexAttention's score_mod (compiled).", "",
                   "| T | kernel | ms | / SDPA time | / SDPA memory |", "|---|---|---|---|---|"]

@@ -14,7 +14,7 @@ it to an offline GPU machine: on a machine with network, `pip wheel --no-deps <a
 stickbreaking-attention repository>` (pure Python with Triton kernels), copy the .whl along with the code,
 and `pip install --no-deps <the .whl>` there.
 
-Plain attention built the same way is the in-tile separable kernel without a bias (kernels/separable_triton.py:
+Plain attention built the same way is the in-tile separable kernel without a bias (attention_kernels/separable_triton.py:
 Triton, its own default tiles, the same two-kernel backward), the "plain" row of docs/kernel_resources.md. The
 predictions, from docs/kernel_resources.json (`python tools/kernel_resources.py --out docs/kernel_resources.md`
 writes both; no GPU needed): GRAPE-AP / plain attention = the ratio of their predicted cycles per score element,
@@ -103,8 +103,8 @@ def main():
     if not torch.cuda.is_available():
         sys.exit("bench_path_kernels: needs a CUDA GPU")
     from triton.testing import do_bench
-    from kernels.grape_ap import grape_ap_triton
-    from kernels.separable import separable_attention
+    from attention_kernels.grape_ap import grape_ap_triton
+    from attention_kernels.separable import separable_attention
     from positional import alibi_slopes
     device, H, D = torch.device("cuda"), args.heads, args.head_dim
     peer = stick_breaking()

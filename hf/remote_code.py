@@ -3,7 +3,7 @@
 Hugging Face loads remote code as one flat package: starting from the file it loads, it copies the files
 named by `from .name import` lines into its module cache and imports them as submodules. So the export
 copies every repository module the model needs (the import closure of model.py), flattened to one
-directory (kernels/grape_ap.py -> kernels_grape_ap.py, kernels/__init__.py -> kernels.py), and rewrites
+directory (attention_kernels/grape_ap.py -> attention_kernels_grape_ap.py, attention_kernels/__init__.py -> attention_kernels.py), and rewrites
 only their imports of each other into relative ones (a module imported as `from . import name` is also
 named in a block of configuration_grape.py that never runs, for the copy). Two more rewrites, both
 semantically neutral:

@@ -41,7 +41,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from attention import causal_mask, lift_qk  # noqa: E402
-from kernels.grape_ap import grape_ap_triton  # noqa: E402
+from attention_kernels.grape_ap import grape_ap_triton  # noqa: E402
 from model import GPT, CausalSelfAttention, GPTConfig  # noqa: E402
 
 RESULTS = []
@@ -131,7 +131,7 @@ def check_triton_kernel(device, deadline):
 def check_decode(device, deadline):
     """One new token against a long cache (decode_attention, what "auto" runs for Tq = 1) against the last row
     of the Triton full forward, bf16 inputs: the decode row computes in fp32, the kernel in bf16 tiles."""
-    from kernels.grape_ap import decode_attention
+    from attention_kernels.grape_ap import decode_attention
     g = torch.Generator().manual_seed(1)
     B, H, T, D = (1, 2, 40, 16) if SMOKE else (2, 8, 8192, 128)
     low = torch.float16 if SMOKE else torch.bfloat16
@@ -152,7 +152,7 @@ def check_decode(device, deadline):
 
 
 def check_tile_kernel(device, deadline):
-    from kernels.separable import separable_attention
+    from attention_kernels.separable import separable_attention
     g = torch.Generator().manual_seed(0)
     # (B, H, Tq, Tk, D, has_rate, has_sum): FoX, GRAPE-A (both gates), both terms with a KV cache, decode
     # (B, H, Tq, Tk, D, has_rate, has_sum, dtype): bf16 (what "auto" runs), and fp32 once (attn_backend="tile"
@@ -206,7 +206,7 @@ def check_tile_kernel(device, deadline):
 
 
 def check_grouped_window(device, deadline):
-    from kernels.separable import separable_attention
+    from attention_kernels.separable import separable_attention
     g = torch.Generator().manual_seed(2)
     # (B, H, H_kv, Tq, Tk, D, window)
     shapes = [(1, 8, 2, 4096, 4096, 128, 1000), (2, 4, 1, 777, 2100, 64, 700)]
@@ -335,10 +335,10 @@ def check_models(device, deadline):
 
 
 def check_numeric_probe(device, deadline):
-    """The start-up probe of kernels/triton_probe.py on this GPU: each family in bf16 and fp16 at head dims 64 and
+    """The start-up probe of attention_kernels/triton_probe.py on this GPU: each family in bf16 and fp16 at head dims 64 and
     128 against the portable path, its largest relative error beside the tolerance that would send "auto" to the
     portable path (so a margin that is too thin shows here, not as a warning in a user's run)."""
-    from kernels.triton_probe import PROBE_TOLERANCE, PROBES, KernelMismatch
+    from attention_kernels.triton_probe import PROBE_TOLERANCE, PROBES, KernelMismatch
     dtypes = (torch.float16,) if SMOKE else (torch.bfloat16, torch.float16)
     for family, probe in PROBES.items():
         for dtype in dtypes:

@@ -291,8 +291,8 @@ def test_grouped_windowed_models_keep_start_position_invariance(pos):
 def test_grape_ap_window_at_a_block_boundary_of_the_chunked_path(monkeypatch, window):
     """The chunked GRAPE-AP path in blocks of 8 query rows (the model's blocks are wider than these sequences
     otherwise): windows one key short of a block, a block, a block and a key; the definitions and cached decoding."""
-    import kernels.grape_ap
-    monkeypatch.setattr(kernels.grape_ap, "default_block_size", lambda batch_heads, key_len: 8)
+    import attention_kernels.grape_ap
+    monkeypatch.setattr(attention_kernels.grape_ap, "default_block_size", lambda batch_heads, key_len: 8)
     model = model_with("rope+grape_ap", True, n_kv_head=2, window=window)
     idx = tokens(T=30)
     with torch.no_grad():

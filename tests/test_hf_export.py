@@ -214,7 +214,7 @@ def test_each_loaded_copy_of_the_remote_code_runs_its_own_operators(tmp_path, mo
     second = AutoModelForCausalLM.from_pretrained(str(tmp_path / "copy"), trust_remote_code=True)
     ran = []
     for hf in (first, second):
-        kernels = sys.modules[type(hf).__module__.rpartition(".")[0] + ".kernels_grape_ap"]
+        kernels = sys.modules[type(hf).__module__.rpartition(".")[0] + ".attention_kernels_grape_ap"]
         monkeypatch.setattr(kernels, "chunked_forward",
                             lambda *args, _real=kernels.chunked_forward, _hf=hf: ran.append(_hf) or _real(*args))
     ids = torch.randint(0, BYTE_VOCAB, (2, 16), generator=torch.Generator().manual_seed(9))
@@ -240,7 +240,7 @@ def test_remote_model_loads_in_bf16_with_fp32_positional_parameters(tmp_path):
 
 BLOCK_REPOSITORY = """
 import sys
-for name in ("model", "positional", "attention", "kernels", "checkpoints", "hf"):
+for name in ("model", "positional", "attention", "attention_kernels", "checkpoints", "hf"):
     sys.modules[name] = None  # `import name` fails, find_spec(name) is None: as on a machine without them
 """
 
@@ -306,7 +306,7 @@ assert model.model.attention_backend == "tile", model.model.attention_backend
 with torch.no_grad():
     logits = model(ids).logits
 tokens = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8)
-assert any(name.endswith(".kernels_separable_triton") for name in sys.modules)
+assert any(name.endswith(".attention_kernels_separable_triton") for name in sys.modules)
 torch.save((logits, tokens), {str(tmp_path / "results.pt")!r})
 """, TRITON_INTERPRET="1")
     tile_logits, tokens = torch.load(tmp_path / "results.pt")

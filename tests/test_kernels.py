@@ -1,4 +1,4 @@
-"""GRAPE-AP attention kernels (kernels/grape_ap*.py) against an independent dense reference written
+"""GRAPE-AP attention kernels (attention_kernels/grape_ap*.py) against an independent dense reference written
 from the definition:
 
     logit(i, j) = scale·q_i·k_j + Σ_{ℓ=j+1}^{t_i} α_h logsigmoid(p_i·r_ℓ),   t_i = Tk - Tq + i, j <= t_i.
@@ -14,8 +14,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import grape_ap_attention
-from kernels.grape_ap import grape_ap_chunked
+from attention_kernels import grape_ap_attention
+from attention_kernels.grape_ap import grape_ap_chunked
 from model import GPTConfig
 from tests.helpers import (flash_attention_bf16, poisoned_allocations, run_under_triton_interpreter,
                            tiny_model_logits_and_grads)
@@ -146,7 +146,7 @@ def test_custom_op_registration_passes_opcheck():
     # torch.library.opcheck: the fake (shape-only) implementation matches the real one in shapes, dtypes
     # and strides, the schema is honest (no mutation, no aliasing), and autograd goes through the
     # registered backward op; what torch.compile relies on to trace the op without a graph break.
-    from kernels.grape_ap import _path_attention_op
+    from attention_kernels.grape_ap import _path_attention_op
     (q, k, v, p, r), slopes = random_inputs(1, 2, 11, 13, 8, 4, dtype=torch.float32)
     leaves = [x.requires_grad_(True) for x in (q, k.transpose(2, 3).contiguous().transpose(2, 3), v, p, r)]
     results = torch.library.opcheck(_path_attention_op, (*leaves, slopes, 0.3, "chunked", [4]), raise_exception=False)
@@ -157,7 +157,7 @@ def test_backward_op_passes_opcheck_on_views_of_a_batch_of_one():
     # The model's q, k, v are (B, H, T, D) views of a (B, T, H, D) tensor. With B = 1 a reshape keeps them
     # views, and gradients allocated "like" them came back with those strides while the fake
     # implementation promised contiguous ones: inductor then fails its stride assertion.
-    from kernels.grape_ap import _path_attention_backward_op
+    from attention_kernels.grape_ap import _path_attention_backward_op
     (q, k, v, p, r), slopes = random_inputs(1, 2, 11, 11, 8, 4, dtype=torch.float32)
     q, k, v = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))
     grad_out = torch.randn(1, 2, 11, 8)
@@ -256,8 +256,8 @@ def run_triton_cases(path):
     """Child process (TRITON_INTERPRET=1): every case's kernel output and gradients, whole models whose
     GRAPE-AP attention is forced onto the Triton kernels, and the checks below, saved to path."""
     import attention
-    from kernels.grape_ap import grape_ap_attention, grape_ap_triton
-    from kernels.triton_probe import triton_builds
+    from attention_kernels.grape_ap import grape_ap_attention, grape_ap_triton
+    from attention_kernels.triton_probe import triton_builds
     results = {"cases": [], "models": []}
     with poisoned_allocations(float("nan")):  # every case with its scratch and outputs full of NaN first
         for case in TRITON_CASES + [LONG_FP16_CASE]:
@@ -306,7 +306,7 @@ TALLER_KEY_MAJOR_TILES = (16, 16, 1, 1, 16, 16, 1, 1, 32, 32, 1, 1, 2048)
 
 def poison_cases():
     """(config, dtype, (B, H, Tq, Tk, D)) for every configuration the code chooses and one a user may pass."""
-    from kernels.grape_ap_triton import default_config
+    from attention_kernels.grape_ap_triton import default_config
     chosen = {}
     for interpreter in (False, True):
         for head_dim in (64, 128):
@@ -355,7 +355,7 @@ def large_positive_z_grad_out():
     return torch.randn(B, H, T, D, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
 
 
-# bf16 with the GPU's rounding (kernels/triton_common.py emulates it under the interpreter) and the GPU's tiles
+# bf16 with the GPU's rounding (attention_kernels/triton_common.py emulates it under the interpreter) and the GPU's tiles
 BF16_SHAPE = (1, 2, 160, 160, 32, 8)
 BF16_TILES = (64, 64, 1, 1, 128, 32, 1, 1, 32, 64, 1, 1, 2048)
 
@@ -397,7 +397,7 @@ def boundary_index_under_interpreter(bh, n_key_tiles, key_tile, pass_rows, pass_
     global boundary_index  # a jitted kernel looks its helpers up among its module's globals
     import triton
     import triton.language as tl
-    from kernels.grape_ap_triton import boundary_index
+    from attention_kernels.grape_ap_triton import boundary_index
 
     @triton.jit
     def kernel(OUT, ARGS):  # int32 operands, as the kernels' program id and launch arguments are
@@ -519,7 +519,7 @@ def test_triton_refuses_tile_configs_it_cannot_run(config, message):
     # kernel); the others would fail inside the compiler. Refused before any launch, in one sentence.
     pytest.importorskip("triton")
     (q, k, v, p, r), slopes = random_inputs(1, 1, 20, 20, 16, 4, dtype=torch.float32)
-    from kernels.grape_ap import grape_ap_triton
+    from attention_kernels.grape_ap import grape_ap_triton
     with pytest.raises(ValueError, match=message):
         grape_ap_triton(q, k, v, p, r, slopes, 0.25, config=config)
 
@@ -607,7 +607,7 @@ def test_boundary_carry_index_is_64_bit(triton_results):
 
 def test_interpreter_rounds_and_multiplies_bf16_as_the_gpu_does(triton_results):
     # The interpreter truncated fp32 -> bf16 (the GPU rounds to nearest even) and multiplied bf16's raw bits in
-    # tl.dot; kernels/triton_common.py replaces both under TRITON_INTERPRET=1. torch's conversion rounds to
+    # tl.dot; attention_kernels/triton_common.py replaces both under TRITON_INTERPRET=1. torch's conversion rounds to
     # nearest even, and a product of bf16 values is exact in fp32.
     x, y = bf16_operands()
     cast, dot = triton_results["bf16_emulation"]
@@ -622,7 +622,7 @@ def test_probe_finds_that_the_interpreter_builds_both_kernel_families(triton_res
 def test_decode_matches_the_full_forward_and_the_reference():
     # One new token against the whole cache (O(Tk)), against the chunked forward's last row and the fp64
     # reference; "auto" takes it for one query on every device.
-    from kernels.grape_ap import auto_backend, decode_attention
+    from attention_kernels.grape_ap import auto_backend, decode_attention
     (q, k, v, p, r), slopes = random_inputs(2, 3, 1, 41, 8, 4)
     ref = dense_grape_ap(q, k, v, p, r, slopes, 0.3)
     torch.testing.assert_close(decode_attention(q, k, v, p, r, slopes, 0.3), ref, atol=1e-12, rtol=1e-10)
@@ -635,15 +635,15 @@ def test_decode_matches_the_full_forward_and_the_reference():
 
 
 def test_decode_matches_the_triton_full_forward(triton_results):
-    from kernels.grape_ap import decode_attention
+    from attention_kernels.grape_ap import decode_attention
     (q, k, v, p, r), slopes = random_inputs(*DECODE_SHAPE, dtype=torch.float32)
     last = decode_attention(q[:, :, -1:], k, v, p[:, :, -1:], r, slopes.float(), 0.3)
     torch.testing.assert_close(last, triton_results["decode_full_forward"][:, :, -1:], atol=1e-6, rtol=1e-5)
 
 
 def test_auto_falls_back_with_one_warning_when_triton_cannot_build(monkeypatch, capsys):
-    from kernels import triton_probe
-    from kernels.grape_ap import auto_backend
+    from attention_kernels import triton_probe
+    from attention_kernels.grape_ap import auto_backend
 
     def cannot_build(dtype, device, head_dim, value_dim):
         raise RuntimeError("PassManager::run failed\n(the rest of a long compiler message)")
@@ -661,7 +661,7 @@ def test_auto_falls_back_with_one_warning_when_triton_cannot_build(monkeypatch, 
 
 def test_the_probe_is_asked_per_value_dim_too(monkeypatch, capsys):
     # a value head dim whose build does not fit must not reuse the answer given for another value dim
-    from kernels import triton_probe
+    from attention_kernels import triton_probe
     probed = []
 
     def launch(dtype, device, head_dim, value_dim):
@@ -686,8 +686,8 @@ def test_auto_decides_per_head_dim_from_the_builds_shared_memory(monkeypatch, ca
     pytest.importorskip("triton")
     import attention
     from positional import build_bias
-    from kernels import triton_probe
-    from kernels.grape_ap import auto_backend
+    from attention_kernels import triton_probe
+    from attention_kernels.grape_ap import auto_backend
 
     class OutOfResources(Exception):  # what Triton raises at launch: required, limit, name
         def __init__(self, required, limit, name):
@@ -724,7 +724,7 @@ def test_probe_does_not_try_a_triton_older_than_proven(monkeypatch, capsys):
     # Triton 3.0 and 3.1 abort the process compiling the key-major kernel: no exception the probe could catch.
     pytest.importorskip("triton")
     import triton
-    from kernels import triton_probe
+    from attention_kernels import triton_probe
     probed = []
     monkeypatch.setattr(triton_probe, "_BUILDS", {})
     monkeypatch.setitem(triton_probe.PROBES, "grape_ap", lambda dtype, *sizes: probed.append(dtype))
@@ -739,9 +739,9 @@ def probe_on_cpu(monkeypatch, wrong=None):
     """triton_builds with the interpreter's device (CPU) and a stand-in "Triton" path: the portable one, made wrong
     by wrong(output) -> output where given, so that the numeric check is what decides. Returns the call log."""
     pytest.importorskip("triton")
-    import kernels.grape_ap as grape_ap
-    import kernels.triton_common as triton_common
-    from kernels import triton_probe
+    import attention_kernels.grape_ap as grape_ap
+    import attention_kernels.triton_common as triton_common
+    from attention_kernels import triton_probe
     calls, portable = [], grape_ap.grape_ap_attention
 
     def stand_in(*args, backend="auto", **kwargs):
@@ -778,8 +778,8 @@ class ScaleGradient(torch.autograd.Function):
     (lambda out: torch.where(torch.arange(out.shape[2])[:, None] == 79, float("inf"), out), "non-finite"),
 ])
 def test_a_kernel_that_builds_but_computes_wrong_never_trains(monkeypatch, capsys, wrong, what):
-    from kernels import triton_probe
-    from kernels.grape_ap import auto_backend
+    from attention_kernels import triton_probe
+    from attention_kernels.grape_ap import auto_backend
     calls = probe_on_cpu(monkeypatch, wrong)
     assert triton_probe.triton_builds("grape_ap", "bf16", 32) is False
     assert calls == [torch.bfloat16]  # the "kernel" ran, in bf16, and its answer was checked
@@ -796,7 +796,7 @@ def test_a_kernel_that_builds_but_computes_wrong_never_trains(monkeypatch, capsy
 @pytest.mark.parametrize("dtype_name, dtype", [("fp32", torch.float32), ("fp16", torch.float16),
                                                ("bf16", torch.bfloat16)])
 def test_a_kernel_that_agrees_within_its_dtype_is_kept_and_its_check_is_timed(monkeypatch, capsys, dtype_name, dtype):
-    from kernels import triton_probe
+    from attention_kernels import triton_probe
     calls = probe_on_cpu(monkeypatch)
     assert triton_probe.triton_builds("grape_ap", dtype_name, 32) is True
     assert triton_probe.triton_builds("grape_ap", dtype_name, 32) is True
@@ -809,8 +809,8 @@ def test_a_kernel_that_agrees_within_its_dtype_is_kept_and_its_check_is_timed(mo
 def test_the_probes_tolerance_separates_a_kernels_rounding_from_an_error():
     """compare_with_portable on the portable path in bf16 itself (its rounding only) passes; the same with the
     softmax scale off by 2% fails, as does fp32's tolerance applied to bf16 rounding."""
-    from kernels import triton_probe
-    from kernels.triton_probe import KernelMismatch, compare_with_portable, separable_reference
+    from attention_kernels import triton_probe
+    from attention_kernels.triton_probe import KernelMismatch, compare_with_portable, separable_reference
     g = torch.Generator().manual_seed(0)
     T, D = 80, 32
     pos = torch.arange(T, dtype=torch.float32).expand(1, 2, T)
@@ -836,7 +836,7 @@ def test_separable_reference_is_the_dense_backends_bias(pos):
     """The probe's written-out separable bias, fed the tile features of ALiBi, FoX and GRAPE-A, equals the model's
     dense attention with that bias (its own formula), so the probe compares kernels with the right thing."""
     from attention import attend
-    from kernels.triton_probe import separable_reference
+    from attention_kernels.triton_probe import separable_reference
     from positional import build_bias
     g = torch.Generator().manual_seed(1)
     H, T, D = 2, 20, 8

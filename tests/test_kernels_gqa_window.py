@@ -1,5 +1,5 @@
-"""Grouped-query attention and a sliding window in the attention kernels (kernels/grape_ap*.py,
-kernels/separable*.py) against dense fp64 references written here from the definitions:
+"""Grouped-query attention and a sliding window in the attention kernels (attention_kernels/grape_ap*.py,
+attention_kernels/separable*.py) against dense fp64 references written here from the definitions:
 
     GRAPE-AP:  logit_h(i, j) = scale·q_h,i·k_j + Σ_{ℓ=j+1}^{t_i} α_h·logsigmoid(p_h,i·r_ℓ)
     separable: logit_h(i, j) = scale·q_h,i·k_j - (t_i - s_j)(a_h,i + b_j) + (c_h,i - c_j)
@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.grape_ap import decode_attention, grape_ap_attention, grape_ap_chunked
+from attention_kernels.grape_ap import decode_attention, grape_ap_attention, grape_ap_chunked
 from tests.helpers import poisoned_allocations, run_under_triton_interpreter
 
 
@@ -182,7 +182,7 @@ def test_decode_row_with_groups_and_a_window(window):
 def test_custom_ops_pass_opcheck_with_groups_and_a_window():
     # The fake (shape-only) implementations give the grouped shapes (dk, dv, dr with the key heads) and the window
     # travels as an int argument: what torch.compile traces.
-    from kernels.grape_ap import _path_attention_backward_op, _path_attention_op
+    from attention_kernels.grape_ap import _path_attention_backward_op, _path_attention_op
     (q, k, v, p, r), slopes = grape_ap_inputs(1, 4, 2, 9, 13, 8, dtype=torch.float32)
     leaves = [x.detach().clone().requires_grad_(True) for x in (q, k, v, p, r)]
     results = torch.library.opcheck(_path_attention_op, (*leaves, slopes, 0.3, "chunked", [4], 5),
@@ -204,7 +204,7 @@ def test_bad_groups_and_windows_get_one_clear_error():
     for window in (0, -3, 2.5):
         with pytest.raises(ValueError, match="window .* must be a positive number of keys"):
             grape_ap_attention(q, k, v, p, r, slopes, 0.3, window=window)
-    from kernels.separable import separable_attention
+    from attention_kernels.separable import separable_attention
     q, k, v, qf, kf = separable_inputs(1, 4, 2, 3, 5, 5, 16)
     with pytest.raises(ValueError, match="must have 1, 2 \\(the key heads\\) or 4 \\(the query heads\\) heads"):
         separable_attention(q, k, v, qf, kf, 0.3, has_rate=True, has_sum=True)
@@ -213,7 +213,7 @@ def test_bad_groups_and_windows_get_one_clear_error():
 
 def test_every_shape_mistake_is_named_with_the_shapes_it_was_checked_against():
     """One ValueError lists each wrong tensor with its shape and the shape it must agree with."""
-    from kernels.grape_ap import check_inputs
+    from attention_kernels.grape_ap import check_inputs
     (q, k, v, p, r), slopes = grape_ap_inputs(1, 4, 2, 5, 7, 8)
     check_inputs(q, k, v, p, r, slopes)  # the right shapes pass
     with pytest.raises(ValueError) as error:
@@ -232,7 +232,7 @@ def test_every_shape_mistake_is_named_with_the_shapes_it_was_checked_against():
 def test_auto_takes_the_decode_path_for_one_query_and_the_chunked_one_for_more(monkeypatch):
     """backend="auto" on a CPU: a single decoding query is the O(Tk) decode path, anything longer the chunked one
     (auto_backend is given the number of queries, then the head dims)."""
-    from kernels import grape_ap
+    from attention_kernels import grape_ap
     taken = []
     monkeypatch.setattr(grape_ap, "decode_attention", lambda *args, **kwargs: taken.append("decode"))
     monkeypatch.setattr(grape_ap, "grape_ap_chunked", lambda *args, **kwargs: taken.append("chunked"))
@@ -298,8 +298,8 @@ def separable_config(tiles):
 
 def run_cases(path):
     """Child process (TRITON_INTERPRET=1): every case's output and gradients, scratch and outputs full of NaN."""
-    from kernels.grape_ap import grape_ap_triton
-    from kernels.separable import separable_attention
+    from attention_kernels.grape_ap import grape_ap_triton
+    from attention_kernels.separable import separable_attention
     results = {"grape_ap": [], "separable": []}
     with poisoned_allocations(float("nan")):
         for case in GRAPE_AP_CASES + [ONE_KEY_CASE]:

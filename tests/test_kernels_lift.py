@@ -1,4 +1,4 @@
-"""bf16-exact lifted columns (kernels/lift.py, attention.lift_qk) against fp32.
+"""bf16-exact lifted columns (attention_kernels/lift.py, attention.lift_qk) against fp32.
 
 At T = 4096 one bf16 column per lifted value is off by up to whole logits (FoX's cumulative log-gates,
 positions times slopes, all divided by the softmax scale); split into bf16 parts and summed by an fp32
@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from attention import causal_mask, lift_qk
-from kernels.lift import split_lifted_columns, split_parts
+from attention_kernels.lift import split_lifted_columns, split_parts
 from model import CausalSelfAttention, GPTConfig
 
 SEPARABLE = ["alibi", "grape_a_q", "grape_a_k", "grape_a_qk", "fox"]

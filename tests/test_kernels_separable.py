@@ -1,4 +1,4 @@
-"""The in-tile separable-bias kernel (kernels/separable*.py, attn_backend="tile") against dense references.
+"""The in-tile separable-bias kernel (attention_kernels/separable*.py, attn_backend="tile") against dense references.
 
 Kernel level: the reference builds the logits scale·q·kᵀ - (t_i - s_j)(a_i + b_j) + (c_i - c_j) as a
 (Tq, Tk) matrix in fp64 and takes gradients by autograd, sharing nothing with the kernel but the formula.
@@ -6,7 +6,7 @@ Model level: every separable encoding on attn_backend="tile" against attn_backen
 the paper writes it, positional.*.dense), logits and every parameter's gradient, and KV-cache decoding
 (the cache stores key features; one decoding query takes the dense row) against the full forward.
 The Triton kernels run under TRITON_INTERPRET=1 in a child process, in fp32, fp16 and bf16 (with the GPU's bf16
-rounding, which kernels/triton_common.py gives the interpreter)."""
+rounding, which attention_kernels/triton_common.py gives the interpreter)."""
 import math
 import sys
 
@@ -45,7 +45,7 @@ KERNEL_CASES = [(2, 2, 37, 37, 16, 1, 0, "float32", (16, 16, 16, 32)),
                 (1, 2, 40, 40, 16, 1, 1, "float16", (16, 16, 16, 32))]
 # fp16 FoX over 384 tokens with log-gates summing to ~-1000: the bias must keep fp32 accuracy in the tile
 LONG_FP16_CASE = (1, 2, 384, 384, 64, 0, 1, "float16", (64, 64, 32, 64))
-# bf16 with the GPU's rounding (kernels/triton_common.py emulates it under the interpreter), both bias terms
+# bf16 with the GPU's rounding (attention_kernels/triton_common.py emulates it under the interpreter), both bias terms
 BF16_CASE = (1, 2, 160, 160, 32, 1, 1, "bfloat16", (64, 64, 32, 64))
 
 
@@ -81,7 +81,7 @@ def reference(case):
 
 
 def kernel(case):
-    from kernels.separable import separable_attention
+    from attention_kernels.separable import separable_attention
     fwd_m, fwd_n, short, long = case[8]
     config = (fwd_m, fwd_n, 1, 1, short, long, 1, 1)
     scale = 1 / math.sqrt(case[4])

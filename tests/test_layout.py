@@ -80,7 +80,7 @@ def test_no_import_cycles():
     assert cycles == []
     # the two cycles this layout once had are gone
     assert "data.prepare" not in graph["data.loader"] and "data.loader" not in graph["data.prepare"]
-    assert "kernels.grape_ap" not in graph["kernels.grape_ap_triton"]
+    assert "attention_kernels.grape_ap" not in graph["attention_kernels.grape_ap_triton"]
 
 
 def test_no_two_rooms_import_each_other():
@@ -96,6 +96,18 @@ def test_no_two_rooms_import_each_other():
                         if a in rooms.get(b, set())})
     assert both_ways == []
     assert "hf" in rooms["eval"] and "eval" not in rooms["hf"]
+
+
+def test_no_room_hides_an_installed_package():
+    """Run from the repository root, a room is found before site-packages: one named like an installed package
+    replaces it for every library that imports it. Our fused-attention package was once `kernels`, which
+    transformers 5.25 began to require (Hugging Face's `kernels`): `import transformers` then read our package and
+    failed. The names of the modules and packages the installed distributions provide must not be rooms."""
+    import importlib.metadata
+    rooms = {module.split(".")[0] for module in project_modules()}
+    installed = importlib.metadata.packages_distributions()
+    assert sorted((room, installed[room]) for room in rooms if room in installed) == []
+    assert "torch" in installed and "attention_kernels" in rooms
 
 
 COMMAND = re.compile(r"(?:python3?|bash|sbatch(?: --\S+)*)\s+((?:[\w.+-]+/)*[\w.+-]+\.(?:py|sh|sbatch))\b")

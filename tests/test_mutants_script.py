@@ -78,8 +78,8 @@ def test_mutant_names_and_their_rows():
         "DivergenceMonitor.__init__"
     assert mutants.module_of(function) == "data.loader" and mutants.function_of(function) == "permute"
     assert mutants.group_of(method) == "training/" and mutants.group_of(function) == "data/"
-    assert mutants.group_of("kernels.grape_ap.x_f__mutmut_1") == "kernels/grape_ap.py"
-    assert mutants.group_of("kernels.grape_ap_triton.x_f__mutmut_1") is None
+    assert mutants.group_of("attention_kernels.grape_ap.x_f__mutmut_1") == "attention_kernels/grape_ap.py"
+    assert mutants.group_of("attention_kernels.grape_ap_triton.x_f__mutmut_1") is None
     assert mutants.group_of("config.x_resolve__mutmut_1") == "config.py"
 
 

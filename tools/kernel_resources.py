@@ -28,8 +28,8 @@ The lane rates are the CUDA Programming Guide's arithmetic-instruction throughpu
 It is a lower bound that ignores latency, dependencies and overlap; measured time needs a GPU
 (scripts/gpu_check.sh measures the ratios this table predicts).
 
-Three families: GRAPE-AP (kernels/grape_ap_triton.py), the in-tile separable-bias kernel with both bias
-terms (kernels/separable_triton.py: ALiBi, GRAPE-A, FoX) and the same kernel with no bias ("plain"): a
+Three families: GRAPE-AP (attention_kernels/grape_ap_triton.py), the in-tile separable-bias kernel with both bias
+terms (attention_kernels/separable_triton.py: ALiBi, GRAPE-A, FoX) and the same kernel with no bias ("plain"): a
 FlashAttention built the same way (Triton, same tiles, same two-kernel backward), the baseline the ratio
 table divides by.
 
@@ -54,7 +54,7 @@ os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9 warns while
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-from kernels import grape_ap_triton, separable_triton  # noqa: E402
+from attention_kernels import grape_ap_triton, separable_triton  # noqa: E402
 
 FAMILIES = ("grape_ap", "separable", "plain")
 TRITON_TYPES = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}

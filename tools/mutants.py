@@ -71,7 +71,7 @@ REPORT_FUNCTIONS = {"read_records", "run_trained", "final_val_loss", "run_finish
 GROUPS = [("config.py", "config"), ("checkpoints.py", "checkpoints"), ("training/", "training."),
           ("data/", "data."), ("hf/", "hf."), ("eval/", "eval."), ("positional.py", "positional"),
           ("model.py", "model"), ("attention.py", "attention"), ("lm_loss.py", "lm_loss"),
-          ("kernels/grape_ap.py", "kernels.grape_ap"),
+          ("attention_kernels/grape_ap.py", "attention_kernels.grape_ap"),
           ("studies/ (report)", "studies.")]
 # Each mutated module's own test file, by the rule of docs/testing.md ("Where a module's tests are": tests/test_<module>.py,
 # test_<package>_<module>.py for data/, hf/ and eval/), and where one other file holds part of its tests by an
@@ -94,7 +94,7 @@ OWN_TEST_FILES = {
     "eval.extrapolation": ["tests/test_eval_extrapolation.py"], "eval.tasks": ["tests/test_eval_tasks.py"],
     "positional": ["tests/test_positional.py"], "model": ["tests/test_model.py"],
     "attention": ["tests/test_attention.py"], "lm_loss": ["tests/test_lm_loss.py"],
-    "kernels.grape_ap": ["tests/test_kernels.py"],
+    "attention_kernels.grape_ap": ["tests/test_kernels.py"],
     **{f"studies.{part}": ["tests/test_study.py", "tests/test_study_features.py"] for part in ("launch", "summary", "report")},
 }
 OWN_RESULTS = os.path.join("mutants", "own_file.json")  # --own-file's verdicts (resumable)

@@ -1,7 +1,7 @@
 """A Hugging Face causal LM around this directory's copy of the GRAPE model code.
 
 The files beside this one are the training repository's own model modules (model.py, positional.py,
-attention.py, kernels_*.py), copied by its export; this file only adapts them to transformers:
+attention.py, attention_kernels_*.py), copied by its export; this file only adapts them to transformers:
 from_pretrained, generate() and the loss of a forward with labels. The Triton kernels run where Triton
 and a GPU are present; everywhere else the portable PyTorch path runs (torch is the only requirement).
 

@@ -4,7 +4,7 @@
 
 ``q_features`` (B|1, H|1, Tq, 3) holds (t, a, c) per query, ``k_features`` (B|1, H|1, Tk, 3) holds
 (s, b, c) per key, in fp32 (``AdditiveBias.tile_features`` builds them). The kernel is Triton
-(``kernels/separable_triton.py``), wrapped in the custom operators ``grape::separable_attention`` and
+(``attention_kernels/separable_triton.py``), wrapped in the custom operators ``grape::separable_attention`` and
 its backward, each with a shape-only fake implementation, so ``torch.compile`` traces through it.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 def _separable_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qf: torch.Tensor, kf: torch.Tensor,
                   scale: float, flags: list[int], config: list[int], window: int = 0
                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    from kernels.separable_triton import triton_forward
+    from attention_kernels.separable_triton import triton_forward
     q, k, v, qf, kf = (x.contiguous() for x in (q, k, v, qf, kf))  # no copies when they already are
     return triton_forward(q, k, v, qf, kf, scale, flags, config, window)
 
@@ -32,7 +32,7 @@ def _separable_backward_op(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Ten
                            qf: torch.Tensor, kf: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, scale: float,
                            flags: list[int], config: list[int], window: int = 0
                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    from kernels.separable_triton import triton_backward
+    from attention_kernels.separable_triton import triton_backward
     operands = (x.contiguous() for x in (grad_out, q, k, v, qf, kf, out, lse))
     return triton_backward(*operands, scale, flags, config, window)
 
@@ -64,14 +64,14 @@ def separable_attention(q, k, v, q_features, k_features, scale: float, *, has_ra
     """q (B,H,Tq,D), k (B,H_kv,Tk,D), v (B,H_kv,Tk,Dv) -> (B,H,Tq,Dv) in v's dtype; queries are the last Tq
     of the Tk keys. Gradients flow to q, k, v and both feature tensors. has_rate / has_sum say which
     bias terms are present (an absent one is skipped, its feature gradient is zero). config: see
-    ``kernels.separable_triton.default_config``.
+    ``attention_kernels.separable_triton.default_config``.
 
     Grouped-query attention: H_kv divides H, query head h reads key/value head h // (H / H_kv) without a copy.
     q_features (B|1, H|1, Tq, 3) belong to the query heads; k_features (B|1, heads, Tk, 3) to the shared key head
     (heads = H_kv or 1; their gradient sums the group) or to each query head (heads = H, e.g. a forget gate per
     query head); docs/separable_kernel.md. window: a query at absolute position t sees keys t - window + 1 ... t
     (None: every key up to t)."""
-    from kernels.separable_triton import default_config
+    from attention_kernels.separable_triton import default_config
     B, H, Tq, D = q.shape
     Hkv, Tk = k.shape[1], k.shape[2]
     if (k.shape[0] != B or Hkv < 1 or H % Hkv or k.shape[3] != D or v.shape[:3] != (B, Hkv, Tk) or Tq > Tk):

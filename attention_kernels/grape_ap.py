@@ -11,7 +11,7 @@ and S_i = F(i, t_i) constant per row (docs/derivations.md §4, docs/grape_ap_ker
   the backward pass, so training memory is O(T·block), not O(T²) (autograd through the loop would keep
   every block's intermediates; ``torch.utils.checkpoint`` per block measured 1.9x slower than this
   hand-written backward on the CPU at T = 2048, 1.2-1.9x at T = 512..4096: docs/benchmarks.md, ablation).
-* ``triton`` (CUDA): FlashAttention-class kernels, see ``kernels/grape_ap_triton.py``; this module holds
+* ``triton`` (CUDA): FlashAttention-class kernels, see ``attention_kernels/grape_ap_triton.py``; this module holds
   their autograd wrapper (``grape_ap_triton``), the kernel module imports nothing from here.
 * ``decode``: one new query against the cache, one O(Tk) row (``decode_attention``).
 
@@ -34,8 +34,8 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from kernels import triton_probe
-from kernels.triton_probe import (DTYPE_NAMES, PROBE_HEADS, PROBE_KV_HEADS, probe_generator, probe_randn,
+from attention_kernels import triton_probe
+from attention_kernels.triton_probe import (DTYPE_NAMES, PROBE_HEADS, PROBE_KV_HEADS, probe_generator, probe_randn,
                                    compare_with_portable, probe_tokens, triton_builds)
 
 BACKENDS = ("auto", "chunked", "triton", "decode")
@@ -117,9 +117,9 @@ def auto_backend(device: torch.device, dtype: torch.dtype, n_queries: int, head_
 def grape_ap_triton(q, k, v, p, r, slopes, scale: float, *, config=None, window: int | None = None):
     """The Triton path (CUDA tensors, or CPU tensors under TRITON_INTERPRET=1), through the same
     autograd-aware custom op as the chunked path. Returns v's dtype; dp, dr come back in p's and r's
-    dtypes. config: see ``kernels.grape_ap_triton.default_config``; window and k, v, r with fewer heads
+    dtypes. config: see ``attention_kernels.grape_ap_triton.default_config``; window and k, v, r with fewer heads
     than q: see ``grape_ap_attention``."""
-    from kernels.grape_ap_triton import check_config, default_config
+    from attention_kernels.grape_ap_triton import check_config, default_config
     if q.dtype != k.dtype or q.dtype != v.dtype:
         raise ValueError(f"grape_ap (triton): q, k, v must share one dtype (got {q.dtype}, {k.dtype}, {v.dtype})")
     # made contiguous (and p, r fp32) out here, so that autograd saves these copies for the backward
@@ -146,7 +146,7 @@ def _path_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: tor
                        slopes: torch.Tensor, scale: float, impl: str, config: list[int], window: int = 0
                        ) -> tuple[torch.Tensor, torch.Tensor]:
     if impl == "triton":
-        from kernels.grape_ap_triton import triton_forward
+        from attention_kernels.grape_ap_triton import triton_forward
         q, k, v, p, r, slopes = _triton_operands(q, k, v, p, r, slopes)
         return triton_forward(q, k, v, p, r, slopes, scale, config, window)
     return chunked_forward(q, k, v, p, r, slopes, scale, config[0], window)
@@ -164,7 +164,7 @@ def _path_attention_backward_op(grad_out: torch.Tensor, q: torch.Tensor, k: torc
                                 lse: torch.Tensor, scale: float, impl: str, config: list[int], window: int = 0
                                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     if impl == "triton":
-        from kernels.grape_ap_triton import triton_backward
+        from attention_kernels.grape_ap_triton import triton_backward
         operands = _triton_operands(q, k, v, p, r, slopes)
         grads = triton_backward(grad_out.contiguous(), *operands, out, lse, scale, config, window)
     else:
@@ -411,7 +411,7 @@ def decode_attention(q, k, v, p, r, slopes, scale: float, window: int | None = N
 
 
 def _probe_triton_kernels(dtype: torch.dtype, device: torch.device, head_dim: int, value_dim: int) -> float:
-    """kernels/triton_probe.py's check of this family: the Triton path against the chunked one, forward and
+    """attention_kernels/triton_probe.py's check of this family: the Triton path against the chunked one, forward and
     backward, with grouped keys (its largest relative error; KernelMismatch beyond the dtype's tolerance)."""
     g, T, H, Hkv = probe_generator(device), probe_tokens(device), PROBE_HEADS, PROBE_KV_HEADS
     inputs = [probe_randn(g, 1, H, T, head_dim), probe_randn(g, 1, Hkv, T, head_dim), probe_randn(g, 1, Hkv, T, value_dim),

@@ -88,7 +88,7 @@ def compare_with_portable(kernel, portable, inputs: list[torch.Tensor], grad_out
 
 
 def separable_reference(q, k, v, q_features, k_features, scale):
-    """The separable bias's definition, written out densely in fp32 (kernels/separable.py's docstring):
+    """The separable bias's definition, written out densely in fp32 (attention_kernels/separable.py's docstring):
     logit(i, j) = scale·q_i·k_j - (t_i - s_j)(a_i + b_j) + (c_i - c_j) for keys j <= Tk - Tq + i; q_features
     (1, H, Tq, 3) per query head, k_features (1, H_kv, Tk, 3) per key head."""
     H, Tq, Tk = q.shape[1], q.shape[2], k.shape[2]
@@ -104,7 +104,7 @@ def separable_reference(q, k, v, q_features, k_features, scale):
 
 
 def _probe_separable(dtype: torch.dtype, device: torch.device, head_dim: int, value_dim: int) -> float:
-    from kernels.separable import separable_attention
+    from attention_kernels.separable import separable_attention
     g, T, H, Hkv = probe_generator(device), probe_tokens(device), PROBE_HEADS, PROBE_KV_HEADS
     positions = torch.arange(T, dtype=torch.float32, device=device).expand(1, H, T)
     decay = -torch.cumsum(torch.rand(1, H, T, generator=g, device=device) * 0.2, dim=-1)  # a FoX-like gate sum
@@ -123,7 +123,7 @@ def _probe_separable(dtype: torch.dtype, device: torch.device, head_dim: int, va
 
 
 # kernel family -> probe(dtype, device, head_dim, value_dim) -> largest relative error; GRAPE-AP's registers itself
-# from kernels/grape_ap.py (which imports this module: the probe beside its kernels keeps the imports one-way)
+# from attention_kernels/grape_ap.py (which imports this module: the probe beside its kernels keeps the imports one-way)
 PROBES = {"separable": _probe_separable}
 # The oldest Triton each family is proven to build with (docs/triton_versions.md: compiled for sm_90 with each
 # Triton that torch 2.4 to 2.14 bring). Older ones are not probed: Triton 3.0 and 3.1 abort the whole process
@@ -160,7 +160,7 @@ def triton_builds(family: str, dtype_name: str, head_dim: int, value_dim: int | 
     if key not in _BUILDS:
         try:
             import triton
-            from kernels.triton_common import INTERPRET
+            from attention_kernels.triton_common import INTERPRET
             if _version(triton.__version__) < MIN_TRITON[family]:
                 raise RuntimeError(f"these kernels need triton >= {'.'.join(map(str, MIN_TRITON[family]))}")
             device = torch.device("cpu" if INTERPRET else "cuda")

@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_common import (INTERPRET, key_tile_range, load_tile, online_softmax, pow2, query_tile, store_tile,
+from attention_kernels.triton_common import (INTERPRET, key_tile_range, load_tile, online_softmax, pow2, query_tile, store_tile,
                                    window_tile_range)
 
 FEATURES = 3  # per token: position, rate, running sum

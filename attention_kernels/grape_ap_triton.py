@@ -1,6 +1,6 @@
 """Triton FlashAttention-class kernels for GRAPE-AP attention (forward and backward), O(T) memory.
 
-Same contract as ``kernels.grape_ap.grape_ap_attention``; the derivation is in docs/grape_ap_kernel.md.
+Same contract as ``attention_kernels.grape_ap.grape_ap_attention``; the derivation is in docs/grape_ap_kernel.md.
 
 Forward: one program per (batch·head, query tile) visits key tiles from the diagonal towards key 0 and
 carries, per query row, the suffix carry_i = Σ ψ(i, ℓ) over the keys right of the tile (ℓ <= t_i). Inside
@@ -43,7 +43,7 @@ copy; the key-major kernel adds its group's query heads in turn) and a sliding w
 attention and a sliding window".
 
 The interpreter (TRITON_INTERPRET=1) runs these kernels on the CPU for the tests, in fp32, fp16 and bf16 (with
-the GPU's bf16 rounding: kernels/triton_common.py).
+the GPU's bf16 rounding: attention_kernels/triton_common.py).
 """
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_common import (INTERPRET, key_tile_range, load_tile, online_softmax, pow2, query_tile, store_tile,
+from attention_kernels.triton_common import (INTERPRET, key_tile_range, load_tile, online_softmax, pow2, query_tile, store_tile,
                                    window_tile_range)
 
 LOG2E = 1.0 / math.log(2.0)
