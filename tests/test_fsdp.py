@@ -7,7 +7,6 @@ step under FSDP, 8 in the 1-process reference) and clipping active at every step
 step's norm), and one pair without clipping (grad_clip 0, a branch of its own under FSDP). The faults of a sharded
 save (a full disk, an unwritable directory, a process killed during it) and shards whose ckpt.pt is gone are here too.
 """
-import dataclasses
 import json
 import os
 import pickle
@@ -325,29 +324,6 @@ def test_compile_under_fsdp_compiles_each_block_before_sharding_and_gives_the_un
     assert [step for step, _ in compiled["val_losses"]] == [0, 3, 6]
     assert [v for _, v in compiled["val_losses"]] == pytest.approx([v for _, v in eager["val_losses"]],
                                                                    rel=COMPILED_ROUNDING)
-
-
-def test_the_start_up_line_counts_the_compiled_blocks_on_the_model():
-    """What the start-up line says for each case, the blocks counted on the model (here one compiled of two), not
-    assumed from the config; with bf16 parameters the matrices' own FSDP units inside each block are named as
-    where its graph breaks."""
-    from types import SimpleNamespace
-
-    from config import TrainConfig
-    from model import GPTConfig
-    from training.layout import describe_compile
-    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, head_dim=16, vocab_size=64, block_size=16))
-    sharded, replica = SimpleNamespace(sharded=True), SimpleNamespace(sharded=False)
-    on = TrainConfig(compile=True, parallel="fsdp")
-    assert describe_compile(model, TrainConfig(parallel="fsdp"), sharded) == "compile: off"
-    assert describe_compile(model, dataclasses.replace(on, parallel="ddp"), replica) == "compile: whole model"
-    assert describe_compile(model, on, sharded).startswith("compile: 0 of 2 blocks (")
-    model.blocks[1].compile()  # (nothing is traced before a call)
-    assert describe_compile(model, on, sharded) == ("compile: 1 of 2 blocks (per block, before fully_shard; "
-                                                    "embedding, final norm, LM head and loss eager)")
-    assert describe_compile(model, on, sharded, use_bf16=True) == (
-        "compile: 1 of 2 blocks (per block, before fully_shard; each block's graph broken at its bf16 qkv, proj and "
-        "MLP units; embedding, final norm, LM head and loss eager)")
 
 
 # ----------------------------------------------------------------------------- shards without their ckpt.pt

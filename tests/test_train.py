@@ -4,7 +4,6 @@ Everything runs a 2-layer model on byte-tokenised synthetic text prepared in a t
 package, for a few dozen steps, so the whole file stays fast on 2 CPU cores.
 """
 import json
-import math
 import os
 import signal
 import subprocess
@@ -15,8 +14,7 @@ import pytest
 import torch
 
 import train
-from training.optimizer import lr_at, param_groups
-from config import ConfigError, TrainConfig, resolve
+from config import ConfigError, resolve
 from model import GPT, GPTConfig
 from checkpoints import load_gpt
 from tests.helpers import synthetic_corpus, tiny_config
@@ -379,38 +377,6 @@ def test_configs_beyond_the_paper_have_the_gpt3_shapes_with_the_papers_recipe():
         with torch.device("meta"):
             n = GPT(resolve(os.path.join(REPO, "configs", size, "rope.toml"), [], GPTConfig)[0]).num_params()
         assert n == pytest.approx(params, rel=0.01)
-
-
-def test_lr_schedule_matches_warmup_and_cosine_formula():
-    cfg = TrainConfig(lr=1.0, min_lr=0.1, warmup_iters=10, max_iters=110)
-    assert lr_at(0, cfg) == pytest.approx(0.1)            # linear warm-up: (step+1)/warmup
-    assert lr_at(4, cfg) == pytest.approx(0.5)
-    assert lr_at(10, cfg) == pytest.approx(1.0)           # peak right after warm-up
-    assert lr_at(60, cfg) == pytest.approx(0.55)          # half way down the cosine: (lr+min_lr)/2
-    assert lr_at(35, cfg) == pytest.approx(0.1 + 0.9 * (1 + math.cos(math.pi / 4)) / 2)
-    assert lr_at(110, cfg) == pytest.approx(0.1)
-
-
-@pytest.mark.parametrize("pos", ["grape_m_ctx+grape_a_qk", "grape_m_basis+fox"])
-def test_weight_decay_skips_norm_gains_and_positional_parameters(pos):
-    # spectrum_per_head makes log θ a matrix (H, d/2): it must still get no decay (decay would pull θ to 1 rad).
-    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, head_dim=16, vocab_size=64, block_size=16,
-                          pos=pos, kv_shift=True, spectrum_per_head=True))
-    decay, no_decay = param_groups(model, 0.01)
-    assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0
-    by_id = {id(p): name for name, p in model.named_parameters()}
-    no_decay_names = {by_id[id(p)] for p in no_decay["params"]}
-    decay_names = {by_id[id(p)] for p in decay["params"]}
-    assert decay_names | no_decay_names == set(by_id.values()) and not decay_names & no_decay_names
-    assert len(decay["params"]) + len(no_decay["params"]) == len(by_id)  # the tied embedding counted once
-    projections = {"wte.weight", "blocks.0.attn.qkv.weight", "blocks.0.attn.proj.weight", "blocks.0.mlp.gate.weight",
-                   "blocks.0.mlp.up.weight", "blocks.0.mlp.proj.weight", "blocks.0.attn.kv_shift.gate.weight"}
-    assert decay_names >= projections
-    positional = {n for n in by_id.values() if n.startswith(("blocks.0.attn.rotation.", "blocks.0.attn.bias."))
-                  and not n.endswith(("phase_increment.weight", "gate.weight"))}
-    assert {"blocks.0.attn.rotation.log_theta"} <= positional  # a (2, 8) matrix here
-    assert dict(model.named_parameters())["blocks.0.attn.rotation.log_theta"].ndim == 2
-    assert positional | {n for n in by_id.values() if "norm" in n} <= no_decay_names
 
 
 def test_plot_runs_draws_train_and_validation_curves(tmp_path):

@@ -79,10 +79,11 @@ GROUPS = [("config.py", "config"), ("checkpoints.py", "checkpoints"), ("training
 # runs each sampled mutant against these files alone, to measure what `pytest tests/test_<module>.py` catches.
 OWN_TEST_FILES = {
     "config": ["tests/test_config.py"], "checkpoints": ["tests/test_checkpoints.py"],
-    "training.checkpointing": None, "training.distributed": ["tests/test_distributed.py"],
-    "training.divergence": ["tests/test_divergence.py"], "training.errors": None, "training.layout": None,
-    "training.memory": ["tests/test_memory.py"], "training.metrics": ["tests/test_metrics.py"],
-    "training.optimizer": None, "training.step": None, "training.stopping": ["tests/test_stopping.py"],
+    "training.checkpointing": ["tests/test_checkpointing.py"], "training.distributed": ["tests/test_distributed.py"],
+    "training.divergence": ["tests/test_divergence.py"], "training.errors": ["tests/test_training_layout.py"],
+    "training.layout": ["tests/test_training_layout.py"], "training.memory": ["tests/test_memory.py"],
+    "training.metrics": ["tests/test_metrics.py"], "training.optimizer": ["tests/test_optimizer.py"],
+    "training.step": ["tests/test_step.py"], "training.stopping": ["tests/test_stopping.py"],
     "data.loader": ["tests/test_data_loader.py"],
     "data.prefetch": ["tests/test_data_prefetch.py", "tests/test_data_verify.py"],
     "data.manifest": ["tests/test_data_manifest.py"], "data.verify": ["tests/test_data_verify.py"],
