@@ -112,3 +112,16 @@ def test_load_model_gives_the_saved_model_in_eval_mode_with_its_tokenizer(tmp_pa
         assert torch.equal(loaded(idx)[0], model.eval()(idx)[0])
     with pytest.raises(checkpoints.UserError, match="no checkpoint at"):
         checkpoints.load_model(str(tmp_path / "missing"))
+
+
+def test_a_folder_is_refused_only_for_a_file_at_it_or_above_it(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "afile").write_text("x")
+    for free in (tmp_path / "run", tmp_path / "run" / "new", tmp_path / "new" / "deeper"):
+        assert checkpoints.file_in_the_way(str(free)) is None
+        assert checkpoints.not_a_folder(str(free), "the run directory", "--out_dir") is None
+    for blocked in (tmp_path / "afile", tmp_path / "afile" / "sub", tmp_path / "afile" / "sub" / "deeper"):
+        assert checkpoints.file_in_the_way(str(blocked)) == str(tmp_path / "afile")
+        assert checkpoints.not_a_folder(str(blocked), "the run directory", "--out_dir") == (
+            f"the run directory {blocked} cannot be made: {tmp_path / 'afile'} is a file, not a folder; choose another "
+            "--out_dir (or move the file)")

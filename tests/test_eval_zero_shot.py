@@ -237,3 +237,25 @@ def test_zero_shot_names_a_missing_data_dir_and_the_files_it_needs(tmp_path):
         zero_shot.run(types.SimpleNamespace(data_dir=str(tmp_path / "missing"), out=None, ckpt=str(tmp_path / "run")))
     assert str(info.value) == f"--data-dir {tmp_path / 'missing'} is not a directory.\n" + \
         tasks.expected_files_message()
+
+
+def test_the_results_folder_defaults_to_the_eval_folder_beside_the_checkpoint(tmp_path):
+    """--ckpt a run directory: RUN/eval; --ckpt a checkpoint file: eval beside it. A file named eval where that
+    folder goes is refused naming it (before any evaluation); elsewhere the run goes on to the --data-dir check."""
+    import types
+
+    from config import UserError
+    run, other = tmp_path / "run", tmp_path / "other"
+    for folder in (run, other):
+        folder.mkdir()
+        (folder / "ckpt.pt").write_bytes(b"weights")
+    (run / "eval").write_text("a file where the results folder goes")
+
+    def failure(ckpt):
+        with pytest.raises(UserError) as info:
+            zero_shot.run(types.SimpleNamespace(data_dir=str(tmp_path / "missing"), out=None, ckpt=str(ckpt)))
+        return str(info.value)
+    for ckpt in (run, run / "ckpt.pt"):
+        assert failure(ckpt).startswith(f"the results folder {run / 'eval'} cannot be made: {run / 'eval'} is a file")
+    for ckpt in (other, other / "ckpt.pt"):
+        assert failure(ckpt).startswith(f"--data-dir {tmp_path / 'missing'} is not a directory.")
