@@ -136,6 +136,29 @@ def test_a_sharded_checkpoint_restores_the_same_state_and_names_every_file_with_
     assert_same_state(model, optimizer, other, other_optimizer)
 
 
+def test_a_whole_checkpoint_restores_into_a_model_sharded_by_fsdp(tmp_path):
+    """ckpt.pt written without FSDP, resumed under it: each process keeps its shard of the whole file's tensors."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+    model, optimizer, cfg = trained()
+    save(tmp_path, 9, model, optimizer, cfg)
+    ckpt = load_checkpoint(str(tmp_path / "ckpt.pt"))
+    ddp = Distributed("cpu", parallel="fsdp")
+    try:
+        other = GPT(GPTConfig(**MODEL))
+        ddp.shard(other, bf16_params=False, reshard_after_forward=True, compile_blocks=False)
+        other_optimizer = make_optimizer(other, cfg, torch.device("cpu"))
+        assert restore(ckpt, other, other_optimizer, cfg, torch.device("cpu"), ddp=ddp) == 9
+        full = StateDictOptions(full_state_dict=True)
+        weights = get_model_state_dict(other, options=full)
+        moments = get_optimizer_state_dict(other, other_optimizer, options=full)["state"]
+    finally:
+        ddp.release()
+    for name, value in model.state_dict().items():
+        assert torch.equal(weights[name], value), name
+    for name, p in model.named_parameters():
+        assert torch.equal(moments[name]["exp_avg_sq"], optimizer.state[p]["exp_avg_sq"]), name
+
+
 def test_a_new_sharded_checkpoint_removes_the_previous_ones_shards_and_an_unsharded_one_removes_all(tmp_path):
     model, optimizer, cfg = trained()
     save(tmp_path, 1, model, optimizer, cfg, parallel="fsdp")

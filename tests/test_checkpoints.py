@@ -125,3 +125,34 @@ def test_a_folder_is_refused_only_for_a_file_at_it_or_above_it(tmp_path):
         assert checkpoints.not_a_folder(str(blocked), "the run directory", "--out_dir") == (
             f"the run directory {blocked} cannot be made: {tmp_path / 'afile'} is a file, not a folder; choose another "
             "--out_dir (or move the file)")
+
+
+def test_another_file_given_as_a_checkpoint_is_named_with_what_to_pass_instead(tmp_path, monkeypatch):
+    from config import UserError
+    run, loose = tmp_path / "run", tmp_path / "loose"
+    run.mkdir(), loose.mkdir()
+    torch.save({"step": 1}, run / "ckpt.pt")
+    (run / "config.json").write_text('{"model": {}}')
+    (run / "metrics.jsonl").write_text('{"type": "train"}\n')
+    (loose / "notes.json").write_text('  [1, 2]')
+    (loose / "weights.bin").write_bytes(b"\x00\x01binary")
+    (loose / "empty").write_bytes(b"")
+
+    def sentence(path, argument="--ckpt"):
+        with pytest.raises(UserError) as info:
+            checkpoints.not_a_checkpoint(str(path), argument)
+        return str(info.value)
+    assert sentence(run / "config.json") == (f"{run / 'config.json'} is train.py's record of the run's settings, not "
+                                             f"a checkpoint: pass --ckpt {run} (its run directory, which holds ckpt.pt)")
+    assert sentence(run / "metrics.jsonl", "CKPT").endswith(
+        f"is train.py's log of the run's losses, not a checkpoint: give {run} as CKPT (its run directory, which "
+        "holds ckpt.pt)")
+    monkeypatch.chdir(run)
+    assert sentence("config.json").endswith("pass --ckpt . (its run directory, which holds ckpt.pt)")
+    assert sentence(loose / "notes.json") == (f"{loose / 'notes.json'} is a JSON file, not a checkpoint: --ckpt takes a "
+                                              "run directory that holds ckpt.pt (written by train.py), or the path "
+                                              "of that file")
+    assert sentence(loose / "weights.bin").startswith(f"{loose / 'weights.bin'} is a file that torch.save did not "
+                                                      "write, not a checkpoint: ")
+    assert checkpoints.not_a_checkpoint(str(run / "ckpt.pt")) is None  # torch.save's: the loader's to judge
+    assert checkpoints.not_a_checkpoint(str(loose / "empty")) is None

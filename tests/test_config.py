@@ -383,3 +383,17 @@ def test_reference_layout_divides_the_global_batch(processes, micro, rows, extra
     assert "does not divide" in refused(batch_size=1, global_batch_size=processes * micro * rows + extra,
                                         grad_scale="official",
                                         reference_layout=f"{processes}x{micro}")
+
+
+@pytest.mark.parametrize("key", ["device", "dtype", "wandb_mode", "decay_params", "lr_schedule", "sampler",
+                                 "grad_scale", "parallel", "activation_checkpointing", "fsdp_bf16"])
+def test_a_word_setting_out_of_its_choices_names_the_key_and_its_default_both_ways(key):
+    default = getattr(TrainConfig, key)
+    cfg = dataclasses.replace(TrainConfig(), **{key: "nonsense"})
+    with pytest.raises(ConfigError) as flags:
+        cfg.validate()
+    assert str(flags.value).startswith(f"{key} must be ") and "not 'nonsense'" in str(flags.value)
+    assert str(flags.value).endswith(f"; set it in [train] or with --{key}=..., e.g. --{key}={default} (the default).")
+    with pytest.raises(ConfigError) as study_file:
+        cfg.validate(in_study_file=True)
+    assert str(study_file.value).endswith(f"; set it in [overrides], e.g. {key} = {json.dumps(default)} (the default).")

@@ -112,3 +112,38 @@ def test_the_native_export_sets_every_qwen3_field_under_its_own_name():
     assert set(ours) - qwen3_fields - {"architectures", "model_type", "dtype", "bos_token_id", "eos_token_id",
                                         "pad_token_id", "tie_word_embeddings"} == {"rope_theta"}
     assert ours["attention_bias"] is False and ours["attention_dropout"] == 0.0
+
+
+@pytest.mark.parametrize("n_kv_head", [4, 2])
+def test_the_weights_map_onto_qwen3s_parameter_names_and_back(n_kv_head):
+    """Every tensor of our model lands on the Qwen3 parameter of the same role and shape (transformers' own model
+    of the exported config is the reference for the names and shapes), the fused qkv rows split as q, k, v; and
+    from_qwen3 gives our state dict back exactly."""
+    import torch
+    import transformers
+
+    from hf.qwen3 import from_qwen3, qwen3_config, to_qwen3
+    from model import GPT, GPTConfig
+    cfg = dict(n_layer=2, vocab_size=100, n_embd=64, n_head=4, head_dim=16, block_size=64, norm_eps=1e-5,
+               rope_base=10000.0, pos="rope", n_kv_head=n_kv_head)
+    torch.manual_seed(0)
+    ours = {name: tensor + torch.rand_like(tensor) for name, tensor in GPT(GPTConfig(**cfg)).state_dict().items()}
+    ours["lm_head.weight"] = ours["wte.weight"]  # tied
+    theirs = to_qwen3(ours, 2, n_head=4, n_kv_head=n_kv_head)
+    config = {k: v for k, v in qwen3_config(cfg, eot=0).items() if k not in ("architectures", "model_type")}
+    reference = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**config)).state_dict()
+    assert set(theirs) == set(reference) - {"lm_head.weight"}
+    for name, tensor in theirs.items():
+        assert tensor.shape == reference[name].shape, name
+    for i in range(2):
+        q, k, v = ours[f"blocks.{i}.attn.qkv.weight"].split([64, 16 * n_kv_head, 16 * n_kv_head])
+        for part, tensor in zip("qkv", (q, k, v)):
+            assert torch.equal(theirs[f"model.layers.{i}.self_attn.{part}_proj.weight"], tensor)
+        assert torch.equal(theirs[f"model.layers.{i}.self_attn.o_proj.weight"], ours[f"blocks.{i}.attn.proj.weight"])
+        assert torch.equal(theirs[f"model.layers.{i}.mlp.down_proj.weight"], ours[f"blocks.{i}.mlp.proj.weight"])
+        assert torch.equal(theirs[f"model.layers.{i}.post_attention_layernorm.weight"],
+                           ours[f"blocks.{i}.mlp_norm.weight"])
+    back = from_qwen3(theirs, 2)
+    assert set(back) == set(ours)
+    for name, tensor in ours.items():
+        assert torch.equal(back[name], tensor), name

@@ -216,6 +216,18 @@ def test_bad_shapes_get_one_clear_error():
         grape_ap_attention(q[0], k, v, p, r, slopes, 0.3)
     with pytest.raises(ValueError, match="unknown grape_ap backend"):
         grape_ap_attention(q, k, v, p, r, slopes, 0.3, backend="flash")
+    with pytest.raises(ValueError, match=r"k\(1, 2, 4, 6\) must be \(B, H_kv, Tk, 8\)"):
+        grape_ap_attention(q, k[..., :6], v, p, r, slopes, 0.3)
+    with pytest.raises(ValueError, match="k\\(1, 3, 4, 8\\) has 3 heads, which must divide q's 2"):
+        grape_ap_attention(q, k.new_zeros(1, 3, 4, 8), v, p, r, slopes, 0.3)
+    with pytest.raises(ValueError, match="r\\(1, 2, 4, 3\\) must be \\(B, H_kv, Tk, dp\\)"):
+        grape_ap_attention(q, k, v, p, r[..., :3], slopes, 0.3)
+    for window in (0, -2, True, 2.0):
+        with pytest.raises(ValueError, match=f"window \\({window!r}\\) must be a positive number of keys"):
+            grape_ap_attention(q, k, v, p, r, slopes, 0.3, window=window)
+    # a window as wide as the keys is full causal attention
+    torch.testing.assert_close(grape_ap_attention(q, k, v, p, r, slopes, 0.3, window=4),
+                               grape_ap_attention(q, k, v, p, r, slopes, 0.3), rtol=0, atol=1e-12)
 
 
 # ---------------------------------------------------------------------------------------------------

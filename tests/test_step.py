@@ -91,6 +91,15 @@ def test_a_step_is_the_gradient_of_the_mean_loss_over_its_micro_batches(grad_acc
     assert result.param_norm == pytest.approx(weights.item(), rel=1e-6) and not result.stop
 
 
+def test_process_rank_of_world_size_reads_its_own_batches_of_each_step():
+    ddp, batches = Distributed("cpu"), Batches()
+    ddp.rank, ddp.world_size = 1, 3  # (no group: every collective a no-op; only the numbers read are checked)
+    train_step(tiny(), tiny(), batches, 4, 2, TrainConfig(), ddp, no_autocast, quiet_stops())
+    assert batches.asked == [(4 * 2 + micro) * 3 + 1 for micro in range(2)] == [25, 28]
+    confirmation(tiny(), batches, 4, 2, ddp, no_autocast, quiet_stops())
+    assert batches.asked[-1] == 4 * 2 * 3 + 1
+
+
 def test_loss_scale_scales_the_gradients_and_not_the_reported_loss():
     plain, scaled = tiny(), tiny()
     ddp = Distributed("cpu")

@@ -936,3 +936,26 @@ def test_fmt_shows_mean_and_std_with_the_digits_asked(mean, std, digits):
     else:
         assert text == f"{mean:.{digits}f} ± {std:.{digits}f}"
     assert study_report.fmt(None) == "–"
+
+
+@pytest.mark.parametrize("tasks", [7, 2])
+def test_the_papers_average_is_shown_beside_ours_only_for_all_its_tasks(tasks):
+    """The paper's average is over its seven tasks: printed when the study ran them all, a dash for fewer."""
+    paper = json.loads((REPO / "eval" / "paper_results.json").read_text())
+    row = dict(zip(paper["columns"], paper["medium_353M"]["rope"]))
+    names = [c for c in paper["columns"] if c != "avg"][:tasks]
+    stat = {"mean": 50.0, "std": 1.0}
+    zero_shot = {"tasks": {t: {"average_metric": "acc", "score": stat, "acc": stat, "acc_norm": stat} for t in names},
+                 "average": stat, "paper": row, "paper_size": "medium_353M"}
+    report = {"study": "s", "base": "b.toml", "overrides": [], "seeds": [1], "reference": "rope",
+              "launch": {"mode": "each"}, "rule": "r", "runs": [],
+              "encodings": {"rope": {"difference_to_reference": None, "final_val_loss": {"n": 1, "mean": 3.0},
+                                     "verdict": "v", "zero_shot": zero_shot}},
+              "setup": {"model": {"n_layer": 1, "n_embd": 8, "n_head": 1, "head_dim": 8, "block_size": 8,
+                                  "vocab_size": 9}, "parameters": {"rope": 1}, "tokens_per_run": 64,
+                        "iterations": 1, "sequences_per_iteration": 8}}
+    line, = [line for line in study_report.markdown(report, {}).splitlines()
+             if line.startswith("| rope (paper, medium_353M) |")]
+    cells = [cell.strip() for cell in line.strip("|").split("|")]
+    assert cells[1:-1] == [f"{row[t]:.2f}" for t in names]
+    assert cells[-1] == (f"{row['avg']:.2f}" if tasks == 7 else "–")
