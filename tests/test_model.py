@@ -219,3 +219,23 @@ def test_the_bf16_lift_splits_exactly_the_query_columns_bf16_cannot_hold(pos):
         q_cols = attn.bias.lift(qf, kf)[0]
     held = [bool((q_cols[..., c] == q_cols[..., c].bfloat16().float()).all()) for c in range(q_cols.shape[-1])]
     assert tuple(held) == tuple(attn.bias.exact_query_columns())
+
+
+@pytest.mark.parametrize("mode,every,recomputed", [("none", 2, set()), ("blocks", 2, {0, 1, 2, 3}),
+                                                   ("every_k", 2, {1, 3})])
+def test_activation_checkpointing_recomputes_its_blocks_in_training_only(mode, every, recomputed):
+    """Each block runs once per forward, and once more in the backward pass when it is checkpointed; decoding
+    with a KV cache (even with gradients on) never checkpoints, since a recomputed block would not fill the cache."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=4, n_head=2, n_embd=16, head_dim=8, vocab_size=VOCAB, block_size=16, pos="rope"))
+    model.set_activation_checkpointing(mode, every)
+    calls = {i: 0 for i in range(4)}
+    for i, block in enumerate(model.blocks):
+        block.register_forward_pre_hook(lambda module, args, i=i: calls.__setitem__(i, calls[i] + 1))
+    idx = tokens(B=2, T=12)
+    model(idx, targets=idx)[1].backward()
+    assert calls == {i: 1 + (i in recomputed) for i in range(4)}
+    full = model(idx)[0]
+    cache = model.new_cache(2, 12)
+    steps = [model(idx[:, :5], cache=cache)[0]] + [model(idx[:, t:t + 1], cache=cache)[0] for t in range(5, 12)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
