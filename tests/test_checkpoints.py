@@ -156,3 +156,20 @@ def test_another_file_given_as_a_checkpoint_is_named_with_what_to_pass_instead(t
                                                       "write, not a checkpoint: ")
     assert checkpoints.not_a_checkpoint(str(run / "ckpt.pt")) is None  # torch.save's: the loader's to judge
     assert checkpoints.not_a_checkpoint(str(loose / "empty")) is None
+
+
+def test_a_sharded_checkpoint_loads_as_the_whole_model_on_one_process(tmp_path, monkeypatch):
+    """train.py under FSDP saves shards (written here on a group of one); evaluation, sampling and the export read
+    them back as one state dict, the same tensors as the model that was saved."""
+    from test_checkpointing import save, trained
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    model, optimizer, cfg = trained()
+    save(tmp_path, 3, model, optimizer, cfg, parallel="fsdp")
+    ckpt = checkpoints.load(str(tmp_path / "ckpt.pt"))
+    assert "shards" in ckpt and set(ckpt["model"]) == set(model.state_dict())
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(ckpt["model"][name], tensor), name
+    loaded, _ = checkpoints.load_gpt(str(tmp_path))
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name

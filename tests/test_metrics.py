@@ -1,6 +1,7 @@
 """training/metrics.py: metrics.jsonl's damaged lines, printed durations, rates and times left at any magnitude,
 peak memory, the code version and wandb."""
 import json
+import os
 import re
 import subprocess
 import sys
@@ -197,3 +198,22 @@ def test_throughput_and_time_left_at_any_magnitude(monkeypatch, first, steps, to
         else:
             assert rate["mfu"] == pytest.approx(flops_per_token * tokens / seconds_of_step / (peak * world), rel=1e-9)
         meter.restart(first + i)
+
+
+def test_provenance_keeps_the_first_start_and_adds_one_record_per_resume(tmp_path):
+    from training.metrics import provenance
+    first = provenance(str(tmp_path), "configs/a.toml", ["--lr=1"], ["configs/a.toml", "--lr=1"], None, "v1")
+    assert first["config_file"] == os.path.abspath("configs/a.toml") and first["overrides"] == ["--lr=1"]
+    assert first["command"] == "train.py configs/a.toml --lr=1" and first["resumes"] == []
+    (tmp_path / "config.json").write_text(json.dumps(first))
+    second = provenance(str(tmp_path), str(tmp_path), [], [str(tmp_path), "--resume"], 40, "v2")
+    assert {k: second[k] for k in ("config_file", "overrides", "command", "started")} == \
+        {k: first[k] for k in ("config_file", "overrides", "command", "started")}
+    assert [(r["iter"], r["command"], r["code_version"]) for r in second["resumes"]] == [
+        (40, f"train.py {tmp_path} --resume", "v2")]
+    (tmp_path / "config.json").write_text(json.dumps(second))
+    third = provenance(str(tmp_path), str(tmp_path), [], ["--resume"], 90, "v3")
+    assert [(r["iter"], r["code_version"]) for r in third["resumes"]] == [(40, "v2"), (90, "v3")]
+    (tmp_path / "config.json").write_text("not json")  # unreadable: this resume is the earliest start on record
+    lost = provenance(str(tmp_path), "b.toml", [], ["b.toml", "--resume"], 7, "v4")
+    assert lost["command"] == "train.py b.toml --resume" and [r["iter"] for r in lost["resumes"]] == [7]

@@ -212,7 +212,7 @@ def test_lockstep_pads_to_whole_rounds_with_uncounted_repeats(n, world_size):
     batches = [(torch.tensor([i]), torch.tensor([-i])) for i in range(n)]
     padded = in_lockstep(batches, world_size)
     assert len(padded) % world_size == 0 and len(padded) - n < world_size
-    assert [(x.item(), y.item(), True) for x, y, _ in padded[:n]] == [(i, -i, True) for i in range(n)]
+    assert [(x.item(), y.item(), counted) for x, y, counted in padded[:n]] == [(i, -i, True) for i in range(n)]
     last_round = n // world_size * world_size
     for x, _, counted in padded[n:]:
         assert not counted and x.item() == last_round
