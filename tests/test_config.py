@@ -385,14 +385,23 @@ def test_reference_layout_divides_the_global_batch(processes, micro, rows, extra
                                         reference_layout=f"{processes}x{micro}")
 
 
-@pytest.mark.parametrize("key", ["device", "dtype", "wandb_mode", "decay_params", "lr_schedule", "sampler",
-                                 "grad_scale", "parallel", "activation_checkpointing", "fsdp_bf16"])
-def test_a_word_setting_out_of_its_choices_names_the_key_and_its_default_both_ways(key):
+OUT_OF_RANGE = {"batch_size": 0, "max_iters": 0, "seed": -1, "lr": float("nan"), "weight_decay": -0.1,
+                "grad_clip": -1.0, "spike_factor": 0.5, "dist_timeout_s": 0, "log_interval": 0, "eval_windows": 0,
+                "activation_checkpointing_every": 0, "loss_chunk_tokens": 0,
+                **{key: "nonsense" for key in ("device", "dtype", "wandb_mode", "recipe", "decay_params",
+                                               "lr_schedule", "sampler", "grad_scale", "parallel", "fsdp_bf16",
+                                               "activation_checkpointing", "loss")}}
+
+
+@pytest.mark.parametrize("key", sorted(OUT_OF_RANGE))
+def test_a_setting_out_of_its_range_names_the_key_and_its_default_both_ways(key):
+    """Each setting that the remedy names by its key: the key's own default, as a flag and as a study file's key."""
     default = getattr(TrainConfig, key)
-    cfg = dataclasses.replace(TrainConfig(), **{key: "nonsense"})
+    cfg = dataclasses.replace(TrainConfig(), **{key: OUT_OF_RANGE[key]})
     with pytest.raises(ConfigError) as flags:
         cfg.validate()
-    assert str(flags.value).startswith(f"{key} must be ") and "not 'nonsense'" in str(flags.value)
+    assert str(flags.value).startswith(f"{key} must be ") and f"not {OUT_OF_RANGE[key]!r}".replace("'", "") in \
+        str(flags.value).replace("'", "")
     assert str(flags.value).endswith(f"; set it in [train] or with --{key}=..., e.g. --{key}={default} (the default).")
     with pytest.raises(ConfigError) as study_file:
         cfg.validate(in_study_file=True)

@@ -270,28 +270,6 @@ def test_compiled_tile_model_is_one_graph_and_equals_dense(interpreted):
         torch.testing.assert_close(grads[name], ref, atol=1e-5, rtol=1e-4, msg=lambda m, name=name: f"{name}: {m}")
 
 
-@pytest.mark.parametrize("pos", SEPARABLE)
-def test_tile_features_give_the_paper_bias(pos):
-    # The kernel's form -(t - j)(a_t + b_j) + (c_t - c_j), evaluated densely from tile_features, equals
-    # the bias as the paper writes it (positional.*.dense) for queries at the end of a longer cache.
-    torch.manual_seed(0)
-    bias = build_bias(pos, n_head=3, head_dim=8, n_embd=12, grape_a_omega_init=1.0, fox_gate_bias_init=0.0,
-                      p_head_dim=8).double()
-    with torch.no_grad():
-        for p in bias.parameters():
-            p.add_(0.3 * torch.randn(p.shape, dtype=p.dtype))
-        x, q, k = torch.randn(2, 11, 12).double(), torch.randn(2, 3, 11, 8).double(), torch.randn(2, 3, 11, 8).double()
-        qf, kf = bias.features(x, q, k, torch.arange(11) + 5, {})
-        qf = {n: f[..., 7:] for n, f in qf.items()}  # the last 4 tokens query all 11
-        qt, kt = bias.tile_features(qf, kf)
-        form = torch.zeros(2, 3, 4, 11, dtype=torch.float64)
-        if bias.has_rate:
-            form = form - (qt[..., 0, None] - kt[..., None, :, 0]) * (qt[..., 1, None] + kt[..., None, :, 1])
-        if bias.has_sum:
-            form = form + qt[..., 2, None] - kt[..., None, :, 2]
-        torch.testing.assert_close(form, bias.dense(qf, kf).expand_as(form), atol=1e-5, rtol=1e-5)
-
-
 def test_backend_choice_by_device_and_dtype(monkeypatch):
     import attention
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)

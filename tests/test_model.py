@@ -239,3 +239,17 @@ def test_activation_checkpointing_recomputes_its_blocks_in_training_only(mode, e
     cache = model.new_cache(2, 12)
     steps = [model(idx[:, :5], cache=cache)[0]] + [model(idx[:, t:t + 1], cache=cache)[0] for t in range(5, 12)]
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+
+
+def test_basis_overflow_is_the_largest_layers_skew_norm_over_the_exponentials_limit():
+    from positional import SKEW_EXP_MAX_NORM
+    assert GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, head_dim=8, vocab_size=VOCAB, pos="rope")).basis_overflow() == 0
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, head_dim=8, vocab_size=VOCAB, pos="grape_m_basis"))
+    generators = [torch.zeros_like(block.attn.rotation.basis_generator) for block in model.blocks]
+    generators[0][0, 1] = 2.0  # A − Aᵀ holds ∓2 in columns 0 and 1: column sums 2
+    generators[1][2, 0] = 3.0  # A − Aᵀ column 2 holds −3 (row 0) and +1 (row 1): its sum of |·| is 4, the largest
+    generators[1][2, 1] = -1.0
+    with torch.no_grad():
+        for block, generator in zip(model.blocks, generators):
+            block.attn.rotation.basis_generator.copy_(generator)
+    assert model.basis_overflow().item() == pytest.approx(4.0 / SKEW_EXP_MAX_NORM)

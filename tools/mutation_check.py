@@ -184,7 +184,7 @@ BREAKS = [
      "            d_rate -= tl.sum(ds * dist, axis=1)", "            d_rate -= 0.0 * tl.sum(ds * dist, axis=1)",
      ["tests/test_kernels_separable.py"]),
     ("tile_features_gate_without_omega", "positional.py", 'q_rate = omega * qf["lam"] if', 'q_rate = qf["lam"] if',
-     ["tests/test_kernels_separable.py::test_tile_features_give_the_paper_bias"]),
+     ["tests/test_positional.py::test_tile_features_give_the_paper_bias"]),
     ("skew_exp_one_squaring_short", "positional.py", "        result = torch.where((steps > i)[..., None, None]",
      "        result = torch.where((steps > i + 1)[..., None, None]", ["tests/test_positional.py"]),
     # Hugging Face export and init_from
