@@ -173,3 +173,24 @@ def test_a_sharded_checkpoint_loads_as_the_whole_model_on_one_process(tmp_path, 
     loaded, _ = checkpoints.load_gpt(str(tmp_path))
     for name, tensor in model.state_dict().items():
         assert torch.equal(loaded.state_dict()[name], tensor), name
+
+
+def test_a_shard_directory_is_complete_only_with_every_file_its_metadata_names(tmp_path, monkeypatch):
+    from test_checkpointing import save, trained
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    model, optimizer, cfg = trained()
+    save(tmp_path, 3, model, optimizer, cfg, parallel="fsdp")
+    directory, = checkpoints.shard_directories(str(tmp_path))
+    assert checkpoints.shard_set_problem(directory) is None
+    data, = [name for name in os.listdir(directory) if name.endswith(".distcp")]
+    with open(os.path.join(directory, data), "r+b") as f:
+        f.truncate(os.path.getsize(os.path.join(directory, data)) - 1)
+    assert checkpoints.shard_set_problem(directory) == f"{data} is shorter than its .metadata says"
+    os.remove(os.path.join(directory, data))
+    assert checkpoints.shard_set_problem(directory) == f"{data} is missing"
+    with open(os.path.join(directory, ".metadata"), "r+b") as f:
+        f.truncate(20)
+    assert checkpoints.shard_set_problem(directory) == "its .metadata cannot be read"
+    os.remove(os.path.join(directory, ".metadata"))
+    assert checkpoints.shard_set_problem(directory) == "it has no .metadata, which is written last: the write was cut short"
