@@ -26,6 +26,13 @@ def one_thread():
 
 
 @pytest.fixture
+def outside_torchrun(monkeypatch):
+    """This process as one started without torchrun (a test run may itself be under a launcher): no rank, no world."""
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
 def work_clock(monkeypatch):
     """A clock for eval/progress.py that only the test moves (now[0] += seconds), and a progress line on every
     advance: the elapsed times and ETAs printed are then exact (tests/test_eval_progress.py reads them)."""

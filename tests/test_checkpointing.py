@@ -26,15 +26,9 @@ from training.errors import LostProcess
 from training.optimizer import make_optimizer
 from training.stopping import StopSignals
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = pytest.mark.usefixtures("one_thread", "outside_torchrun")
 
 MODEL = dict(n_layer=1, n_head=2, n_embd=16, head_dim=8, vocab_size=40, block_size=8, pos="rope")
-
-
-@pytest.fixture(autouse=True)
-def one_process(monkeypatch):
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
-        monkeypatch.delenv(name, raising=False)
 
 
 def trained(seed=0, **train):

@@ -158,12 +158,10 @@ def test_another_file_given_as_a_checkpoint_is_named_with_what_to_pass_instead(t
     assert checkpoints.not_a_checkpoint(str(loose / "empty")) is None
 
 
-def test_a_sharded_checkpoint_loads_as_the_whole_model_on_one_process(tmp_path, monkeypatch):
+def test_a_sharded_checkpoint_loads_as_the_whole_model_on_one_process(tmp_path, outside_torchrun):
     """train.py under FSDP saves shards (written here on a group of one); evaluation, sampling and the export read
     them back as one state dict, the same tensors as the model that was saved."""
     from test_checkpointing import save, trained
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
-        monkeypatch.delenv(name, raising=False)
     model, optimizer, cfg = trained()
     save(tmp_path, 3, model, optimizer, cfg, parallel="fsdp")
     ckpt = checkpoints.load(str(tmp_path / "ckpt.pt"))
@@ -175,10 +173,8 @@ def test_a_sharded_checkpoint_loads_as_the_whole_model_on_one_process(tmp_path, 
         assert torch.equal(loaded.state_dict()[name], tensor), name
 
 
-def test_a_shard_directory_is_complete_only_with_every_file_its_metadata_names(tmp_path, monkeypatch):
+def test_a_shard_directory_is_complete_only_with_every_file_its_metadata_names(tmp_path, outside_torchrun):
     from test_checkpointing import save, trained
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
-        monkeypatch.delenv(name, raising=False)
     model, optimizer, cfg = trained()
     save(tmp_path, 3, model, optimizer, cfg, parallel="fsdp")
     directory, = checkpoints.shard_directories(str(tmp_path))

@@ -7,11 +7,9 @@ import socket
 # it was written.
 
 
-def test_a_process_outside_torchrun_makes_no_process_group_and_one_inside_joins_it(monkeypatch):
+def test_a_process_outside_torchrun_makes_no_process_group_and_one_inside_joins_it(monkeypatch, outside_torchrun):
     import torch.distributed as dist
     from training.distributed import Distributed
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
-        monkeypatch.delenv(name, raising=False)
     alone = Distributed("cpu")
     assert (alone.enabled, alone.world_size, dist.is_initialized()) == (False, 1, False)
     with socket.socket() as s:

@@ -14,15 +14,9 @@ from training.step import (clip_gradients, confirmation, evaluate, gather, in_lo
                            votes_each_micro_batch)
 from training.stopping import StopSignals
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = pytest.mark.usefixtures("one_thread", "outside_torchrun")
 
 MODEL = dict(n_layer=1, n_head=2, n_embd=16, head_dim=8, vocab_size=320, block_size=16, pos="rope")
-
-
-@pytest.fixture(autouse=True)
-def one_process(monkeypatch):
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
-        monkeypatch.delenv(name, raising=False)
 
 
 @pytest.fixture(scope="module")
