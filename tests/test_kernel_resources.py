@@ -44,6 +44,15 @@ def test_mufu_operations_at_16_per_clock_and_issue_at_4_instructions():
     assert cost["bound"] == "xu" and cost["cycles"] == pytest.approx(1 / 16)
 
 
+def test_opcodes_per_score_element_and_thread():
+    # 4 warps over a 64 x 64 tile: each thread holds 32 elements, so 64 FADD per warp are 2 per element and thread;
+    # a predicate guard does not change the opcode, a warpgroup instruction counts once per warp
+    loop = ["FADD R1, R2, R3"] * 64 + ["@!P0 MUFU.EX2 R1, R2"] * 32 + ["HGMMA.64x64x16.F32.BF16 R24, gdesc[UR8], R24"]
+    opcodes = kernel_resources.loop_cost(loop, warps=4, elements=64 * 64)["opcodes"]
+    assert opcodes == pytest.approx({"FADD": 2.0, "MUFU.EX2": 1.0, "HGMMA.64x64x16.F32.BF16": 1 / 32})
+    assert list(opcodes)[0] == "FADD"  # most frequent first
+
+
 def test_shared_memory_traffic_bounds_ldmatrix_heavy_loops():
     # ldmatrix.x4 moves four 8 x 8 16-bit matrices (512 bytes) per warp instruction: 4 clocks at 128 bytes; a
     # spill store of 64 bits per lane 256 bytes; a wgmma with both operands in shared memory reads A (64 x 16) and

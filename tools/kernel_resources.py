@@ -214,6 +214,8 @@ def loop_cost(body: list[str], warps: int, elements: int) -> dict:
         macs += instruction_macs
         tensor_cycles += instruction_cycles
     row = {name: counts[name] * per_element for name, _ in CATEGORIES + [("other", ()), ("total", ())]}
+    # each opcode as a thread executes it per score element (a warp instruction serves 32 lanes)
+    row["opcodes"] = {op: 32 * n * per_element for op, n in collections.Counter(map(_opcode, body)).most_common()}
     row["MUFU ops"] = 32 * counts["MUFU"] * per_element
     row["tensor MACs"] = macs * per_element
     cycles = {"issue": counts["total"] * per_element / ISSUE_PER_CLOCK, "tensor": tensor_cycles * per_element,
@@ -478,6 +480,8 @@ def main(argv=None):
     ap.add_argument("--window", type=int, default=1024,
                     help=f"also build every kernel with a sliding window and predict its cost at T = {PREDICT_T} over "
                          "full attention (0: skip)")
+    ap.add_argument("--opcodes", action="store_true",
+                    help="also print each kernel's interior loop by opcode: instructions per score element per thread")
     ap.add_argument("--out", default=None, help="also write the tables to this markdown file")
     args = ap.parse_args(argv)
     rows = []
@@ -497,6 +501,9 @@ def main(argv=None):
                             cost = f" | {row['interior']['total']:.2f} instructions/element" if "interior" in row else ""
                             print(f"triton {triton.__version__} | {family} {row['kernel']}{' windowed' * windowed} "
                                   f"D{head_dim} {dtype} | {resource_text(row)}{'' if args.brief else cost}", flush=True)
+                            if args.opcodes and "interior" in row:
+                                print("    " + ", ".join(f"{op} {n:.2f}" for op, n in row["interior"]["opcodes"].items()
+                                                         if n >= 0.05))
     failed = sum("error" in r for r in rows)
     spilled = sum(r.get("stack", 0) > 0 for r in rows)
     print(f"triton {triton.__version__}: {len(rows) - failed} of {len(rows)} kernels build, {spilled} spill")
