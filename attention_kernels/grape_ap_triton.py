@@ -53,8 +53,8 @@ import torch
 import triton
 import triton.language as tl
 
-from attention_kernels.triton_common import (INTERPRET, key_tile_range, load_tile, online_softmax, pow2, query_tile, store_tile,
-                                   window_tile_range)
+from attention_kernels.triton_common import (INTERPRET, TRITON_VERSION, key_tile_range, load_tile, online_softmax, pow2,
+                                             query_tile, store_tile, window_tile_range)
 
 LOG2E = 1.0 / math.log(2.0)
 
@@ -643,20 +643,23 @@ def triton_backward(grad_out, q, k, v, p, r, slopes, out, lse, scale: float, con
 PASS_ROWS = 2048
 
 
-def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16, *, interpreter: bool = INTERPRET
-                   ) -> tuple[int, ...]:
+def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16, *, interpreter: bool = INTERPRET,
+                   triton_version: tuple[int, int] = TRITON_VERSION) -> tuple[int, ...]:
     """Forward, query-major and key-major (BLOCK_M, BLOCK_N, warps, stages), then pass rows. bf16/fp16: the
     tiles with the fewest predicted cycles per score element on sm_90 among those tried with
     tools/kernel_resources.py (docs/kernel_resources.md): the forward and query-major kernels without
     spills (except the windowed forward at D = 128: 24-32 B outside its loops); the key-major kernel's 64-key
     tiles (a warpgroup's wgmma rows for dk, dv, dr) spill at every tile tried, and the others predict 1.1-6x
-    the cycles (docs/grape_ap_kernel.md, "What bounds the key-major kernel's registers"). fp32 inputs run every dot without tensor cores, in tiles that fit an
-    A100's shared memory. The interpreter uses tiny tiles so that the tests are fast (interpreter=False: the
-    GPU's choice there too)."""
+    the cycles (docs/grape_ap_kernel.md, "What bounds the key-major kernel's registers"); at head dim 64 Triton
+    3.5 to 3.7 compile its loop with fewer spills and predicted cycles in two pipeline stages, 3.8 and later in
+    one (docs/grape_ap_kernel.md, "Triton versions and the key-major kernel's stages"). fp32 inputs run every dot
+    without tensor cores, in tiles that fit an A100's shared memory. The interpreter uses tiny tiles so that the
+    tests are fast (interpreter=False: the GPU's choice there too)."""
     if interpreter:
         return (16, 16, 1, 1, 16, 16, 1, 1, 16, 32, 1, 1, PASS_ROWS)
     if dtype == torch.float32:
         return (64, 32, 4, 2, 32, 32, 4, 1, 32, 32, 4, 1, PASS_ROWS)
     if head_dim <= 64:
-        return (64, 64, 4, 2, 128, 64, 8, 1, 64, 64, 4, 1, PASS_ROWS)
+        key_stages = 2 if (3, 5) <= triton_version < (3, 8) else 1
+        return (64, 64, 4, 2, 128, 64, 8, 1, 64, 64, 4, key_stages, PASS_ROWS)
     return (64, 64, 4, 2, 128, 32, 8, 1, 128, 64, 8, 1, PASS_ROWS)

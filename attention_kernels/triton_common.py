@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import re
 
 import triton
 import triton.language as tl
 
 # TRITON_INTERPRET=1 runs the kernels on the CPU (the tests): read once, as triton itself does at import
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+# (major, minor) of the installed Triton: some tile choices compile better under some versions
+TRITON_VERSION = tuple(int(part) for part in re.findall(r"\d+", triton.__version__)[:2])
 
 
 def emulate_gpu_bf16_in_interpreter() -> bool:
