@@ -16,11 +16,36 @@ GPT2_VOCAB_SIZE = 50257
 PREPARE_HINT = "prepare one with `python -m data.prepare --default` (or --files / --dataset, see README)"
 
 
+def _require_folder(data_dir):
+    if os.path.isdir(data_dir):
+        return
+    if os.path.exists(data_dir):  # e.g. its manifest.json or a shard given instead of the folder
+        raise DataError(f"data directory {data_dir} is a file, not a folder; give the folder that holds the prepared "
+                        f"shards and manifest.json, or {PREPARE_HINT}")
+    raise DataError(f"data directory {data_dir} does not exist; {PREPARE_HINT}")
+
+
+def _shape_problem(manifest):
+    """What a manifest.json lacks that its readers index (train.py, split_files, verify), or None: another tool's
+    manifest.json, valid JSON, must not end in a KeyError or TypeError far from where it was read."""
+    if not isinstance(manifest, dict):
+        return f"it holds a JSON {type(manifest).__name__}, not an object"
+    if not isinstance(manifest.get("tokenizer"), str):
+        return "it has no 'tokenizer' name"
+    shards = manifest.get("shards")
+    if not isinstance(shards, list) or not all(isinstance(s, dict) and isinstance(s.get("file"), str)
+                                               and s.get("split") in ("train", "val") for s in shards):
+        return "it has no 'shards' list whose entries each name a 'file' and a 'split' (train or val)"
+    for key in ("vocab_size", "n_vocab"):
+        if manifest.get(key) is not None and (not isinstance(manifest[key], int) or isinstance(manifest[key], bool)):
+            return f"its '{key}' is not a whole number"
+    return None
+
+
 def read_manifest(data_dir):
     """The manifest.json that data/prepare.py wrote, as a dict (has "tokenizer", "tokens", "shards", ...)."""
     path = os.path.join(data_dir, "manifest.json")
-    if not os.path.isdir(data_dir):
-        raise DataError(f"data directory {data_dir} does not exist; {PREPARE_HINT}")
+    _require_folder(data_dir)
     if not os.path.exists(path):
         if os.path.exists(os.path.join(data_dir, "progress.json")):
             raise DataError(f"the preparation of {data_dir} did not finish; run the same data.prepare command again "
@@ -28,18 +53,24 @@ def read_manifest(data_dir):
         raise DataError(f"{data_dir} has no manifest.json, so it is not a prepared data directory; {PREPARE_HINT}")
     try:
         with open(path) as f:
-            return json.load(f)
+            manifest = json.load(f)
     except ValueError as error:
         raise DataError(f"{path} is damaged ({error}); delete it and run the data.prepare command that made "
                         f"{data_dir} again, which prepares it afresh") from None
+    problem = _shape_problem(manifest)
+    if problem:  # a new --out folder: data.prepare clears *.bin files from the folder it prepares
+        raise DataError(f"{path} was not written by data.prepare ({problem}); prepare the data again with "
+                        f"`python -m data.prepare` (--files, --dataset or --default) into a new --out folder, or for "
+                        f"llm.c-style shards made elsewhere move that file aside and record them with "
+                        f"`{adopt_command(data_dir)}`")
+    return manifest
 
 
 def split_files(data_dir, split):
     """Shard paths of a split, in order: from the manifest, or for llm.c-style folders without one, by name."""
     if split not in ("train", "val"):
         raise DataError(f"unknown split {split!r}; use 'train' or 'val'")
-    if not os.path.isdir(data_dir):
-        raise DataError(f"data directory {data_dir} does not exist; {PREPARE_HINT}")
+    _require_folder(data_dir)
     if os.path.exists(os.path.join(data_dir, "manifest.json")) or os.path.exists(os.path.join(data_dir, "progress.json")):
         manifest = read_manifest(data_dir)
         paths = [os.path.join(data_dir, s["file"]) for s in manifest["shards"] if s["split"] == split]
@@ -59,7 +90,7 @@ def prepare_command(out_dir):
             with open(os.path.join(out_dir, name)) as f:
                 config = json.load(f)["config"]
             break
-        except (OSError, ValueError, KeyError):
+        except (OSError, ValueError, KeyError, TypeError):  # TypeError: valid JSON of another shape
             config = None
     if config is None:
         return f"python -m data.prepare ... --out {shlex.quote(out_dir)}"

@@ -53,8 +53,14 @@ DOCS_PER_BATCH = 64  # documents tokenised together: fewer Python-level steps pe
 PARTS = "parts"  # OUT/parts/: the pieces' shards and records until the last step names them
 LOCAL_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text"}
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FORMAT_NAMES = {"json": "JSON", "parquet": "parquet", "text": "UTF-8 text"}  # what LOCAL_BUILDERS read
 OFFLINE_HINT = ("prepare local files instead with --files 'path/*.jsonl' (.jsonl/.json/.parquet with a 'text' "
                 "field, or .txt), or the embedded corpus with --default")
+
+
+class BadInput(DataError):
+    """An input file that no re-run can read: the message names it and says to fix or remove it. Fixing or removing
+    it changes the source's description (its files' sha256), so the unfinished preparation is removed with it."""
 
 
 class Source:
@@ -77,7 +83,8 @@ def _quiet_datasets():
     import datasets
 
     datasets.disable_progress_bars()
-    datasets.logging.set_verbosity_error()
+    # critical, not error: an unreadable file is logged as an error, then raised, and the DataError says it once
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)
     return datasets
 
 
@@ -123,7 +130,8 @@ def _open_files(builder, paths, pattern, kwargs):
     try:
         return datasets.load_dataset(builder, data_files=paths, split="train", streaming=True, **kwargs)
     except Exception as exc:  # datasets raises many types for unreadable files
-        raise DataError(f"could not read --files {pattern!r} as {builder}: {exc}") from None
+        raise BadInput(f"could not read --files {pattern!r} as {FORMAT_NAMES[builder]} ({exc}); fix or remove the "
+                       f"file that is not {FORMAT_NAMES[builder]}, then run the same command again") from None
 
 
 def files_source(pattern, txt_sample_by="document"):
@@ -171,20 +179,31 @@ def _init_worker(source, tokenizer_name, counter):
     _worker.update(source=source, dataset=None, counter=counter)
 
 
-def _document_batches(rows, description):
-    texts = []
+def _document_batches(rows, description, file=None):
+    """The rows' texts in batches of DOCS_PER_BATCH. file: the local file the rows come from (a piece of a --files
+    source), named when it cannot be read."""
+    texts, where = [], file or json.dumps(description)[:200]
     try:
-        for row in rows:
+        for number, row in enumerate(rows, 1):
             if "text" not in row:
-                raise DataError(f"the rows of {json.dumps(description)[:200]} have no 'text' field "
-                                f"(fields: {', '.join(row)}); give files whose documents are in 'text'")
-            texts.append(row["text"] or "")
+                raise BadInput(f"the rows of {where} have no 'text' field (fields: {', '.join(row)}); give files "
+                               f"whose documents are in 'text'")
+            text = row["text"]
+            if text is not None and not isinstance(text, str):
+                raise BadInput(f"the 'text' of row {number} of {where} is {json.dumps(text, default=str)[:40]}, not a "
+                               "string; fix or remove that row, then run the same command again")
+            # null is an empty document, as "" is: datasets gives null, too, for a row without 'text' among rows with it
+            texts.append(text or "")
             if len(texts) == DOCS_PER_BATCH:
                 yield texts
                 texts = []
     except DataError:
         raise
-    except Exception as exc:  # network or file errors while streaming
+    except Exception as exc:  # local files that do not parse, or network or file errors while streaming
+        if file is not None and not isinstance(exc, OSError):  # bad input: a re-run reads the same bytes again
+            raise BadInput(f"{file} cannot be read as {FORMAT_NAMES.get(description.get('format'), 'input')} "
+                           f"({exc.__class__.__name__}: {exc}); fix or remove that file, then run the same command "
+                           "again") from None
         raise DataError(f"reading the documents failed ({exc.__class__.__name__}: {exc}); re-run the same "
                         f"command to continue from the finished pieces") from None
     if texts:
@@ -214,7 +233,9 @@ def _tokenize_piece(task):
         shards.append({"file": name, "tokens": fill, "sha256": sha,
                        "documents": int(np.count_nonzero(buffer[:fill] == eot))})
 
-    for texts in _document_batches(rows, source.description):
+    # a --files source has one piece per file, in sorted order (files_source)
+    file = source.files[index] if source.description.get("kind") == "files" else None
+    for texts in _document_batches(rows, source.description, file):
         flat, _ = encode_documents(texts)
         pos = 0
         while pos < len(flat) and (budget is None or total < budget):
@@ -545,6 +566,10 @@ def _write_error(out_dir, error):
             if name.endswith(".tmp"):
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(os.path.join(folder, name))
+    blocker = _file_in_the_way(out_dir)
+    if blocker is not None:  # not a full disk or a permission: no re-run can make a folder where a file is
+        return DataError(f"cannot prepare into {out_dir}: {blocker} is a file, not a folder; give --out another path "
+                         "or move that file aside")
     inside = error.filename is not None and os.path.abspath(str(error.filename)).startswith(
         os.path.abspath(out_dir) + os.sep)
     if isinstance(error, FileNotFoundError) and inside:
@@ -555,6 +580,15 @@ def _write_error(out_dir, error):
     where = f" ({error.filename})" if error.filename else ""
     return DataError(f"cannot write to {out_dir}{where}: {error.strerror or error}; completed pieces are kept: "
                      "free space or fix the permissions, then run the same command again to continue")
+
+
+def _file_in_the_way(out_dir):
+    """The file at out_dir or at the nearest existing path above it, which keeps out_dir from being a folder; or
+    None."""
+    path = os.path.abspath(out_dir)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return None if os.path.isdir(path) else path
 
 
 def _prepare(source, out_dir, tok, config, workers, progress_bar, stop_after_pieces, created):
@@ -601,6 +635,9 @@ def _prepare(source, out_dir, tok, config, workers, progress_bar, stop_after_pie
         try:
             _tokenize_pieces(source, out_dir, config["tokenizer"], n_pieces, workers, config, done, bar,
                              stop_after_pieces)
+        except BadInput:
+            _remove_unfinished(out_dir, created)  # the fixed input is another source: nothing here could resume
+            raise
         finally:
             if bar is not None:
                 bar.close()
@@ -697,7 +734,10 @@ def ensure_default_corpus(out_dir=None, tokenizer="gpt2", progress_bar=True):
             if os.path.exists(manifest_path):
                 try:
                     with open(manifest_path) as f:
-                        config = json.load(f).get("config", {})
+                        manifest = json.load(f)
+                    # another tool's manifest (a list, say) is no cache of ours: prepare() then says what it is
+                    config = manifest.get("config") if isinstance(manifest, dict) else None
+                    config = config if isinstance(config, dict) else {}
                 except ValueError:  # a damaged manifest of this cache: rebuild it
                     config = {"source": {"kind": "default"}}
                 if config != expected and config.get("source", {}).get("kind") == "default":

@@ -24,6 +24,7 @@ from config import ConfigError
 from hf import qwen3
 
 MAY_DIFFER = ("block_size", "attn_backend")
+LFS_POINTER = b"version https://git-lfs.github.com/spec/"  # how a git-lfs pointer file starts
 
 
 def initial_state(path: str, model_cfg: dict) -> dict:
@@ -95,6 +96,7 @@ def _our_config(values: dict, path: str) -> dict:
 
 def _safetensors(path: str) -> dict:
     """Every tensor of model.safetensors, or of the shards that model.safetensors.index.json lists."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     index = os.path.join(path, "model.safetensors.index.json")
@@ -108,7 +110,15 @@ def _safetensors(path: str) -> dict:
         file = os.path.join(path, name)
         if not os.path.isfile(file):
             raise OSError(f"{file} is missing; only safetensors weights are read")
-        tensors.update(load_file(file))
+        try:
+            tensors.update(load_file(file))
+        except SafetensorError as error:  # not an OSError: a cut-off download or a git-lfs pointer left in place
+            with open(file, "rb") as f:
+                if f.read(len(LFS_POINTER)) == LFS_POINTER:  # a clone without git-lfs holds this text, not weights
+                    raise ConfigError(f"init_from {path}: {file} is a git-lfs pointer, not the weights; fetch them "
+                                      "with `git lfs pull` in that clone (or download the model again)") from None
+            raise ConfigError(f"init_from {path}: {file} is not a complete safetensors file ({error}); download or "
+                              "export the model again") from None
     return tensors
 
 

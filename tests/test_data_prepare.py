@@ -613,3 +613,65 @@ def test_the_preparation_lock_is_skipped_only_where_it_cannot_be_made(tmp_path, 
             with prep.preparation_lock(str(tmp_path / "other")):
                 pytest.fail("entered without the lock after an error that is not a read-only folder")
         assert error.value.errno == code
+
+
+# ------------------------------------------------------------------ input no re-run can read: named, with its fix
+
+def test_a_text_that_is_not_a_string_names_its_row_and_leaves_nothing_to_resume(tmp_path, capsys):
+    rows = [{"text": DOCS[i]} for i in range(3)] + [{"text": 5}] + [{"text": DOCS[i]} for i in range(4, 9)]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert prep.main(["--files", str(tmp_path / "in.jsonl"), "--out", str(tmp_path / "out"), "--tokenizer", "byte",
+                      "--val-tokens", "100", "--workers", "1", "--quiet"]) == 2  # (was a TypeError traceback)
+    assert capsys.readouterr().err == (f"error: the 'text' of row 4 of {tmp_path / 'in.jsonl'} is 5, not a string; "
+                                       "fix or remove that row, then run the same command again\n")
+    assert not (tmp_path / "out").exists()  # the fixed file is another source: no unfinished run is left in the way
+    rows[3]["text"] = DOCS[3]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    run_prepare(prep.files_source(str(tmp_path / "in.jsonl")), tmp_path / "out", val_tokens=100)
+    assert np.array_equal(all_tokens(tmp_path / "out"), expected_stream(DOCS[:9]))
+
+
+def test_a_null_text_is_an_empty_document_as_a_row_without_text_is(tmp_path):
+    # datasets gives null for a row that lacks 'text' where other rows have it, so null is taken as "" is.
+    (tmp_path / "in.jsonl").write_text(json.dumps({"text": DOCS[0]}) + "\n" + json.dumps({"text": None}) + "\n"
+                                       + json.dumps({"body": "x"}) + "\n" + json.dumps({"text": DOCS[1]}) + "\n")
+    manifest = run_prepare(prep.files_source(str(tmp_path / "in.jsonl")), tmp_path / "out", val_tokens=10)
+    assert manifest["documents"] == 4
+    assert np.array_equal(all_tokens(tmp_path / "out"), expected_stream([DOCS[0], "", "", DOCS[1]]))
+
+
+@pytest.mark.parametrize("name,content,kind", [
+    ("a.jsonl", b"this is plain text\nnot json\n", "JSON"),
+    ("a.jsonl", b'{"text": "whole"}\n{"text": "cut off mid-wri', "JSON"),  # a truncated last line
+    ("a.txt", "caf\u00e9 au lait\n".encode("latin-1"), "UTF-8 text"),
+])
+def test_input_that_cannot_be_read_names_the_file_to_fix_not_a_rerun(tmp_path, capsys, name, content, kind):
+    write_jsonl(tmp_path / "0.jsonl", DOCS[:3]) if name.endswith(".jsonl") else (tmp_path / "0.txt").write_text("ok")
+    (tmp_path / name).write_bytes(content)
+    pattern = str(tmp_path / ("*" + os.path.splitext(name)[1]))
+    assert prep.main(["--files", pattern, "--out", str(tmp_path / "out"), "--tokenizer", "byte", "--val-tokens", "10",
+                      "--workers", "2", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {tmp_path / name} cannot be read as {kind} (") and err.count("\n") == 1
+    assert err.endswith("); fix or remove that file, then run the same command again\n") and "re-run" not in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("out", ["afile", "afile/below"])
+def test_an_out_that_is_a_file_or_below_one_says_a_file_is_in_the_way(tmp_path, capsys, out):
+    write_jsonl(tmp_path / "in.jsonl", DOCS)
+    (tmp_path / "afile").write_text("mine")
+    for command in (["--files", str(tmp_path / "in.jsonl")], ["--default"]):
+        assert prep.main(command + ["--out", str(tmp_path / out), "--tokenizer", "byte", "--quiet"]) == 2
+        assert capsys.readouterr().err == (f"error: cannot prepare into {tmp_path / out}: {tmp_path / 'afile'} is a "
+                                           "file, not a folder; give --out another path or move that file aside\n")
+    assert (tmp_path / "afile").read_text() == "mine"
+
+
+def test_the_default_corpus_refuses_a_folder_with_another_tools_manifest(tmp_path):
+    out = tmp_path / "cache"
+    out.mkdir()
+    (out / "manifest.json").write_text("[]")  # (was an AttributeError)
+    with pytest.raises(DataError, match="manifest.json was not written by data.prepare \\(it holds a JSON list"):
+        prep.ensure_default_corpus(str(out), tokenizer="byte", progress_bar=False)
+    assert (out / "manifest.json").read_text() == "[]"

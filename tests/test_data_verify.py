@@ -228,3 +228,19 @@ def test_shard_ids_against_the_model_and_the_tokenizer(tmp_path_factory, largest
     at_limit = shard_folder(tmp_path_factory.mktemp("d"), largest, vocab_in_manifest=largest)
     with pytest.raises(DataError, match="never produces: the shard is damaged"):
         verify.verify_shards(at_limit, vocab_size=65536)
+
+
+def test_verifying_a_folder_of_another_tools_manifest_or_a_file_is_one_sentence(data_dir, capsys):
+    from data import prepare
+    manifest = os.path.join(data_dir, "manifest.json")
+    with open(manifest, "w") as f:
+        json.dump({"version": 1, "files": ["train_000001.bin"]}, f)  # valid JSON, not data.prepare's
+    with pytest.raises(DataError, match="manifest.json was not written by data.prepare \\(it has no 'tokenizer'"):
+        verify.verify_all(data_dir)  # (was KeyError: 'shards')
+    with pytest.raises(DataError, match="manifest.json was not written by data.prepare"):
+        verify.verify_shards(data_dir)
+    assert prepare.main(["--verify", data_dir]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {manifest} was not written by data.prepare") and err.count("\n") == 1
+    assert prepare.main(["--verify", manifest]) == 2  # a file, not the folder
+    assert capsys.readouterr().err.startswith(f"error: data directory {manifest} is a file, not a folder; ")

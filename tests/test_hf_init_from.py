@@ -1,5 +1,6 @@
 """train.py's init_from: a Qwen3 checkpoint written by transformers starts a run of ours, which continues
 and resumes; what our model cannot express is refused in one sentence."""
+import re
 import shutil
 
 import pytest
@@ -83,3 +84,26 @@ def test_init_from_names_the_settings_to_change(tmp_path, data_dir):
         train.run([str(config), f"--out_dir={tmp_path / 'run'}"])
     with pytest.raises(ConfigError, match="does not exist"):
         train.run([str(config), f"--out_dir={tmp_path / 'run'}", f"--init_from={tmp_path / 'nothing'}"])
+
+
+@pytest.mark.parametrize("weights,message", [
+    # a clone made without git-lfs holds the pointer text in place of the weights
+    (b"version https://git-lfs.github.com/spec/v1\noid sha256:abcd\nsize 3285752\n",
+     "model.safetensors is a git-lfs pointer, not the weights; fetch them with `git lfs pull`"),
+    (None, "model.safetensors is not a complete safetensors file \\(.*\\); download or export the model again"),
+])
+def test_weights_that_are_not_a_complete_safetensors_file_are_one_sentence(tmp_path, data_dir, monkeypatch, capsys,
+                                                                            weights, message):
+    qwen3(tmp_path / "qwen3")
+    file = tmp_path / "qwen3" / "model.safetensors"
+    file.write_bytes(weights if weights is not None else file.read_bytes()[:5000])  # None: a cut-off download
+    config = tmp_path / "tiny.toml"
+    config.write_text(tiny_config(data_dir, model={"pos": "rope"}, init_from=str(tmp_path / "qwen3")))
+    monkeypatch.setattr("sys.argv", ["train.py", str(config), f"--out_dir={tmp_path / 'run'}"])
+    capsys.readouterr()  # (transformers' progress bar while saving)
+    with pytest.raises(SystemExit) as exit:
+        train.main()
+    assert exit.value.code == 2
+    err = capsys.readouterr().err
+    assert re.fullmatch(f"error: init_from {re.escape(str(tmp_path / 'qwen3'))}: .*{message}.*\n", err), err
+    assert "Traceback" not in err and not (tmp_path / "run").exists()
