@@ -41,8 +41,8 @@ if __package__ in (None, ""):  # run as `python data/prepare.py`: make the repos
 import numpy as np
 
 from data import tokenizer as tokenization
-from data.manifest import (FINEWEB_EDU_CONFIGS, FINEWEB_EDU_REPO, prepare_command, read_manifest,  # noqa: F401
-                           split_files)
+from data.manifest import (FINEWEB_EDU_CONFIGS, FINEWEB_EDU_REPO, adopt_command, prepare_command,  # noqa: F401
+                           read_manifest, split_files)
 from data.shards import DataError, file_sha256, open_shard, read_header, write_shard
 from data.tokenizer import TOKENIZER_NAMES, encode_documents, get_tokenizer
 
@@ -612,6 +612,12 @@ def _prepare(source, out_dir, tok, config, workers, progress_bar, stop_after_pie
     if progress is not None and progress.get("config") != config:
         raise DataError(f"{out_dir} holds a preparation with other arguments; use the same arguments to resume it, "
                         f"or another --out (or delete {out_dir}) to start a new one")
+    if progress is None:  # a preparation writes progress.json before any shard: other .bin files are not ours
+        foreign = sorted(name for name in os.listdir(out_dir) if name.endswith(".bin"))
+        if foreign:
+            raise DataError(f"{out_dir} already holds {len(foreign)} .bin file(s) that no preparation made "
+                            f"({foreign[0]}, ...), which preparing there would delete; give --out a new folder, or "
+                            f"record shards made elsewhere with `{adopt_command(out_dir)}`")
     if progress is None or "pieces" not in progress:  # nothing yet, or a run of an older version: start afresh
         _remove_unfinished(out_dir, False)
         progress = {"config": config, "pieces": source.pieces or _count_pieces(source)}

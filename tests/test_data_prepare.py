@@ -668,6 +668,24 @@ def test_an_out_that_is_a_file_or_below_one_says_a_file_is_in_the_way(tmp_path, 
     assert (tmp_path / "afile").read_text() == "mine"
 
 
+@pytest.mark.fault
+def test_an_out_holding_shards_no_preparation_made_is_refused_and_they_are_kept(tmp_path, capsys):
+    """An --out folder that already holds .bin files of the user's own (llm.c shards, say) and no preparation of
+    ours: starting afresh there deleted every one of them; refused now, each file as it was."""
+    write_jsonl(tmp_path / "in.jsonl", DOCS)
+    out = tmp_path / "shards"
+    out.mkdir()
+    (out / "fineweb_train_000001.bin").write_bytes(b"mine" * 100)
+    (out / "notes.txt").write_text("kept")
+    assert prep.main(["--files", str(tmp_path / "in.jsonl"), "--out", str(out), "--tokenizer", "byte", "--quiet"]) == 2
+    assert capsys.readouterr().err == (
+        f"error: {out} already holds 1 .bin file(s) that no preparation made (fineweb_train_000001.bin, ...), which "
+        f"preparing there would delete; give --out a new folder, or record shards made elsewhere with "
+        f"`python -m data.prepare --adopt {out}`\n")
+    assert (out / "fineweb_train_000001.bin").read_bytes() == b"mine" * 100
+    assert sorted(os.listdir(out)) == ["fineweb_train_000001.bin", "notes.txt"]
+
+
 def test_the_default_corpus_refuses_a_folder_with_another_tools_manifest(tmp_path):
     out = tmp_path / "cache"
     out.mkdir()
