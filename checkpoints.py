@@ -399,6 +399,9 @@ def load_model(ckpt, device="cpu", argument="--ckpt"):
     from data.shards import DataError
     from data.tokenizer import get_tokenizer
 
+    problem = device_problem(device)
+    if problem:
+        raise UserError(problem)
     if not os.path.exists(ckpt):
         raise UserError(f"no checkpoint at {ckpt}: it does not exist, and {argument} takes a run directory that "
                         f"holds ckpt.pt (written by train.py) or a checkpoint file; {existing_runs(ckpt)}")
@@ -426,6 +429,30 @@ def load_model(ckpt, device="cpu", argument="--ckpt"):
     return model, tokenizer, ckpt_dict
 
 
+def device_problem(device) -> str | None:
+    """The sentence for a device this machine cannot put a model on, or None. Checked here, the one place sample.py
+    and the evaluations share, because model.to(device) answers a misspelled name or a missing GPU with a raw
+    RuntimeError."""
+    valid = "cpu, cuda, cuda:N (N counts the GPUs from 0) or mps"
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError):
+        return f"device {device!r} is not a device name; use {valid}"
+    if parsed.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            return f"device {device} was asked for, but no CUDA GPU is visible on this machine; use cpu"
+        if parsed.index is not None and parsed.index >= count:
+            names = "cuda:0" if count == 1 else f"cuda:0 to cuda:{count - 1}"
+            return f"device {device} does not exist: this machine has {count} CUDA GPU{'s' * (count > 1)}, {names}"
+    elif parsed.type == "mps":
+        if not torch.backends.mps.is_available():
+            return f"device {device} was asked for, but MPS (Apple's GPU) is not available on this machine; use cpu"
+    elif parsed.type != "cpu":  # meta, xpu, ...: names torch knows that this project does not run on
+        return f"device {device!r} is not one this project runs on; use {valid}"
+    return None
+
+
 # What a torch.save file starts with: a zip archive (torch >= 1.6), or a pickle (the legacy format).
 TORCH_SAVE_MAGIC = (b"PK", b"\x80")
 RUN_FILES = {"config.json": "train.py's record of the run's settings",
@@ -434,7 +461,8 @@ RUN_FILES = {"config.json": "train.py's record of the run's settings",
 
 def not_a_checkpoint(path, argument="--ckpt"):
     """One sentence when `path` is some other file (a run's config.json, a text file): torch.load would call it
-    corrupt or truncated. A damaged checkpoint keeps its first bytes and is left to the loader's own message."""
+    corrupt or truncated. A damaged checkpoint keeps its first bytes and is left to the loader's own message; a
+    run's ckpt.pt that is not torch.save's at all is called corrupt here (its run directory is no way out)."""
     with open(path, "rb") as f:
         head = f.read(64)
     if not head or head.startswith(TORCH_SAVE_MAGIC):
@@ -443,6 +471,11 @@ def not_a_checkpoint(path, argument="--ckpt"):
     json_like = head.lstrip()[:1] in (b"{", b"[")
     what = RUN_FILES.get(name) or ("a JSON file" if json_like else "a file that torch.save did not write")
     run_dir = os.path.dirname(os.path.abspath(path))
+    if name == "ckpt.pt":
+        # the run directory's own checkpoint is the broken file: pointing at that directory would loop
+        kind = "it holds JSON text" if json_like else "it does not begin as a torch.save file does"
+        raise UserError(f"checkpoint {path} is corrupt or was not written by torch.save ({kind}); restore it from a "
+                        f"backup, or pass another run directory or checkpoint file as {argument}")
     given = os.path.dirname(path) or "."
     instead = ((f"pass {argument} {given}" if argument.startswith("-") else f"give {given} as {argument}")
                + " (its run directory, which holds ckpt.pt)"

@@ -414,16 +414,25 @@ def read_toml(path: str, seen: tuple[str, ...] = ()) -> dict[str, dict]:
             raw = tomllib.load(f)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"config file {path} is not valid TOML ({e}); fix the line it names.") from None
+    except UnicodeDecodeError:  # TOML is UTF-8 by definition; an editor's Latin-1 comment is enough to break it
+        raise ConfigError(f"config file {path} is not UTF-8 text; save it as UTF-8.") from None
     merged: dict[str, dict] = {s: {} for s in SECTIONS}
     include = raw.pop("include", None)
     if include is not None:
         includes = [include] if isinstance(include, str) else include
+        # checked before any is read: a number (or a table) here would otherwise end in a TypeError traceback
+        if not isinstance(includes, list) or not all(isinstance(inc, str) for inc in includes):
+            raise ConfigError(f"{path}: include = {include!r} is not valid; include must be a file path or a list "
+                              "of file paths (include = \"base.toml\" or include = [\"a.toml\", \"b.toml\"]).")
         for inc in includes:
             base = read_toml(os.path.join(os.path.dirname(path), inc), seen + (path,))
             for s in SECTIONS:
                 merged[s].update(base[s])
     for name, table in raw.items():
-        if name not in SECTIONS or not isinstance(table, dict):
+        if name in SECTIONS and not isinstance(table, dict):  # a section's name with a plain value: not a typo
+            raise ConfigError(f"{path}: {name} = {table!r} is not valid; {name} must be a table: write [{name}] on "
+                              f"a line of its own and its keys below it.")
+        if name not in SECTIONS:
             raise ConfigError(f"{path}: unknown top-level entry {name!r}; "
                               f"{closest_hint(name, SECTIONS + ('include',))} "
                               "(a config file has only include, [model] and [train]).")

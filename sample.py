@@ -7,6 +7,7 @@ One prefill pass over the prompt, then one token per step through the cache (any
 the model's cache carries each encoding's running state). Prints each sample, then the prefill
 time and the decoding speed in tokens/s.
 """
+import math
 import sys
 import time
 
@@ -90,6 +91,8 @@ def parse_args(argv=None):
     if not 0 <= args.seed <= MAX_SEED:
         p.error(f"--seed must be between 0 and {MAX_SEED} (2**64 - 1, what the random generators take), not "
                 f"{args.seed}; e.g. --seed=1337 (the default)")
+    if not math.isfinite(args.temperature):  # nan passes the comparisons below and fails inside the sampler
+        p.error(f"--temperature must be a finite number (0 = greedy), not {args.temperature}")
     if args.max_new_tokens < 1 or args.num_samples < 1 or args.temperature < 0 or args.top_k < 0:
         p.error(f"--max-new-tokens and --num-samples must be positive (got {args.max_new_tokens} and "
                 f"{args.num_samples}), --temperature and --top-k non-negative "
@@ -109,6 +112,8 @@ def main(argv=None):
                     prompt = f.read()
             except OSError as error:
                 raise UserError(f"cannot read --prompt-file {args.prompt_file}: {error.strerror}") from None
+            except UnicodeDecodeError:  # e.g. saved as Latin-1 by an editor
+                raise UserError(f"--prompt-file {args.prompt_file} is not UTF-8 text; save it as UTF-8") from None
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)

@@ -200,9 +200,11 @@ def load_study(path: str) -> Study:
     if not os.path.isfile(path):
         raise StudyError(f"study file {path} does not exist; pick one of configs/studies/*.toml.")
     try:
-        raw = tomllib.loads(Path(path).read_text())
+        raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))  # TOML is UTF-8, whatever the locale says
     except tomllib.TOMLDecodeError as e:
         raise StudyError(f"study file {path} is not valid TOML ({e}); fix the line it names.") from None
+    except UnicodeDecodeError:  # e.g. a comment saved as Latin-1
+        raise StudyError(f"study file {path} is not UTF-8 text; save it as UTF-8.") from None
     errors = []
 
     def wrong(key: str, message: str) -> None:

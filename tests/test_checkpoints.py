@@ -158,6 +158,48 @@ def test_another_file_given_as_a_checkpoint_is_named_with_what_to_pass_instead(t
     assert checkpoints.not_a_checkpoint(str(loose / "empty")) is None
 
 
+def test_a_run_whose_own_ckpt_pt_is_not_a_torch_file_is_called_corrupt_without_pointing_back_at_it(tmp_path):
+    """The advice above ("pass --ckpt RUN_DIR, which holds ckpt.pt") used to be given for RUN_DIR/ckpt.pt itself: the
+    user had passed RUN_DIR, and following it looped."""
+    from config import UserError
+    (tmp_path / "ckpt.pt").write_text("hello\n")
+    (tmp_path / "config.json").write_text('{"model": {}}')
+    for given, argument in ((tmp_path, "--ckpt"), (tmp_path / "ckpt.pt", "--ckpt"), (tmp_path, "CKPT")):
+        with pytest.raises(UserError) as info:
+            checkpoints.load_model(str(given), argument=argument)
+        assert str(info.value) == (f"checkpoint {tmp_path / 'ckpt.pt'} is corrupt or was not written by torch.save "
+                                   "(it does not begin as a torch.save file does); restore it from a backup, or pass "
+                                   f"another run directory or checkpoint file as {argument}")
+    (tmp_path / "ckpt.pt").write_text('{"model": {}}')
+    with pytest.raises(UserError, match=r"\(it holds JSON text\); restore it from a backup"):
+        checkpoints.not_a_checkpoint(str(tmp_path / "ckpt.pt"))
+
+
+VALID_DEVICES = "use cpu, cuda, cuda:N (N counts the GPUs from 0) or mps"
+
+
+@pytest.mark.parametrize("device, gpus, sentence", [
+    ("gpu", 1, f"device 'gpu' is not a device name; {VALID_DEVICES}"),
+    ("CUDA", 1, f"device 'CUDA' is not a device name; {VALID_DEVICES}"),
+    ("meta", 1, f"device 'meta' is not one this project runs on; {VALID_DEVICES}"),
+    ("cuda", 0, "device cuda was asked for, but no CUDA GPU is visible on this machine; use cpu"),
+    ("cuda:1", 1, "device cuda:1 does not exist: this machine has 1 CUDA GPU, cuda:0"),
+    ("cuda:2", 2, "device cuda:2 does not exist: this machine has 2 CUDA GPUs, cuda:0 to cuda:1"),
+])
+def test_load_model_refuses_a_device_it_cannot_use_in_one_sentence(tmp_path, monkeypatch, device, gpus, sentence):
+    """model.to(device) used to end sample.py and the evaluations in a raw RuntimeError; the checkpoint is read only
+    after the device is found usable. The number of GPUs is pretended, so the test means the same on any machine."""
+    from config import UserError
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    torch.save({"step": 1}, tmp_path / "ckpt.pt")
+    with pytest.raises(UserError) as info:
+        checkpoints.load_model(str(tmp_path), device=device)
+    assert str(info.value) == sentence
+    assert checkpoints.device_problem("cpu") is None
+    assert checkpoints.device_problem("cuda:0" if gpus else "cpu") is None
+
+
 def test_a_sharded_checkpoint_loads_as_the_whole_model_on_one_process(tmp_path, outside_torchrun):
     """train.py under FSDP saves shards (written here on a group of one); evaluation, sampling and the export read
     them back as one state dict, the same tensors as the model that was saved."""

@@ -73,6 +73,37 @@ def test_a_badly_typed_model_key_in_the_file_is_named_with_its_section(tmp_path)
     assert "model.n_layer" in str(caught.value)
 
 
+@pytest.mark.parametrize("content, message", [
+    # a Latin-1 comment: UnicodeDecodeError from tomllib, with a traceback, before
+    ("[train]\nmax_iters = 2\n# r\u00e9sum\u00e9\n".encode("latin-1"), "is not UTF-8 text; save it as UTF-8."),
+    # TypeError tracebacks before: an int is not iterable; os.path.join refuses an int
+    (b"include = 5\n", "include = 5 is not valid; include must be a file path or a list of file paths"),
+    (b'include = ["base.toml", 3]\n', "include = ['base.toml', 3] is not valid; include must be a file path or a list"),
+    # a section's own name with a plain value was answered "unknown top-level entry 'model'; did you mean 'model'?"
+    (b"model = 3\n", "model = 3 is not valid; model must be a table: write [model] on a line of its own"),
+    (b'train = "x"\n', "train = 'x' is not valid; train must be a table: write [train] on a line of its own"),
+])
+def test_a_config_file_of_the_wrong_form_is_one_config_error_naming_it(tmp_path, content, message):
+    (tmp_path / "base.toml").write_text("[train]\nmax_iters = 3\n")
+    path = tmp_path / "bad.toml"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError) as caught:
+        config.read_toml(str(path))
+    assert str(caught.value).startswith(("config file " + str(path), str(path) + ":"))
+    assert message in str(caught.value) and "did you mean" not in str(caught.value)
+
+
+def test_train_py_says_a_config_file_is_not_utf8_in_one_line_with_exit_code_2(tmp_path, monkeypatch, capsys):
+    path = tmp_path / "latin1.toml"
+    path.write_bytes("# caf\u00e9\n[train]\nmax_iters = 2\n".encode("latin-1"))
+    monkeypatch.setattr("sys.argv", ["train.py", str(path), f"--out_dir={tmp_path / 'run'}"])
+    with pytest.raises(SystemExit) as exit_info:
+        train.main()
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip() == f"error: config file {path} is not UTF-8 text; save it as UTF-8."
+    assert not (tmp_path / "run").exists()
+
+
 # ---------------------------------------------------------------- properties: resume under every mix of the recipe keys
 # A run's recipe keys are each left to the recipe, or set to the official or the clean value, in the config file or on
 # the command line. Whatever the mix, the resolved settings are the ones asked for (the values below are written from

@@ -99,3 +99,48 @@ def test_seed_bounds_are_the_generators(run, capsys, seed, accepted):
         with pytest.raises(SystemExit) as exit_info:
             sample.main(args)
         assert exit_info.value.code == 2 and "--seed must be between 0 and" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("temperature", ["nan", "inf"])
+def test_a_temperature_that_is_not_finite_is_refused_before_sampling(run, capsys, temperature):
+    # nan passed the `< 0` check and failed in sample_next ("probability tensor contains either inf, nan ...")
+    _, run_dir = run
+    with pytest.raises(SystemExit) as exit_info:
+        sample.main(["--ckpt", str(run_dir), "--max-new-tokens", "3", "--temperature", temperature])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.strip().endswith(f"error: --temperature must be a finite number (0 = greedy), not {temperature}")
+    assert "Traceback" not in err
+
+
+def test_a_prompt_file_not_in_utf8_is_one_sentence(run, tmp_path, capsys):
+    # a Latin-1 file used to end in a UnicodeDecodeError traceback
+    _, run_dir = run
+    (tmp_path / "prompt.txt").write_bytes("caf\u00e9\n".encode("latin-1"))
+    with pytest.raises(SystemExit) as exit_info:
+        sample.main(["--ckpt", str(run_dir), "--prompt-file", str(tmp_path / "prompt.txt")])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip() == (f"error: --prompt-file {tmp_path / 'prompt.txt'} is not UTF-8 text; "
+                                               "save it as UTF-8")
+
+
+def test_a_device_name_torch_does_not_know_is_one_sentence(run, capsys):
+    # --device gpu used to end in model.to's RuntimeError ("Expected one of cpu, cuda, ... device type")
+    _, run_dir = run
+    with pytest.raises(SystemExit) as exit_info:
+        sample.main(["--ckpt", str(run_dir), "--device", "gpu"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip() == ("error: device 'gpu' is not a device name; use cpu, cuda, cuda:N (N "
+                                               "counts the GPUs from 0) or mps")
+
+
+def test_a_run_whose_ckpt_pt_is_a_text_file_is_not_told_to_pass_its_own_directory(tmp_path, capsys):
+    # the advice was "pass --ckpt RUN_DIR (its run directory, which holds ckpt.pt)": the directory just passed
+    (tmp_path / "ckpt.pt").write_text("hello\n")
+    with pytest.raises(SystemExit) as exit_info:
+        sample.main(["--ckpt", str(tmp_path), "--max-new-tokens", "3"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"error: checkpoint {tmp_path / 'ckpt.pt'} is corrupt or was not written by torch.save (it does "
+                   "not begin as a torch.save file does); restore it from a backup, or pass another run directory "
+                   "or checkpoint file as --ckpt")

@@ -679,6 +679,24 @@ def test_a_bad_study_file_is_one_clear_error_before_any_run(workspace, tmp_path,
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize("latin1", ["study", "base"])
+def test_a_study_or_base_file_not_in_utf8_is_one_sentence_naming_it(workspace, tmp_path, capsys, latin1):
+    """A Latin-1 comment (an editor's default on some systems) used to end in a UnicodeDecodeError traceback."""
+    comment = "# r\u00e9sum\u00e9\n".encode("latin-1")
+    base = (workspace / "base.toml").read_bytes()
+    (tmp_path / "base.toml").write_bytes(base + comment if latin1 == "base" else base)
+    study_text = b'base = "base.toml"\nencodings = ["rope"]\n'
+    (tmp_path / "s.toml").write_bytes(study_text + comment if latin1 == "study" else study_text)
+    with pytest.raises(SystemExit) as exit_info:
+        study.main([str(tmp_path / "s.toml")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    named = tmp_path / ("s.toml" if latin1 == "study" else "base.toml")
+    assert len(err.splitlines()) == 1 and err.startswith("error:")
+    assert f"{named} is not UTF-8 text; save it as UTF-8." in err
+    assert not (tmp_path / "runs").exists()
+
+
 def test_every_mistake_of_a_study_file_is_in_one_error_before_any_run(workspace, tmp_path, monkeypatch, capsys):
     """A misspelled encoding, a bad override value and a bad evaluation option: one error names all three, each with
     the study file and its key (they used to come one at a time, each after the one before was fixed), and nothing
