@@ -15,6 +15,7 @@ Writes OUT/extrapolation.json and OUT/extrapolation.md and prints the tables. Wh
 progress lines with the elapsed time and an ETA for each phase (tokens read by the model, prompt tokens of the
 passkey trials); the JSON records each phase's seconds (elapsed_s).
 """
+import contextlib
 import json
 import os
 import random
@@ -29,10 +30,11 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from data.shards import DataError  # noqa: E402
-from checkpoints import load_model, not_a_folder  # noqa: E402
+from checkpoints import load_model  # noqa: E402
 from config import UserError  # noqa: E402
 from eval.runtime import autocast_context, describe_encoding, pick_device  # noqa: E402
 from eval.cli import make_parser  # noqa: E402
+from eval.outputs import check_writable, unwritten  # noqa: E402
 from eval.windows import plan_windows  # noqa: E402
 from eval import progress as timing  # noqa: E402
 
@@ -308,9 +310,14 @@ def plot_passkey(result, path):
 
 
 def write_atomic(path, text):
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(path + ".tmp", path)
+    try:
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(path + ".tmp", path)
+    except OSError:  # a full disk: no half-written .tmp left behind
+        with contextlib.suppress(OSError):
+            os.remove(path + ".tmp")
+        raise
 
 
 def parse_floats(text):
@@ -353,6 +360,9 @@ def parse_args(argv=None):
         p.error(f"--depths must lie in [0, 1] (got {args.depths})")
     if not 0 < args.stride_fraction <= 1:
         p.error(f"--stride-fraction must be in (0, 1] (got {args.stride_fraction})")
+    if args.context is not None and args.context < 1:  # (0 would silently mean the checkpoint's own block_size)
+        p.error(f"--context must be at least 1 token (got {args.context}); leave it out to use the checkpoint's "
+                "block_size")
     if args.out is None:
         if len(args.ckpt) > 1:
             p.error("--out DIR is required when comparing several checkpoints")
@@ -365,21 +375,26 @@ def main(argv=None):
     args = parse_args(argv)
     device = pick_device(args.device)
     try:
-        problem = not_a_folder(args.out, "the results folder", "--out")
-        if problem:  # said before the evaluation, whose results would be lost after it
-            raise UserError(problem)
+        # before the evaluation, whose results would be lost after it
+        check_writable(args.out, "the results", folder="the results folder")
         results = [evaluate_checkpoint(run, args, device) for run in args.ckpt]
     except (UserError, DataError) as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
-    os.makedirs(args.out, exist_ok=True)
-    write_atomic(os.path.join(args.out, "extrapolation.json"), json.dumps(results, indent=2) + "\n")
     report = markdown_report(results)
-    write_atomic(os.path.join(args.out, "extrapolation.md"), report)
-    plot_loss_vs_position(results, os.path.join(args.out, "loss_vs_position.png"))
-    for r in results:
-        if "passkey" in r:
-            plot_passkey(r, os.path.join(args.out, f"passkey_{r['name']}.png"))
+    try:
+        os.makedirs(args.out, exist_ok=True)
+        write_atomic(os.path.join(args.out, "extrapolation.json"), json.dumps(results, indent=2) + "\n")
+        write_atomic(os.path.join(args.out, "extrapolation.md"), report)
+        plot_loss_vs_position(results, os.path.join(args.out, "loss_vs_position.png"))
+        for r in results:
+            if "passkey" in r:
+                plot_passkey(r, os.path.join(args.out, f"passkey_{r['name']}.png"))
+    except OSError as error:  # (checked writable before): the disk filled; the JSON holds every number computed
+        print(report)
+        print(json.dumps(results, indent=2))
+        print(f"error: {unwritten('the results', args.out, error)}", file=sys.stderr)
+        sys.exit(2)
     print(report)
     print(f"wrote {args.out}/extrapolation.json, extrapolation.md, loss_vs_position.png and passkey heat maps")
     return results

@@ -41,6 +41,24 @@ from eval.progress import Progress
 from model import sample_next
 
 
+# What `--model_args` takes for `--model grape`: GrapeLM's keyword arguments that a command line can give (lm-eval
+# adds batch_size, device and max_batch_size from its own flags). Its **unused would swallow a misspelt one.
+MODEL_ARGS = ("ckpt", "tokenizer", "max_length", "rolling_stride", "prefill_chunk", "batch_size", "device")
+
+
+def model_args_problem(model_args) -> str | None:
+    """The sentence for `--model_args` (a dict) that GrapeLM cannot take, else None: a misspelt key (ckp=) ended in
+    GrapeLM's ValueError traceback, or, beside ckpt=, was silently ignored (max_lenght=)."""
+    given = dict(model_args or {})
+    unknown = [key for key in given if key not in MODEL_ARGS]
+    if unknown:
+        return (f"--model_args for --model grape has no {', '.join(f'{key}=' for key in unknown)}; it takes "
+                f"{', '.join(f'{key}=' for key in MODEL_ARGS)} (ckpt=RUN_DIR is required)")
+    if not given.get("ckpt"):
+        return "--model grape needs --model_args ckpt=RUN_DIR (a run directory holding ckpt.pt, or a checkpoint file)"
+    return None
+
+
 @register_model("grape")
 class GrapeLM(TemplateLM):
     """lm-eval model for a GRAPE checkpoint (`ckpt=RUN_DIR`) or an in-memory model + tokenizer."""

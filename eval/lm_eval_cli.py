@@ -185,7 +185,7 @@ def main(argv=None):
         argv = ["run", "--help"]
     try:
         data_dir, argv = take_option(argv, "--data-dir")
-        import eval.lm_adapter  # noqa: F401  (registers the model name "grape")
+        from eval.lm_adapter import model_args_problem  # (the import registers the model name "grape")
         from lm_eval._cli import HarnessCLI
         from lm_eval.utils import setup_logging
 
@@ -198,6 +198,10 @@ def main(argv=None):
             cli = HarnessCLI()
             args = cli.parse_args()
             if getattr(args, "command", None) == "run":
+                if args.model == "grape" and not getattr(args, "config", None):  # (a --config file may hold them)
+                    problem = model_args_problem(args.model_args)
+                    if problem:  # before lm-eval's slow start, which would end in GrapeLM's traceback
+                        raise UserError(problem)
                 prepare_long_context(args, data_dir, yaml_dir)
                 args.output_path = named_output_path(args) if args.output_path else default_output_path(args)
                 if args.output_path:

@@ -13,6 +13,7 @@ papers): acc for ARC-E, PIQA, SciQ and WinoGrande, acc_norm for ARC-C, HellaSwag
 averages acc everywhere; the JSON holds all three averages. While lm-eval scores, stderr gets progress lines
 (padded tokens through the model, elapsed time, ETA); the JSON records the seconds taken (elapsed_s).
 """
+import contextlib
 import json
 import math
 import os
@@ -30,6 +31,7 @@ from config import UserError  # noqa: E402
 from eval.runtime import describe_encoding  # noqa: E402
 from eval import progress as timing  # noqa: E402
 from eval.cli import make_parser  # noqa: E402
+from eval.outputs import check_writable, unwritten  # noqa: E402
 from eval.tasks import ZERO_SHOT_TASKS, check_data_file, expected_files_message  # noqa: E402
 
 PAPER_RESULTS = Path(__file__).resolve().parent / "paper_results.json"  # copy of the paper's Tables 1-2
@@ -185,9 +187,14 @@ def markdown_table(report):
 
 def write_atomic(path, text):
     tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError:  # a full disk: no half-written .tmp left behind
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
 
 
 def write_samples(results, out_dir):
@@ -203,12 +210,9 @@ def write_samples(results, out_dir):
 
 
 def run(args):
-    from checkpoints import not_a_folder
-
     out_dir = args.out or os.path.join(args.ckpt if os.path.isdir(args.ckpt) else os.path.dirname(args.ckpt), "eval")
-    problem = not_a_folder(out_dir, "the results folder", "--out")
-    if problem:  # said before the evaluation, whose scores would be lost after it
-        raise UserError(problem)
+    # said before the evaluation, whose scores would be lost after it
+    check_writable(out_dir, "the results", folder="the results folder")
     if args.data_dir and not os.path.isdir(args.data_dir):
         raise UserError(f"--data-dir {args.data_dir} is not a directory.\n" + expected_files_message())
     if args.data_dir:
@@ -262,12 +266,17 @@ def run(args):
         "paper_size": size, "paper": paper_row(encoding, size),
         "lm_eval_version": lm_eval.__version__, "elapsed_s": timing.clock() - start,
     }
-    os.makedirs(out_dir, exist_ok=True)
     table = markdown_table(report)
-    write_atomic(os.path.join(out_dir, "zero_shot.json"), json.dumps(report, indent=2) + "\n")
-    write_atomic(os.path.join(out_dir, "zero_shot.md"), table)
-    if args.log_samples:
-        write_samples(results, out_dir)
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        write_atomic(os.path.join(out_dir, "zero_shot.json"), json.dumps(report, indent=2) + "\n")
+        write_atomic(os.path.join(out_dir, "zero_shot.md"), table)
+        if args.log_samples:
+            write_samples(results, out_dir)
+    except OSError as error:  # (checked writable before): the disk filled; the JSON holds every score
+        print(table)
+        print(json.dumps(report, indent=2))
+        raise UserError(unwritten("the results", out_dir, error)) from None
     print(table)
     print(f"wrote {os.path.join(out_dir, 'zero_shot.json')} and zero_shot.md "
           f"({timing.duration(report['elapsed_s'])} for {len(args.tasks)} tasks)")

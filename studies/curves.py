@@ -10,12 +10,15 @@ loss_curves.png with the same code (studies/curves.py).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 
 
+from config import UserError
 from eval.cli import make_parser
+from eval.outputs import check_writable
 
 
 def read_curves(run_dir: str) -> dict[str, list[tuple[int, float]]]:
@@ -30,6 +33,8 @@ def read_curves(run_dir: str) -> dict[str, list[tuple[int, float]]]:
                 record = json.loads(line)
             except json.JSONDecodeError:
                 continue  # a line cut short by a kill
+            if not isinstance(record, dict):
+                continue  # JSON, but not a record train.py writes: damaged too
             if record.get("type") == "train":
                 curves["train"].append((record["tokens"], record["loss"]))
             elif record.get("type") == "val":
@@ -85,11 +90,24 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 <= args.smooth < 1:
         print(f"error: --smooth must be in [0, 1) (got {args.smooth})", file=sys.stderr)
         return 2
+    if os.path.isdir(args.out):  # os.replace onto it would fail only after drawing, leaving OUT.tmp.png behind
+        print(f"error: --out {args.out} is a folder; name the PNG file to write, e.g. "
+              f"{os.path.join(args.out, 'loss_curves.png')}", file=sys.stderr)
+        return 2
     try:
+        check_writable(os.path.dirname(os.path.abspath(args.out)), "the plot")
         curves = [read_curves(run) for run in args.runs]
-    except FileNotFoundError as e:
+    except (UserError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    unread = [os.path.join(run, "metrics.jsonl") for run, c in zip(args.runs, curves) if not (c["train"] or c["val"])]
+    if len(unread) == len(curves):  # an empty plot said nothing but a matplotlib warning
+        print(f"error: no readable training or validation records in {', '.join(unread)} (empty or damaged), so "
+              "there is nothing to plot; pass run directories whose training has logged a step", file=sys.stderr)
+        return 2
+    if unread:
+        print(f"warning: no readable training or validation records in {', '.join(unread)} (empty or damaged); "
+              f"the plot leaves {'it' if len(unread) == 1 else 'them'} out", file=sys.stderr)
 
     import matplotlib
     matplotlib.use("Agg")  # no display needed
@@ -119,11 +137,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.title:
         fig.suptitle(args.title)
     fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     tmp = args.out + ".tmp.png"
-    fig.savefig(tmp, dpi=130)
-    os.replace(tmp, args.out)
-    plt.close(fig)  # a study draws one per report: pyplot keeps every open figure
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        fig.savefig(tmp, dpi=130)
+        os.replace(tmp, args.out)
+    except OSError as e:  # (checked writable before): the disk filled; the runs' metrics are untouched
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        print(f"error: cannot write the plot to {args.out} ({e.strerror or e}); free space or choose another --out",
+              file=sys.stderr)
+        return 2
+    finally:
+        plt.close(fig)  # a study draws one per report: pyplot keeps every open figure
     print(args.out)
     return 0
 

@@ -228,3 +228,113 @@ def test_extrapolation_falls_back_to_the_embedded_corpus_of_the_checkpoints_toke
     ckpt = {"tokenizer": "bytes", "train_config": {"data_dir": "default"}}
     assert extrapolation.resolve_data_dir(str(tmp_path / "no-run"), ckpt, None) == "corpus"
     assert asked == [{"tokenizer": "bytes", "progress_bar": False}]
+
+
+# -------------------------------------------------------------------------------- user-facing errors
+
+
+def unwritable(monkeypatch, folder):
+    """Makes `folder` refuse new files, as an immutable or read-only folder does (tests may run as root, to whom
+    chmod is no obstacle): the write probe of eval/outputs.py and every open for writing in it fail with EPERM."""
+    import builtins
+    import errno
+    import tempfile
+    folder = os.path.abspath(folder)
+    probe, real_open = tempfile.NamedTemporaryFile, builtins.open
+
+    def refusing_probe(*args, dir=None, **kwargs):
+        if dir is not None and os.path.abspath(dir) == folder:
+            raise PermissionError(errno.EPERM, "Operation not permitted", os.path.join(dir, ".write_probe_x"))
+        return probe(*args, dir=dir, **kwargs)
+
+    def refusing_open(file, mode="r", *args, **kwargs):
+        if any(m in mode for m in "wax") and os.path.dirname(os.path.abspath(file)) == folder:
+            raise PermissionError(errno.EPERM, "Operation not permitted", file)
+        return real_open(file, mode, *args, **kwargs)
+    monkeypatch.setattr(tempfile, "NamedTemporaryFile", refusing_probe)
+    monkeypatch.setattr(builtins, "open", refusing_open)
+
+
+@pytest.mark.parametrize("below", [False, True])
+def test_an_unwritable_out_is_one_sentence_before_any_evaluation(below, tmp_path, monkeypatch, capsys):
+    """An --out folder that cannot be written was a PermissionError traceback after the whole evaluation (the scores
+    lost), one still to be made a traceback from os.makedirs; the run named here does not exist, so only a check
+    made first can answer, and a folder still to be made is not made by it."""
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    unwritable(monkeypatch, locked)
+    out = locked / "sub" if below else locked
+    with pytest.raises(SystemExit) as info:
+        ex.main(["--ckpt", str(tmp_path / "no_run"), "--out", str(out), "--device", "cpu"])
+    assert info.value.code == 2
+    expected = (f"cannot make the folder {out} for the results (Operation not permitted in {locked}); choose a "
+                f"writable --out (or make {locked} writable)" if below else
+                f"cannot write the results to {out} (Operation not permitted); choose a writable --out (or make "
+                "that folder writable)")
+    assert capsys.readouterr().err == f"error: {expected}\n"
+    assert list(locked.iterdir()) == []
+
+
+def fake_result(name="run"):
+    """What evaluate_checkpoint returns, for one context, without a model."""
+    return {"run": name, "name": name, "encoding": "rope", "train_context": 4, "step": 1, "val_tokens": 9,
+            "contexts": {"4": {"nonoverlapping": {"mean": 3.25, "windows": 2, "mean_beyond_train_context": None,
+                                                  "binned_positions": [0.5, 2.5], "binned_loss": [3.5, 3.0]},
+                               "sliding": {"mean": 3.125, "stride": 1, "min_context": 4, "tokens_scored": 8}}},
+            "elapsed_s": {"loss": 1.0}}
+
+
+def full_disk(monkeypatch, folder):
+    """Makes every file opened for writing under `folder` fail as a full disk does, after a few bytes."""
+    import builtins
+    import errno
+    real_open, folder = builtins.open, os.path.abspath(folder)
+
+    class FullDisk:
+        def __init__(self, file):
+            self.file = file
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.file.close()
+
+        def write(self, text):
+            self.file.write(text[:10])
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    def full_disk_open(file, mode="r", *args, **kwargs):
+        opened = real_open(file, mode, *args, **kwargs)
+        return FullDisk(opened) if "w" in mode and os.path.abspath(file).startswith(folder + os.sep) else opened
+    monkeypatch.setattr(builtins, "open", full_disk_open)
+
+
+def test_results_that_cannot_be_written_after_all_are_printed_with_one_sentence(tmp_path, monkeypatch, capsys):
+    """The folder was writable when checked, but the disk filled before the end: the scores are printed (the
+    report and the whole JSON), the error is one sentence with a non-zero exit, and no half-written file is left."""
+    full_disk(monkeypatch, tmp_path / "out")
+    monkeypatch.setattr(ex, "evaluate_checkpoint", lambda run, args, device: fake_result())
+    with pytest.raises(SystemExit) as info:
+        ex.main(["--ckpt", str(tmp_path / "run"), "--out", str(tmp_path / "out"), "--device", "cpu"])
+    assert info.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.err == (f"error: cannot write the results to {tmp_path / 'out'} (No space left on device), so "
+                            "they are printed above instead; free space or choose another --out, then run again\n")
+    report = ex.markdown_report([fake_result()])
+    assert captured.out.startswith(report)
+    assert json.loads(captured.out[len(report):]) == [fake_result()]  # every number, not only the table's
+    assert list((tmp_path / "out").iterdir()) == []  # no extrapolation.json.tmp left
+
+
+@pytest.mark.parametrize("context", ["0", "-5"])
+def test_a_context_below_one_token_is_refused_in_one_sentence(context, tmp_path, capsys):
+    """--context -5 ended in plan_windows' ValueError traceback; --context 0 was silently the checkpoint's
+    block_size (its help says to leave the option out for that)."""
+    with pytest.raises(SystemExit) as info:
+        ex.main(["--ckpt", str(tmp_path / "no_run"), "--out", str(tmp_path / "out"), "--context", context])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.endswith(f"error: --context must be at least 1 token (got {context}); leave it out to use the "
+                        "checkpoint's block_size\n") and "Traceback" not in err
+    assert not (tmp_path / "out").exists()

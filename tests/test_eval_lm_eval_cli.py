@@ -99,3 +99,27 @@ def test_an_output_folder_gets_a_subfolder_named_after_the_run_and_the_results_f
     folder = out / sanitize_model_name(str(tmp_path / "run"))
     assert Path(written).parent == folder and re.fullmatch(r"results_.*\.json", Path(written).name)
     assert [p.parent for p in out.rglob("*.json*")] == [folder] * 2  # the samples beside it
+
+
+@pytest.mark.parametrize("model_args,expected", [
+    ("ckp=RUN", "--model_args for --model grape has no ckp=; it takes ckpt=, tokenizer=, max_length=, "
+                "rolling_stride=, prefill_chunk=, batch_size=, device= (ckpt=RUN_DIR is required)"),
+    ("ckpt=RUN,max_lenght=64,stride=8", "--model_args for --model grape has no max_lenght=, stride=; it takes ckpt=, "
+                                        "tokenizer=, max_length=, rolling_stride=, prefill_chunk=, batch_size=, "
+                                        "device= (ckpt=RUN_DIR is required)"),  # was silently ignored
+    (None, "--model grape needs --model_args ckpt=RUN_DIR (a run directory holding ckpt.pt, or a checkpoint file)"),
+])
+def test_model_args_grape_cannot_take_are_one_sentence_before_lm_eval_runs(model_args, expected, tmp_path,
+                                                                           monkeypatch, capsys):
+    """A misspelt key (ckp=) ended in GrapeLM's ValueError traceback after lm-eval's start; beside ckpt= it was
+    swallowed by **unused. Nothing is written (the output folder stays empty)."""
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    out = tmp_path / "results"
+    out.mkdir()
+    with pytest.raises(SystemExit) as exit_info:
+        lm_eval_cli.main(["--model", "grape", *(["--model_args", model_args] if model_args else []), "--tasks",
+                          "piqa", "--output_path", str(out)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.endswith(f"error: {expected}\n") and "Traceback" not in err
+    assert list(out.iterdir()) == []

@@ -259,3 +259,53 @@ def test_the_results_folder_defaults_to_the_eval_folder_beside_the_checkpoint(tm
         assert failure(ckpt).startswith(f"the results folder {run / 'eval'} cannot be made: {run / 'eval'} is a file")
     for ckpt in (other, other / "ckpt.pt"):
         assert failure(ckpt).startswith(f"--data-dir {tmp_path / 'missing'} is not a directory.")
+
+
+# -------------------------------------------------------------------------------- user-facing errors
+
+
+@pytest.mark.parametrize("below", [False, True])
+def test_an_unwritable_out_is_one_sentence_before_lm_eval_runs(below, tmp_path, monkeypatch, capsys):
+    """The results folder was made only after lm-eval had scored every task, so an --out that cannot be written
+    (or made) lost the scores with a PermissionError traceback. The run named here does not exist: only a check
+    made before loading it can answer."""
+    from test_eval_extrapolation import unwritable
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    unwritable(monkeypatch, locked)
+    out = locked / "sub" if below else locked
+    with pytest.raises(SystemExit) as info:
+        zero_shot.main(["--ckpt", str(tmp_path / "no_run"), "--data-dir", str(FIXTURES), "--tasks", "piqa",
+                        "--out", str(out), "--device", "cpu"])
+    assert info.value.code == 2
+    expected = (f"cannot make the folder {out} for the results (Operation not permitted in {locked}); choose a "
+                f"writable --out (or make {locked} writable)" if below else
+                f"cannot write the results to {out} (Operation not permitted); choose a writable --out (or make "
+                "that folder writable)")
+    assert capsys.readouterr().err == f"error: {expected}\n"
+    assert list(locked.iterdir()) == []
+
+
+def test_scores_that_cannot_be_written_after_all_are_printed_with_one_sentence(tmp_path, monkeypatch, capsys):
+    """The disk fills while the results are written: the table and the whole JSON are printed, the error is one
+    sentence with a non-zero exit, and no half-written file is left (lm-eval's scores stand in for a real run's)."""
+    import lm_eval
+
+    from test_eval_extrapolation import full_disk
+    save_run(tiny_model(pos="rope", block_size=64, seed=3), tmp_path / "run", step=7)
+    scores = {"results": {"piqa": {"acc,none": 0.5, "acc_stderr,none": 0.25, "acc_norm,none": 1.0}},
+              "n-samples": {"piqa": {"effective": 2}}}
+    monkeypatch.setattr(lm_eval, "simple_evaluate", lambda **kwargs: scores)
+    full_disk(monkeypatch, tmp_path / "out")
+    with pytest.raises(SystemExit) as info:
+        zero_shot.main(["--ckpt", str(tmp_path / "run"), "--data-dir", str(FIXTURES), "--tasks", "piqa",
+                        "--out", str(tmp_path / "out"), "--device", "cpu"])
+    assert info.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.err == (f"error: cannot write the results to {tmp_path / 'out'} (No space left on device), so "
+                            "they are printed above instead; free space or choose another --out, then run again\n")
+    table, printed = captured.out.split("\n{", 1)
+    assert "| piqa | 2 | 50.00 | 100.00 | 50.00 (acc) |" in table
+    report = json.loads("{" + printed)
+    assert report["tasks"]["piqa"]["acc_stderr"] == 25.0 and report["step"] == 7
+    assert list((tmp_path / "out").iterdir()) == []  # no zero_shot.json.tmp left

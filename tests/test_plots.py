@@ -115,3 +115,87 @@ def test_extrapolation_plots_draw_the_longest_context_and_the_passkey_grid(tmp_p
     assert colorbar is not None and (colorbar.vmin, colorbar.vmax) == (0.0, 1.0)
     assert [t.get_text() for t in ax.get_xticklabels()] == ["60", "125", "250"]
     assert sorted(t.get_text() for t in ax.texts) == sorted(f"{a:.2f}" for row in accuracy for a in row)
+
+
+# -------------------------------------------------------------------------------- scripts/plot_runs.py's errors
+
+
+def logged_run(folder, text=None):
+    """A run folder whose metrics.jsonl holds `text`, or two train records and one val record."""
+    folder.mkdir()
+    records = [{"type": "train", "iter": 1, "tokens": 100, "loss": 4.0},
+               {"type": "train", "iter": 2, "tokens": 200, "loss": 3.0},
+               {"type": "val", "iter": 2, "tokens": 200, "val_loss": 3.5}]
+    (folder / "metrics.jsonl").write_text(text if text is not None else "".join(json.dumps(r) + "\n" for r in records))
+    return str(folder)
+
+
+def test_plot_runs_refuses_an_out_that_is_a_folder_before_drawing(tmp_path, saved_figures, capsys):
+    """os.replace onto a folder was an IsADirectoryError traceback after drawing, and left OUT.tmp.png beside it."""
+    from studies import curves as plot_runs
+    run = logged_run(tmp_path / "run")
+    assert plot_runs.main([run, "--out", run]) == 2
+    assert capsys.readouterr().err == (f"error: --out {run} is a folder; name the PNG file to write, e.g. "
+                                       f"{os.path.join(run, 'loss_curves.png')}\n")
+    assert saved_figures == [] and sorted(os.listdir(tmp_path)) == ["run"]
+    assert os.listdir(run) == ["metrics.jsonl"]
+
+
+@pytest.mark.parametrize("below", [False, True])
+def test_plot_runs_says_in_one_sentence_that_its_out_folder_cannot_be_written(below, tmp_path, monkeypatch,
+                                                                              saved_figures, capsys):
+    from studies import curves as plot_runs
+    from test_eval_extrapolation import unwritable
+    run = logged_run(tmp_path / "run")
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    unwritable(monkeypatch, locked)
+    out = locked / "sub" / "loss.png" if below else locked / "loss.png"
+    assert plot_runs.main([run, "--out", str(out)]) == 2
+    expected = (f"cannot make the folder {locked / 'sub'} for the plot (Operation not permitted in {locked}); "
+                f"choose a writable --out (or make {locked} writable)" if below else
+                f"cannot write the plot to {locked} (Operation not permitted); choose a writable --out (or make that "
+                "folder writable)")
+    assert capsys.readouterr().err == f"error: {expected}\n"
+    assert saved_figures == [] and list(locked.iterdir()) == []
+
+
+def test_plot_runs_names_the_runs_without_readable_metrics_and_fails_when_none_has_any(tmp_path, saved_figures,
+                                                                                         capsys):
+    """An empty or damaged metrics.jsonl drew an empty plot with exit status 0 (only matplotlib's legend warning)."""
+    from studies import curves as plot_runs
+    empty = logged_run(tmp_path / "empty", "")
+    garbage = logged_run(tmp_path / "garbage", "\ufffd\ufffd garbage\n{\"bad json\n[1, 2]\n")
+    good = logged_run(tmp_path / "good")
+    out = tmp_path / "loss.png"
+    assert plot_runs.main([empty, garbage, "--out", str(out)]) == 2
+    files = f"{os.path.join(empty, 'metrics.jsonl')}, {os.path.join(garbage, 'metrics.jsonl')}"
+    assert capsys.readouterr().err == (f"error: no readable training or validation records in {files} (empty or "
+                                       "damaged), so there is nothing to plot; pass run directories whose training "
+                                       "has logged a step\n")
+    assert saved_figures == [] and not out.exists()
+    assert plot_runs.main([garbage, good, "--out", str(out)]) == 0  # the others are still drawn, the one named
+    assert capsys.readouterr().err == (f"warning: no readable training or validation records in "
+                                       f"{os.path.join(garbage, 'metrics.jsonl')} (empty or damaged); the plot leaves "
+                                       "it out\n")
+    ax_train, ax_val = saved_figures[0].axes[:2]
+    assert list(drawn_lines(ax_train)) == list(drawn_lines(ax_val)) == ["good"] and out.exists()
+
+
+def test_plot_runs_leaves_no_partial_file_when_the_disk_fills(tmp_path, monkeypatch, capsys):
+    """Checked writable before drawing, the folder may still fill: one sentence, no OUT.tmp.png left behind."""
+    import errno
+
+    from studies import curves as plot_runs
+    run = logged_run(tmp_path / "run")
+
+    def full_disk(self, path, *args, **kwargs):
+        with open(path, "wb") as f:
+            f.write(b"\x89PNG")
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(Figure, "savefig", full_disk)
+    out = tmp_path / "plots" / "loss.png"
+    assert plot_runs.main([run, "--out", str(out)]) == 2
+    assert capsys.readouterr().err == (f"error: cannot write the plot to {out} (No space left on device); free space "
+                                       "or choose another --out\n")
+    assert list((tmp_path / "plots").iterdir()) == []

@@ -1,0 +1,40 @@
+"""Where a program's results go: checked before the work that computes them, so that hours of evaluation never end
+in a traceback that loses the scores; and the sentence for a write that still fails at the end (a full disk).
+
+Light on purpose (no torch): scripts/plot_runs.py checks its --out with it too.
+"""
+import os
+import tempfile
+
+from config import UserError
+
+
+def check_writable(directory: str, what: str, option: str = "--out", folder: str | None = None) -> None:
+    """UserError unless `directory` can be made (where missing) and written. A probe file is made and removed in it,
+    or, while it is still to be made, in its nearest existing parent: the folder itself is made only when the results
+    are written, so a command refused later (a mistyped --ckpt) leaves no empty folder behind. os.access would not
+    do: it says yes to root on an immutable folder. `folder` names the folder where a file is in the way (default:
+    "the folder for `what`")."""
+    existing = os.path.abspath(directory)
+    while not os.path.exists(existing) and os.path.dirname(existing) != existing:
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        from checkpoints import not_a_folder  # (imports torch: only on this path)
+        raise UserError(not_a_folder(directory, folder or f"the folder for {what}", option))
+    try:
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".write_probe_"):
+            pass
+    except OSError as error:
+        reason = error.strerror or error
+        if existing != os.path.abspath(directory):
+            raise UserError(f"cannot make the folder {directory} for {what} ({reason} in {existing}); choose a "
+                            f"writable {option} (or make {existing} writable)") from None
+        raise UserError(f"cannot write {what} to {directory} ({reason}); choose a writable {option} (or make that "
+                        "folder writable)") from None
+
+
+def unwritten(what: str, directory: str, error: OSError, option: str = "--out") -> str:
+    """The sentence for results that could not be written after all (checked writable before the work: the disk
+    filled, or the folder changed since); the caller prints the results first, so that they are not lost."""
+    return (f"cannot write {what} to {directory} ({error.strerror or error}), so they are printed above instead; "
+            f"free space or choose another {option}, then run again")
