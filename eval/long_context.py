@@ -46,6 +46,7 @@ if __package__ in (None, ""):  # run as a script: import from the repo root, not
 
 from eval import progress as timing  # noqa: E402
 from config import UserError  # noqa: E402
+from eval.outputs import check_writable  # noqa: E402
 from eval.runtime import describe_encoding  # noqa: E402
 from eval.cli import make_parser  # noqa: E402
 from eval.long_context_tasks import (BABILONG_SPLITS, BABILONG_TASKS, EXPORT_BABILONG_SPLITS,  # noqa: E402
@@ -399,20 +400,6 @@ def check_lengths_fit(model, lengths, device, tasks):
             raise UserError(f"--lengths asks for {named(n)}, and the KV cache of one prompt that long takes "
                             f"{kv_bytes(n) / 1e9:,.1f} GB, more than the {max(free, 0) / 1e9:,.1f} GB of {device} "
                             f"memory available beside the model's weights; {fits}, so ask for at most that")
-
-
-def check_writable(directory, what, option="--out"):
-    """UserError unless a file can be written in `directory` (made if missing): checked before the evaluation, so
-    that its scores are never computed only to be lost."""
-    try:
-        os.makedirs(directory, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=directory, prefix=".long_context_probe_"):
-            pass
-    except OSError as error:
-        from checkpoints import not_a_folder
-        raise UserError(not_a_folder(directory, f"the folder for {what}", option)
-                        or f"cannot write {what} to {directory} ({error.strerror or error}); choose a writable "
-                        f"{option} (or make that directory writable)") from None
 
 
 def evaluate_run(ckpt, args, plan, task_manager, yaml_dir):

@@ -1,7 +1,8 @@
 """Where a program's results go: checked before the work that computes them, so that hours of evaluation never end
 in a traceback that loses the scores; and the sentence for a write that still fails at the end (a full disk).
 
-Light on purpose (no torch): scripts/plot_runs.py checks its --out with it too.
+Light on purpose (no torch): scripts/plot_runs.py checks its --out with it too, eval/long_context.py its --out and
+--plot.
 """
 import os
 import tempfile
@@ -30,7 +31,7 @@ def check_writable(directory: str, what: str, option: str = "--out", folder: str
             raise UserError(f"cannot make the folder {directory} for {what} ({reason} in {existing}); choose a "
                             f"writable {option} (or make {existing} writable)") from None
         raise UserError(f"cannot write {what} to {directory} ({reason}); choose a writable {option} (or make that "
-                        "folder writable)") from None
+                        "directory writable)") from None
 
 
 def unwritten(what: str, directory: str, error: OSError, option: str = "--out") -> str:

@@ -230,9 +230,10 @@ def write_plots(study: Study, report: dict) -> dict:
         path = os.path.join(study.out_dir, "loss_curves.png")
         labels = [f"{r['encoding']} seed {r['seed']}" for r in done]
         with contextlib.redirect_stdout(io.StringIO()):  # it prints the path
-            plot_loss_curves([r["run_dir"] for r in done] + ["--out", path, "--title", study.name, "--labels", *labels,
-                                                           "--groups", *[r["encoding"] for r in done]])
-        plots["loss_curves"] = "loss_curves.png"
+            drawn = plot_loss_curves([r["run_dir"] for r in done] + ["--out", path, "--title", study.name, "--labels",
+                                                                   *labels, "--groups", *[r["encoding"] for r in done]])
+        if drawn == 0:  # it refuses (and says why) when no run has readable metrics: link no missing plot
+            plots["loss_curves"] = "loss_curves.png"
     results = []  # one line per encoding: its seeds' loss at each position of the longest context, averaged
     for encoding in study.encodings:
         seeds = eval_outputs_by_seed(study, encoding, "extrapolation")

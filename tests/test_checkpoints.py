@@ -158,6 +158,7 @@ def test_another_file_given_as_a_checkpoint_is_named_with_what_to_pass_instead(t
     assert checkpoints.not_a_checkpoint(str(loose / "empty")) is None
 
 
+@pytest.mark.fault
 def test_a_run_whose_own_ckpt_pt_is_not_a_torch_file_is_called_corrupt_without_pointing_back_at_it(tmp_path):
     """The advice above ("pass --ckpt RUN_DIR, which holds ckpt.pt") used to be given for RUN_DIR/ckpt.pt itself: the
     user had passed RUN_DIR, and following it looped."""
@@ -186,6 +187,7 @@ VALID_DEVICES = "use cpu, cuda, cuda:N (N counts the GPUs from 0) or mps"
     ("cuda:1", 1, "device cuda:1 does not exist: this machine has 1 CUDA GPU, cuda:0"),
     ("cuda:2", 2, "device cuda:2 does not exist: this machine has 2 CUDA GPUs, cuda:0 to cuda:1"),
 ])
+@pytest.mark.fault
 def test_load_model_refuses_a_device_it_cannot_use_in_one_sentence(tmp_path, monkeypatch, device, gpus, sentence):
     """model.to(device) used to end sample.py and the evaluations in a raw RuntimeError; the checkpoint is read only
     after the device is found usable. The number of GPUs is pretended, so the test means the same on any machine."""

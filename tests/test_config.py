@@ -83,6 +83,7 @@ def test_a_badly_typed_model_key_in_the_file_is_named_with_its_section(tmp_path)
     (b"model = 3\n", "model = 3 is not valid; model must be a table: write [model] on a line of its own"),
     (b'train = "x"\n', "train = 'x' is not valid; train must be a table: write [train] on a line of its own"),
 ])
+@pytest.mark.fault
 def test_a_config_file_of_the_wrong_form_is_one_config_error_naming_it(tmp_path, content, message):
     (tmp_path / "base.toml").write_text("[train]\nmax_iters = 3\n")
     path = tmp_path / "bad.toml"
@@ -93,6 +94,7 @@ def test_a_config_file_of_the_wrong_form_is_one_config_error_naming_it(tmp_path,
     assert message in str(caught.value) and "did you mean" not in str(caught.value)
 
 
+@pytest.mark.fault
 def test_train_py_says_a_config_file_is_not_utf8_in_one_line_with_exit_code_2(tmp_path, monkeypatch, capsys):
     path = tmp_path / "latin1.toml"
     path.write_bytes("# caf\u00e9\n[train]\nmax_iters = 2\n".encode("latin-1"))

@@ -617,6 +617,7 @@ def test_the_preparation_lock_is_skipped_only_where_it_cannot_be_made(tmp_path, 
 
 # ------------------------------------------------------------------ input no re-run can read: named, with its fix
 
+@pytest.mark.fault
 def test_a_text_that_is_not_a_string_names_its_row_and_leaves_nothing_to_resume(tmp_path, capsys):
     rows = [{"text": DOCS[i]} for i in range(3)] + [{"text": 5}] + [{"text": DOCS[i]} for i in range(4, 9)]
     (tmp_path / "in.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
@@ -645,6 +646,7 @@ def test_a_null_text_is_an_empty_document_as_a_row_without_text_is(tmp_path):
     ("a.jsonl", b'{"text": "whole"}\n{"text": "cut off mid-wri', "JSON"),  # a truncated last line
     ("a.txt", "caf\u00e9 au lait\n".encode("latin-1"), "UTF-8 text"),
 ])
+@pytest.mark.fault
 def test_input_that_cannot_be_read_names_the_file_to_fix_not_a_rerun(tmp_path, capsys, name, content, kind):
     write_jsonl(tmp_path / "0.jsonl", DOCS[:3]) if name.endswith(".jsonl") else (tmp_path / "0.txt").write_text("ok")
     (tmp_path / name).write_bytes(content)
@@ -657,6 +659,7 @@ def test_input_that_cannot_be_read_names_the_file_to_fix_not_a_rerun(tmp_path, c
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.fault
 @pytest.mark.parametrize("out", ["afile", "afile/below"])
 def test_an_out_that_is_a_file_or_below_one_says_a_file_is_in_the_way(tmp_path, capsys, out):
     write_jsonl(tmp_path / "in.jsonl", DOCS)
@@ -686,6 +689,7 @@ def test_an_out_holding_shards_no_preparation_made_is_refused_and_they_are_kept(
     assert sorted(os.listdir(out)) == ["fineweb_train_000001.bin", "notes.txt"]
 
 
+@pytest.mark.fault
 def test_the_default_corpus_refuses_a_folder_with_another_tools_manifest(tmp_path):
     out = tmp_path / "cache"
     out.mkdir()

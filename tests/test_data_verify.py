@@ -230,6 +230,7 @@ def test_shard_ids_against_the_model_and_the_tokenizer(tmp_path_factory, largest
         verify.verify_shards(at_limit, vocab_size=65536)
 
 
+@pytest.mark.fault
 def test_verifying_a_folder_of_another_tools_manifest_or_a_file_is_one_sentence(data_dir, capsys):
     from data import prepare
     manifest = os.path.join(data_dir, "manifest.json")

@@ -255,6 +255,7 @@ def unwritable(monkeypatch, folder):
     monkeypatch.setattr(builtins, "open", refusing_open)
 
 
+@pytest.mark.fault
 @pytest.mark.parametrize("below", [False, True])
 def test_an_unwritable_out_is_one_sentence_before_any_evaluation(below, tmp_path, monkeypatch, capsys):
     """An --out folder that cannot be written was a PermissionError traceback after the whole evaluation (the scores
@@ -270,7 +271,7 @@ def test_an_unwritable_out_is_one_sentence_before_any_evaluation(below, tmp_path
     expected = (f"cannot make the folder {out} for the results (Operation not permitted in {locked}); choose a "
                 f"writable --out (or make {locked} writable)" if below else
                 f"cannot write the results to {out} (Operation not permitted); choose a writable --out (or make "
-                "that folder writable)")
+                "that directory writable)")
     assert capsys.readouterr().err == f"error: {expected}\n"
     assert list(locked.iterdir()) == []
 
@@ -310,6 +311,7 @@ def full_disk(monkeypatch, folder):
     monkeypatch.setattr(builtins, "open", full_disk_open)
 
 
+@pytest.mark.fault
 def test_results_that_cannot_be_written_after_all_are_printed_with_one_sentence(tmp_path, monkeypatch, capsys):
     """The folder was writable when checked, but the disk filled before the end: the scores are printed (the
     report and the whole JSON), the error is one sentence with a non-zero exit, and no half-written file is left."""
@@ -327,6 +329,7 @@ def test_results_that_cannot_be_written_after_all_are_printed_with_one_sentence(
     assert list((tmp_path / "out").iterdir()) == []  # no extrapolation.json.tmp left
 
 
+@pytest.mark.fault
 @pytest.mark.parametrize("context", ["0", "-5"])
 def test_a_context_below_one_token_is_refused_in_one_sentence(context, tmp_path, capsys):
     """--context -5 ended in plan_windows' ValueError traceback; --context 0 was silently the checkpoint's

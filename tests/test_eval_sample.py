@@ -101,6 +101,7 @@ def test_seed_bounds_are_the_generators(run, capsys, seed, accepted):
         assert exit_info.value.code == 2 and "--seed must be between 0 and" in capsys.readouterr().err
 
 
+@pytest.mark.fault
 @pytest.mark.parametrize("temperature", ["nan", "inf"])
 def test_a_temperature_that_is_not_finite_is_refused_before_sampling(run, capsys, temperature):
     # nan passed the `< 0` check and failed in sample_next ("probability tensor contains either inf, nan ...")
@@ -113,6 +114,7 @@ def test_a_temperature_that_is_not_finite_is_refused_before_sampling(run, capsys
     assert "Traceback" not in err
 
 
+@pytest.mark.fault
 def test_a_prompt_file_not_in_utf8_is_one_sentence(run, tmp_path, capsys):
     # a Latin-1 file used to end in a UnicodeDecodeError traceback
     _, run_dir = run
@@ -124,6 +126,7 @@ def test_a_prompt_file_not_in_utf8_is_one_sentence(run, tmp_path, capsys):
                                                "save it as UTF-8")
 
 
+@pytest.mark.fault
 def test_a_device_name_torch_does_not_know_is_one_sentence(run, capsys):
     # --device gpu used to end in model.to's RuntimeError ("Expected one of cpu, cuda, ... device type")
     _, run_dir = run
@@ -134,6 +137,7 @@ def test_a_device_name_torch_does_not_know_is_one_sentence(run, capsys):
                                                "counts the GPUs from 0) or mps")
 
 
+@pytest.mark.fault
 def test_a_run_whose_ckpt_pt_is_a_text_file_is_not_told_to_pass_its_own_directory(tmp_path, capsys):
     # the advice was "pass --ckpt RUN_DIR (its run directory, which holds ckpt.pt)": the directory just passed
     (tmp_path / "ckpt.pt").write_text("hello\n")

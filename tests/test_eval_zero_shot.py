@@ -264,6 +264,7 @@ def test_the_results_folder_defaults_to_the_eval_folder_beside_the_checkpoint(tm
 # -------------------------------------------------------------------------------- user-facing errors
 
 
+@pytest.mark.fault
 @pytest.mark.parametrize("below", [False, True])
 def test_an_unwritable_out_is_one_sentence_before_lm_eval_runs(below, tmp_path, monkeypatch, capsys):
     """The results folder was made only after lm-eval had scored every task, so an --out that cannot be written
@@ -281,11 +282,12 @@ def test_an_unwritable_out_is_one_sentence_before_lm_eval_runs(below, tmp_path, 
     expected = (f"cannot make the folder {out} for the results (Operation not permitted in {locked}); choose a "
                 f"writable --out (or make {locked} writable)" if below else
                 f"cannot write the results to {out} (Operation not permitted); choose a writable --out (or make "
-                "that folder writable)")
+                "that directory writable)")
     assert capsys.readouterr().err == f"error: {expected}\n"
     assert list(locked.iterdir()) == []
 
 
+@pytest.mark.fault
 def test_scores_that_cannot_be_written_after_all_are_printed_with_one_sentence(tmp_path, monkeypatch, capsys):
     """The disk fills while the results are written: the table and the whole JSON are printed, the error is one
     sentence with a non-zero exit, and no half-written file is left (lm-eval's scores stand in for a real run's)."""

@@ -130,6 +130,7 @@ def logged_run(folder, text=None):
     return str(folder)
 
 
+@pytest.mark.fault
 def test_plot_runs_refuses_an_out_that_is_a_folder_before_drawing(tmp_path, saved_figures, capsys):
     """os.replace onto a folder was an IsADirectoryError traceback after drawing, and left OUT.tmp.png beside it."""
     from studies import curves as plot_runs
@@ -141,6 +142,7 @@ def test_plot_runs_refuses_an_out_that_is_a_folder_before_drawing(tmp_path, save
     assert os.listdir(run) == ["metrics.jsonl"]
 
 
+@pytest.mark.fault
 @pytest.mark.parametrize("below", [False, True])
 def test_plot_runs_says_in_one_sentence_that_its_out_folder_cannot_be_written(below, tmp_path, monkeypatch,
                                                                               saved_figures, capsys):
@@ -155,11 +157,12 @@ def test_plot_runs_says_in_one_sentence_that_its_out_folder_cannot_be_written(be
     expected = (f"cannot make the folder {locked / 'sub'} for the plot (Operation not permitted in {locked}); "
                 f"choose a writable --out (or make {locked} writable)" if below else
                 f"cannot write the plot to {locked} (Operation not permitted); choose a writable --out (or make that "
-                "folder writable)")
+                "directory writable)")
     assert capsys.readouterr().err == f"error: {expected}\n"
     assert saved_figures == [] and list(locked.iterdir()) == []
 
 
+@pytest.mark.fault
 def test_plot_runs_names_the_runs_without_readable_metrics_and_fails_when_none_has_any(tmp_path, saved_figures,
                                                                                          capsys):
     """An empty or damaged metrics.jsonl drew an empty plot with exit status 0 (only matplotlib's legend warning)."""
@@ -182,6 +185,7 @@ def test_plot_runs_names_the_runs_without_readable_metrics_and_fails_when_none_h
     assert list(drawn_lines(ax_train)) == list(drawn_lines(ax_val)) == ["good"] and out.exists()
 
 
+@pytest.mark.fault
 def test_plot_runs_leaves_no_partial_file_when_the_disk_fills(tmp_path, monkeypatch, capsys):
     """Checked writable before drawing, the folder may still fill: one sentence, no OUT.tmp.png left behind."""
     import errno

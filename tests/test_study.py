@@ -679,6 +679,7 @@ def test_a_bad_study_file_is_one_clear_error_before_any_run(workspace, tmp_path,
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.fault
 @pytest.mark.parametrize("latin1", ["study", "base"])
 def test_a_study_or_base_file_not_in_utf8_is_one_sentence_naming_it(workspace, tmp_path, capsys, latin1):
     """A Latin-1 comment (an editor's default on some systems) used to end in a UnicodeDecodeError traceback."""
@@ -977,3 +978,18 @@ def test_the_papers_average_is_shown_beside_ours_only_for_all_its_tasks(tasks):
     cells = [cell.strip() for cell in line.strip("|").split("|")]
     assert cells[1:-1] == [f"{row[t]:.2f}" for t in names]
     assert cells[-1] == (f"{row['avg']:.2f}" if tasks == 7 else "–")
+
+
+@pytest.mark.parametrize("status", [0, 2])
+def test_the_report_links_the_loss_curves_only_when_they_were_drawn(workspace, tmp_path, monkeypatch, status):
+    # scripts/plot_runs.py's code refuses (status 2, no file) when no run has readable metrics: the report must
+    # then link no missing picture
+    shutil.copy(workspace / "base.toml", tmp_path / "base.toml")
+    s = study_spec.load_study(study_file(tmp_path, encodings=["rope"], seeds=[1], evals=""))
+    asked = []
+    monkeypatch.setattr(study_report, "plot_loss_curves", lambda argv: asked.append(argv) or status)
+    report = {"runs": [{"finished": True, "run_dir": str(tmp_path / "run"), "encoding": "rope", "seed": 1}],
+              "encodings": {}}
+    plots = study_report.write_plots(s, report)
+    assert len(asked) == 1 and asked[0][0] == str(tmp_path / "run")
+    assert ("loss_curves" in plots) == (status == 0)
