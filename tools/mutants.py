@@ -93,6 +93,7 @@ OWN_TEST_FILES = {
     "hf.tokenizer_files": ["tests/test_hf_tokenizer_files.py"],
     "eval.zero_shot": ["tests/test_eval_zero_shot.py"], "eval.lm_adapter": ["tests/test_eval_adapter.py"],
     "eval.extrapolation": ["tests/test_eval_extrapolation.py"], "eval.tasks": ["tests/test_eval_tasks.py"],
+    "eval.outputs": ["tests/test_eval_outputs.py"],
     "positional": ["tests/test_positional.py"], "model": ["tests/test_model.py"],
     "attention": ["tests/test_attention.py"], "lm_loss": ["tests/test_lm_loss.py"],
     "attention_kernels.grape_ap": ["tests/test_kernels.py"],

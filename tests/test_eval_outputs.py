@@ -1,0 +1,60 @@
+"""eval/outputs.py: a results folder checked before the work that fills it, and the sentence for a write that fails
+after it. The commands that use it (extrapolation, zero_shot, long_context, plot_runs) test it through their own
+files; these tests hold the helper itself."""
+import errno
+import os
+import tempfile
+
+import pytest
+
+from config import UserError
+from eval.outputs import check_writable, unwritten
+
+
+def test_a_writable_folder_passes_and_a_missing_one_is_not_made_yet(tmp_path):
+    check_writable(str(tmp_path), "the results")
+    missing = tmp_path / "a" / "b"
+    check_writable(str(missing), "the results")
+    # the probe file is gone and nothing was made: a command refused later leaves no empty folder behind
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("below", [False, True])
+def test_a_file_in_the_way_is_named(tmp_path, below):
+    (tmp_path / "afile").write_text("mine")
+    given = tmp_path / "afile" / "out" if below else tmp_path / "afile"
+    with pytest.raises(UserError) as error:
+        check_writable(str(given), "the results", folder="the results folder")
+    assert str(error.value) == (f"the results folder {given} cannot be made: {tmp_path / 'afile'} is a file, not a "
+                                "folder; choose another --out (or move the file)")
+    assert (tmp_path / "afile").read_text() == "mine"
+
+
+@pytest.mark.parametrize("below", [False, True])
+def test_a_folder_that_refuses_files_says_where_and_which_option(tmp_path, monkeypatch, below):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real = tempfile.NamedTemporaryFile
+
+    def refusing(*args, dir=None, **kwargs):  # as an immutable folder refuses root too
+        if os.path.abspath(dir) == str(locked):
+            raise PermissionError(errno.EPERM, "Operation not permitted")
+        return real(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(tempfile, "NamedTemporaryFile", refusing)
+    given = locked / "sub" if below else locked
+    with pytest.raises(UserError) as error:
+        check_writable(str(given), "the plot", "--plot")
+    assert str(error.value) == (
+        f"cannot make the folder {given} for the plot (Operation not permitted in {locked}); choose a writable "
+        f"--plot (or make {locked} writable)" if below else
+        f"cannot write the plot to {given} (Operation not permitted); choose a writable --plot (or make that "
+        "directory writable)")
+
+
+def test_the_sentence_for_results_that_could_not_be_written_after_all():
+    error = OSError(errno.ENOSPC, "No space left on device")
+    assert unwritten("the scores", "runs/x/eval", error) == (
+        "cannot write the scores to runs/x/eval (No space left on device), so they are printed above instead; free "
+        "space or choose another --out, then run again")
+    assert unwritten("the plot", "p", OSError("disk gone"), "--plot").endswith("choose another --plot, then run again")
