@@ -38,6 +38,8 @@ def test_the_prepare_command_of_a_manifest_parses_back_to_its_settings(tmp_path,
     ({"tokenizer": "gpt2", "shards": {"train": "train_000001.bin"}}, "it has no 'shards' list whose entries"),
     ({"tokenizer": "gpt2", "shards": [{"name": "train_000001.bin"}]}, "it has no 'shards' list whose entries"),
     ({"tokenizer": "gpt2", "shards": [], "vocab_size": "50257"}, "its 'vocab_size' is not a whole number"),
+    ({"tokenizer": "gpt2", "shards": [], "n_vocab": True}, "its 'n_vocab' is not a whole number"),  # JSON true is
+    # an int to Python: a vocabulary of 1 token
 ])
 @pytest.mark.fault
 def test_a_manifest_not_written_by_prepare_is_one_sentence_where_it_is_read(tmp_path, manifest, problem):

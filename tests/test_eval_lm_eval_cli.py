@@ -108,6 +108,7 @@ def test_an_output_folder_gets_a_subfolder_named_after_the_run_and_the_results_f
                                         "tokenizer=, max_length=, rolling_stride=, prefill_chunk=, batch_size=, "
                                         "device= (ckpt=RUN_DIR is required)"),  # was silently ignored
     (None, "--model grape needs --model_args ckpt=RUN_DIR (a run directory holding ckpt.pt, or a checkpoint file)"),
+    ("ckpt=", "--model grape needs --model_args ckpt=RUN_DIR (a run directory holding ckpt.pt, or a checkpoint file)"),
 ])
 @pytest.mark.fault
 def test_model_args_grape_cannot_take_are_one_sentence_before_lm_eval_runs(model_args, expected, tmp_path,

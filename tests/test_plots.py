@@ -183,6 +183,10 @@ def test_plot_runs_names_the_runs_without_readable_metrics_and_fails_when_none_h
                                        "it out\n")
     ax_train, ax_val = saved_figures[0].axes[:2]
     assert list(drawn_lines(ax_train)) == list(drawn_lines(ax_val)) == ["good"] and out.exists()
+    # a run stopped before its first validation has training records only: drawn, not called unreadable
+    early = logged_run(tmp_path / "early", json.dumps({"type": "train", "iter": 1, "tokens": 100, "loss": 4.0}) + "\n")
+    assert plot_runs.main([early, "--out", str(out)]) == 0 and capsys.readouterr().err == ""
+    assert list(drawn_lines(saved_figures[-1].axes[0])) == ["early"]
 
 
 @pytest.mark.fault
