@@ -251,3 +251,60 @@ class ProcessJob:
             proc.kill()
             out = proc.communicate()[1]
             self.stderr[rank] = self.stderr[rank] if self.stderr[rank] is not None else out
+
+
+def unwritable(monkeypatch, folder):
+    """Makes `folder` refuse new files, as an immutable or read-only folder does (tests may run as root, to whom
+    chmod is no obstacle): the write probe of eval/outputs.py and every open for writing in it fail with EPERM."""
+    import builtins
+    import errno
+    import tempfile
+    folder = os.path.abspath(folder)
+    probe, real_open = tempfile.NamedTemporaryFile, builtins.open
+
+    def refusing_probe(*args, dir=None, **kwargs):
+        if dir is not None and os.path.abspath(dir) == folder:
+            raise PermissionError(errno.EPERM, "Operation not permitted", os.path.join(dir, ".write_probe_x"))
+        return probe(*args, dir=dir, **kwargs)
+
+    def refusing_open(file, mode="r", *args, **kwargs):
+        if any(m in mode for m in "wax") and os.path.dirname(os.path.abspath(file)) == folder:
+            raise PermissionError(errno.EPERM, "Operation not permitted", file)
+        return real_open(file, mode, *args, **kwargs)
+    monkeypatch.setattr(tempfile, "NamedTemporaryFile", refusing_probe)
+    monkeypatch.setattr(builtins, "open", refusing_open)
+
+
+def refused_out_message(out, locked, below, what="the results", option="--out"):
+    """eval/outputs.check_writable's sentence for `out` in (below) or at a folder `locked` that refuses new files."""
+    if below:
+        return (f"cannot make the folder {out} for {what} (Operation not permitted in {locked}); choose a writable "
+                f"{option} (or make {locked} writable)")
+    return (f"cannot write {what} to {out} (Operation not permitted); choose a writable {option} (or make that "
+            "directory writable)")
+
+
+def full_disk(monkeypatch, folder):
+    """Makes every file opened for writing under `folder` fail as a full disk does, after a few bytes."""
+    import builtins
+    import errno
+    real_open, folder = builtins.open, os.path.abspath(folder)
+
+    class FullDisk:
+        def __init__(self, file):
+            self.file = file
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.file.close()
+
+        def write(self, text):
+            self.file.write(text[:10])
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    def full_disk_open(file, mode="r", *args, **kwargs):
+        opened = real_open(file, mode, *args, **kwargs)
+        return FullDisk(opened) if "w" in mode and os.path.abspath(file).startswith(folder + os.sep) else opened
+    monkeypatch.setattr(builtins, "open", full_disk_open)

@@ -12,6 +12,7 @@ from data.tokenizer import get_tokenizer
 from eval import extrapolation as ex
 from eval.tiny import save_run, tiny_model
 from test_eval_progress import check_work_clock_lines, progress_lines
+from helpers import full_disk, refused_out_message, unwritable
 
 L = 16
 
@@ -233,28 +234,6 @@ def test_extrapolation_falls_back_to_the_embedded_corpus_of_the_checkpoints_toke
 # -------------------------------------------------------------------------------- user-facing errors
 
 
-def unwritable(monkeypatch, folder):
-    """Makes `folder` refuse new files, as an immutable or read-only folder does (tests may run as root, to whom
-    chmod is no obstacle): the write probe of eval/outputs.py and every open for writing in it fail with EPERM."""
-    import builtins
-    import errno
-    import tempfile
-    folder = os.path.abspath(folder)
-    probe, real_open = tempfile.NamedTemporaryFile, builtins.open
-
-    def refusing_probe(*args, dir=None, **kwargs):
-        if dir is not None and os.path.abspath(dir) == folder:
-            raise PermissionError(errno.EPERM, "Operation not permitted", os.path.join(dir, ".write_probe_x"))
-        return probe(*args, dir=dir, **kwargs)
-
-    def refusing_open(file, mode="r", *args, **kwargs):
-        if any(m in mode for m in "wax") and os.path.dirname(os.path.abspath(file)) == folder:
-            raise PermissionError(errno.EPERM, "Operation not permitted", file)
-        return real_open(file, mode, *args, **kwargs)
-    monkeypatch.setattr(tempfile, "NamedTemporaryFile", refusing_probe)
-    monkeypatch.setattr(builtins, "open", refusing_open)
-
-
 @pytest.mark.fault
 @pytest.mark.parametrize("below", [False, True])
 def test_an_unwritable_out_is_one_sentence_before_any_evaluation(below, tmp_path, monkeypatch, capsys):
@@ -268,11 +247,7 @@ def test_an_unwritable_out_is_one_sentence_before_any_evaluation(below, tmp_path
     with pytest.raises(SystemExit) as info:
         ex.main(["--ckpt", str(tmp_path / "no_run"), "--out", str(out), "--device", "cpu"])
     assert info.value.code == 2
-    expected = (f"cannot make the folder {out} for the results (Operation not permitted in {locked}); choose a "
-                f"writable --out (or make {locked} writable)" if below else
-                f"cannot write the results to {out} (Operation not permitted); choose a writable --out (or make "
-                "that directory writable)")
-    assert capsys.readouterr().err == f"error: {expected}\n"
+    assert capsys.readouterr().err == f"error: {refused_out_message(out, locked, below)}\n"
     assert list(locked.iterdir()) == []
 
 
@@ -283,32 +258,6 @@ def fake_result(name="run"):
                                                   "binned_positions": [0.5, 2.5], "binned_loss": [3.5, 3.0]},
                                "sliding": {"mean": 3.125, "stride": 1, "min_context": 4, "tokens_scored": 8}}},
             "elapsed_s": {"loss": 1.0}}
-
-
-def full_disk(monkeypatch, folder):
-    """Makes every file opened for writing under `folder` fail as a full disk does, after a few bytes."""
-    import builtins
-    import errno
-    real_open, folder = builtins.open, os.path.abspath(folder)
-
-    class FullDisk:
-        def __init__(self, file):
-            self.file = file
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            self.file.close()
-
-        def write(self, text):
-            self.file.write(text[:10])
-            raise OSError(errno.ENOSPC, "No space left on device")
-
-    def full_disk_open(file, mode="r", *args, **kwargs):
-        opened = real_open(file, mode, *args, **kwargs)
-        return FullDisk(opened) if "w" in mode and os.path.abspath(file).startswith(folder + os.sep) else opened
-    monkeypatch.setattr(builtins, "open", full_disk_open)
 
 
 @pytest.mark.fault

@@ -16,6 +16,7 @@ from data.tokenizer import get_tokenizer
 from eval import zero_shot
 from eval.tasks import ZERO_SHOT_TASKS
 from eval.tiny import save_run, tiny_model
+from helpers import full_disk, refused_out_message, unwritable
 
 FIXTURES = Path(__file__).parent / "fixtures" / "zero_shot"
 
@@ -270,7 +271,6 @@ def test_an_unwritable_out_is_one_sentence_before_lm_eval_runs(below, tmp_path, 
     """The results folder was made only after lm-eval had scored every task, so an --out that cannot be written
     (or made) lost the scores with a PermissionError traceback. The run named here does not exist: only a check
     made before loading it can answer."""
-    from test_eval_extrapolation import unwritable
     locked = tmp_path / "locked"
     locked.mkdir()
     unwritable(monkeypatch, locked)
@@ -279,11 +279,7 @@ def test_an_unwritable_out_is_one_sentence_before_lm_eval_runs(below, tmp_path, 
         zero_shot.main(["--ckpt", str(tmp_path / "no_run"), "--data-dir", str(FIXTURES), "--tasks", "piqa",
                         "--out", str(out), "--device", "cpu"])
     assert info.value.code == 2
-    expected = (f"cannot make the folder {out} for the results (Operation not permitted in {locked}); choose a "
-                f"writable --out (or make {locked} writable)" if below else
-                f"cannot write the results to {out} (Operation not permitted); choose a writable --out (or make "
-                "that directory writable)")
-    assert capsys.readouterr().err == f"error: {expected}\n"
+    assert capsys.readouterr().err == f"error: {refused_out_message(out, locked, below)}\n"
     assert list(locked.iterdir()) == []
 
 
@@ -293,7 +289,6 @@ def test_scores_that_cannot_be_written_after_all_are_printed_with_one_sentence(t
     sentence with a non-zero exit, and no half-written file is left (lm-eval's scores stand in for a real run's)."""
     import lm_eval
 
-    from test_eval_extrapolation import full_disk
     save_run(tiny_model(pos="rope", block_size=64, seed=3), tmp_path / "run", step=7)
     scores = {"results": {"piqa": {"acc,none": 0.5, "acc_stderr,none": 0.25, "acc_norm,none": 1.0}},
               "n-samples": {"piqa": {"effective": 2}}}

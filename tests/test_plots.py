@@ -8,6 +8,7 @@ import pytest
 from matplotlib.figure import Figure
 
 from eval import extrapolation as ex
+from helpers import refused_out_message, unwritable
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 matplotlib.use("Agg")
@@ -147,17 +148,13 @@ def test_plot_runs_refuses_an_out_that_is_a_folder_before_drawing(tmp_path, save
 def test_plot_runs_says_in_one_sentence_that_its_out_folder_cannot_be_written(below, tmp_path, monkeypatch,
                                                                               saved_figures, capsys):
     from studies import curves as plot_runs
-    from test_eval_extrapolation import unwritable
     run = logged_run(tmp_path / "run")
     locked = tmp_path / "locked"
     locked.mkdir()
     unwritable(monkeypatch, locked)
     out = locked / "sub" / "loss.png" if below else locked / "loss.png"
     assert plot_runs.main([run, "--out", str(out)]) == 2
-    expected = (f"cannot make the folder {locked / 'sub'} for the plot (Operation not permitted in {locked}); "
-                f"choose a writable --out (or make {locked} writable)" if below else
-                f"cannot write the plot to {locked} (Operation not permitted); choose a writable --out (or make that "
-                "directory writable)")
+    expected = refused_out_message(locked / "sub" if below else locked, locked, below, "the plot")
     assert capsys.readouterr().err == f"error: {expected}\n"
     assert saved_figures == [] and list(locked.iterdir()) == []
 
