@@ -15,7 +15,6 @@ Writes OUT/extrapolation.json and OUT/extrapolation.md and prints the tables. Wh
 progress lines with the elapsed time and an ETA for each phase (tokens read by the model, prompt tokens of the
 passkey trials); the JSON records each phase's seconds (elapsed_s).
 """
-import contextlib
 import json
 import os
 import random
@@ -34,7 +33,7 @@ from checkpoints import load_model  # noqa: E402
 from config import UserError  # noqa: E402
 from eval.runtime import autocast_context, describe_encoding, pick_device  # noqa: E402
 from eval.cli import make_parser  # noqa: E402
-from eval.outputs import check_writable, unwritten  # noqa: E402
+from eval.outputs import check_writable, unwritten, write_atomic  # noqa: E402
 from eval.windows import plan_windows  # noqa: E402
 from eval import progress as timing  # noqa: E402
 
@@ -307,17 +306,6 @@ def plot_passkey(result, path):
     fig.savefig(path + ".tmp.png", dpi=120)
     plt.close(fig)
     os.replace(path + ".tmp.png", path)
-
-
-def write_atomic(path, text):
-    try:
-        with open(path + ".tmp", "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(path + ".tmp", path)
-    except OSError:  # a full disk: no half-written .tmp left behind
-        with contextlib.suppress(OSError):
-            os.remove(path + ".tmp")
-        raise
 
 
 def parse_floats(text):

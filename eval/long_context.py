@@ -46,7 +46,7 @@ if __package__ in (None, ""):  # run as a script: import from the repo root, not
 
 from eval import progress as timing  # noqa: E402
 from config import UserError  # noqa: E402
-from eval.outputs import check_writable  # noqa: E402
+from eval.outputs import check_writable, write_atomic  # noqa: E402
 from eval.runtime import describe_encoding  # noqa: E402
 from eval.cli import make_parser  # noqa: E402
 from eval.long_context_tasks import (BABILONG_SPLITS, BABILONG_TASKS, EXPORT_BABILONG_SPLITS,  # noqa: E402
@@ -551,13 +551,6 @@ def summarize(report):
 
 
 # ----------------------------------------------------------------------------- reports
-
-def write_atomic(path, text):
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
 
 def write_report(report, out_dir):
     write_atomic(os.path.join(out_dir, "long_context.json"), json.dumps(report, indent=2, default=str) + "\n")

@@ -4,6 +4,7 @@ in a traceback that loses the scores; and the sentence for a write that still fa
 Light on purpose (no torch): scripts/plot_runs.py checks its --out with it too, eval/long_context.py its --out and
 --plot.
 """
+import contextlib
 import os
 import tempfile
 
@@ -39,3 +40,17 @@ def unwritten(what: str, directory: str, error: OSError, option: str = "--out") 
     filled, or the folder changed since); the caller prints the results first, so that they are not lost."""
     return (f"cannot write {what} to {directory} ({error.strerror or error}), so they are printed above instead; "
             f"free space or choose another {option}, then run again")
+
+
+def write_atomic(path: str, text: str) -> None:
+    """`text` into `path` through `path`.tmp and a rename, so that a reader never sees half a report; a write that
+    fails (a full disk) leaves no .tmp behind and raises."""
+    tmp = f"{path}.tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise

@@ -13,7 +13,6 @@ papers): acc for ARC-E, PIQA, SciQ and WinoGrande, acc_norm for ARC-C, HellaSwag
 averages acc everywhere; the JSON holds all three averages. While lm-eval scores, stderr gets progress lines
 (padded tokens through the model, elapsed time, ETA); the JSON records the seconds taken (elapsed_s).
 """
-import contextlib
 import json
 import math
 import os
@@ -31,7 +30,7 @@ from config import UserError  # noqa: E402
 from eval.runtime import describe_encoding  # noqa: E402
 from eval import progress as timing  # noqa: E402
 from eval.cli import make_parser  # noqa: E402
-from eval.outputs import check_writable, unwritten  # noqa: E402
+from eval.outputs import check_writable, unwritten, write_atomic  # noqa: E402
 from eval.tasks import ZERO_SHOT_TASKS, check_data_file, expected_files_message  # noqa: E402
 
 PAPER_RESULTS = Path(__file__).resolve().parent / "paper_results.json"  # copy of the paper's Tables 1-2
@@ -183,18 +182,6 @@ def markdown_table(report):
                  f"scores average {others}. The paper does not name its metric; the default, `--metric convention`, "
                  "is the convention of the Forgetting Transformer's evaluation, on which the paper's builds.")
     return "\n".join(lines) + "\n"
-
-
-def write_atomic(path, text):
-    tmp = f"{path}.tmp"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except OSError:  # a full disk: no half-written .tmp left behind
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        raise
 
 
 def write_samples(results, out_dir):

@@ -58,3 +58,16 @@ def test_the_sentence_for_results_that_could_not_be_written_after_all():
         "cannot write the scores to runs/x/eval (No space left on device), so they are printed above instead; free "
         "space or choose another --out, then run again")
     assert unwritten("the plot", "p", OSError("disk gone"), "--plot").endswith("choose another --plot, then run again")
+
+
+def test_write_atomic_replaces_whole_and_leaves_no_tmp_when_the_disk_fills(tmp_path, monkeypatch):
+    from eval.outputs import write_atomic
+    path = tmp_path / "report.md"
+    path.write_text("old")
+    write_atomic(str(path), "new")
+    assert path.read_text() == "new" and sorted(os.listdir(tmp_path)) == ["report.md"]
+    from helpers import full_disk
+    full_disk(monkeypatch, tmp_path)
+    with pytest.raises(OSError, match="No space left on device"):
+        write_atomic(str(path), "newer")
+    assert path.read_text() == "new" and sorted(os.listdir(tmp_path)) == ["report.md"]
