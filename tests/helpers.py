@@ -220,22 +220,33 @@ class ProcessJob:
     A port found free by binding port 0, released and bound again by the job's main process seconds later can in
     between become another socket's ephemeral port (a listener or a connection of another job started at the same
     time), and a process then joins the wrong job's sockets; here the port stays bound from before the first process
-    starts."""
+    starts. Output goes to files, not pipes: a test waits for one process at a time (of two jobs, even), and a pipe
+    nobody reads meanwhile fills at 64 KiB and stops its writer in the middle of a print, which to the other process
+    is a peer that stopped responding. (A suspect, not a proven cause, for a CI run in which both processes of one
+    job of test_fsdp.py's kill-during-a-sharded-save test waited out the 300 s collective timeout.)"""
 
     def __init__(self, script: str, args: list[str], env: dict, cwd: str, world_size: int = 2):
+        import tempfile
         from torch.distributed import TCPStore
         self.store = TCPStore("127.0.0.1", 0, world_size=None, is_master=True, wait_for_workers=False)
         job = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(self.store.port), "TORCHELASTIC_USE_AGENT_STORE": "True",
                "WORLD_SIZE": str(world_size)}
+        self.outputs = [(tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")) for _ in range(world_size)]
         self.procs = [subprocess.Popen([sys.executable, "-c", script, *args], cwd=cwd,
                                        env={**env, **job, "RANK": str(r), "LOCAL_RANK": str(r)},
-                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                       stdout=self.outputs[r][0], stderr=self.outputs[r][1], text=True)
                       for r in range(world_size)]
         self.stderr = [None] * world_size
 
+    def _read_stderr(self, rank: int) -> str:
+        err = self.outputs[rank][1]
+        err.seek(0)
+        return err.read()
+
     def wait(self, rank: int, timeout: float) -> str:
         """Process `rank`'s stderr, once it has ended."""
-        self.stderr[rank] = self.procs[rank].communicate(timeout=timeout)[1]
+        self.procs[rank].wait(timeout=timeout)
+        self.stderr[rank] = self._read_stderr(rank)
         return self.stderr[rank]
 
     def returncodes(self) -> list:
@@ -249,8 +260,11 @@ class ProcessJob:
     def kill(self) -> None:
         for rank, proc in enumerate(self.procs):
             proc.kill()
-            out = proc.communicate()[1]
-            self.stderr[rank] = self.stderr[rank] if self.stderr[rank] is not None else out
+            proc.wait()
+            if self.stderr[rank] is None:
+                self.stderr[rank] = self._read_stderr(rank)
+            for file in self.outputs[rank]:
+                file.close()
 
 
 def unwritable(monkeypatch, folder):
