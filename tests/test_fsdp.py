@@ -562,7 +562,7 @@ def test_a_process_killed_during_a_sharded_save_is_named_by_the_survivor(tiny_fs
                 # Known and not understood (seen in two CI runs and once here, each time on 2 loaded cores): both
                 # processes of a job waited in collectives until the 300 s timeout, before the victim's kill. Each
                 # still said so in one sentence; the case under test is run once more and must hold then.
-                print(f"retrying the job whose victim is process {victim}, alone:\n{job.report()}", file=sys.stderr)
+                print(f"retrying the job whose victim is process {victim}:\n{job.report()}", file=sys.stderr)
                 job.kill()
                 shutil.rmtree(run_dir, ignore_errors=True)
                 job = jobs[victim] = start(victim)
