@@ -27,6 +27,7 @@ import glob
 import json
 import multiprocessing
 import os
+import re
 import shutil
 import signal
 import socket
@@ -612,8 +613,11 @@ def _prepare(source, out_dir, tok, config, workers, progress_bar, stop_after_pie
     if progress is not None and progress.get("config") != config:
         raise DataError(f"{out_dir} holds a preparation with other arguments; use the same arguments to resume it, "
                         f"or another --out (or delete {out_dir}) to start a new one")
-    if progress is None:  # a preparation writes progress.json before any shard: other .bin files are not ours
-        foreign = sorted(name for name in os.listdir(out_dir) if name.endswith(".bin"))
+    if progress is None:  # a preparation writes progress.json before any shard: other .bin files are not ours,
+        # except shards named as ours (a finished preparation whose damaged manifest.json the user deleted, as its
+        # error message advises, to prepare the folder afresh)
+        foreign = sorted(name for name in os.listdir(out_dir)
+                         if name.endswith(".bin") and not re.fullmatch(r"(train|val)_\d{6}\.bin", name))
         if foreign:
             raise DataError(f"{out_dir} already holds {len(foreign)} .bin file(s) that no preparation made "
                             f"({foreign[0]}, ...), which preparing there would delete; give --out a new folder, or "

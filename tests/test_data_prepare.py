@@ -3,6 +3,7 @@ import errno
 import functools
 import hashlib
 import json
+import re
 import lzma
 import os
 import socket
@@ -697,3 +698,21 @@ def test_the_default_corpus_refuses_a_folder_with_another_tools_manifest(tmp_pat
     with pytest.raises(DataError, match="manifest.json was not written by data.prepare \\(it holds a JSON list"):
         prep.ensure_default_corpus(str(out), tokenizer="byte", progress_bar=False)
     assert (out / "manifest.json").read_text() == "[]"
+
+
+@pytest.mark.fault
+def test_a_damaged_manifest_deleted_as_advised_then_prepares_the_folder_afresh(tmp_path, capsys):
+    """The advice for a damaged manifest.json is to delete it and run the same command again: the folder's own
+    shards (named train_/val_NNNNNN.bin) are then no one else's files, and are prepared afresh, not refused."""
+    write_jsonl(tmp_path / "in.jsonl", DOCS)
+    out = tmp_path / "data"
+    command = ["--files", str(tmp_path / "in.jsonl"), "--out", str(out), "--tokenizer", "byte", "--val-tokens", "100",
+               "--quiet"]
+    assert prep.main(command) == 0
+    shards = {p.name: p.read_bytes() for p in out.glob("*.bin")}
+    assert shards and all(re.fullmatch(r"(train|val)_\d{6}\.bin", name) for name in shards)
+    (out / "manifest.json").write_text("{damaged")
+    assert prep.main(command) == 2 and "delete it and run the data.prepare command" in capsys.readouterr().err
+    (out / "manifest.json").unlink()
+    assert prep.main(command) == 0, capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in out.glob("*.bin")} == shards and (out / "manifest.json").exists()
