@@ -117,7 +117,7 @@ def main():
                          "", "", f"{1e9 * cpu / tokens:.0f}"])
             for workers in worker_counts:
                 results = [measured_prepare(source, os.path.join(work_root, f"{name}-{workers}"), tokenizer=name,
-                                            val_tokens=prep.DEFAULT_CORPUS_VAL_TOKENS, workers=workers)
+                                            val_tokens=prep.DEFAULT_CORPUS_VAL_TOKENS[name], workers=workers)
                            for _ in range(args.repeats)]
                 tokens = results[0][0]["tokens"]["total"]
                 wall, thread, main_cpu, worker_cpu = (statistics.median(r[k] for r in results) for k in range(1, 5))

@@ -27,7 +27,6 @@ import glob
 import json
 import multiprocessing
 import os
-import re
 import shutil
 import signal
 import socket
@@ -44,7 +43,7 @@ import numpy as np
 from data import tokenizer as tokenization
 from data.manifest import (FINEWEB_EDU_CONFIGS, FINEWEB_EDU_REPO, adopt_command, prepare_command,  # noqa: F401
                            read_manifest, split_files)
-from data.shards import DataError, file_sha256, open_shard, read_header, write_shard
+from data.shards import DataError, file_sha256, is_prepared_shard, open_shard, read_header, write_shard
 from data.tokenizer import TOKENIZER_NAMES, encode_documents, get_tokenizer
 
 DEFAULT_SHARD_TOKENS = 100_000_000  # 200 MB per shard, as in nanoGPT-speedrun
@@ -180,9 +179,23 @@ def _init_worker(source, tokenizer_name, counter):
     _worker.update(source=source, dataset=None, counter=counter)
 
 
-def _document_batches(rows, description, file=None):
+def _too_large(file, description, exc):
+    """The BadInput for a file with one document (or line) too large to read at once: Arrow holds at most 2 GiB in
+    one string column chunk, and a 3 GB file read as one document ends in ArrowCapacityError or MemoryError."""
+    size = f" ({os.path.getsize(file):,} bytes)" if os.path.isfile(file) else ""
+    by = description.get("txt_sample_by")
+    other = {"document": " or read it by paragraph (--txt-sample-by paragraph, each blank-line-separated paragraph "
+                         "one document)", "paragraph": " or read it by line (--txt-sample-by line)"}.get(by, "")
+    return BadInput(f"{file}{size} holds a {'document' if by in (None, 'document') else by} too large to read at once "
+                    f"({exc.__class__.__name__}); split it into files of a few hundred MB at line ends, e.g. `split -C "
+                    f"256M --additional-suffix=.txt {file} {file}.part_`, and prepare those (--files "
+                    f"'{file}.part_*.txt'){other}")
+
+
+def _document_batches(rows, description, file=None, empty=None):
     """The rows' texts in batches of DOCS_PER_BATCH. file: the local file the rows come from (a piece of a --files
-    source), named when it cannot be read."""
+    source), named when it cannot be read. empty: a list whose first item counts the rows without text (null, a
+    missing 'text' among rows that have it, or ""), which become empty documents."""
     texts, where = [], file or json.dumps(description)[:200]
     try:
         for number, row in enumerate(rows, 1):
@@ -195,12 +208,16 @@ def _document_batches(rows, description, file=None):
                                "string; fix or remove that row, then run the same command again")
             # null is an empty document, as "" is: datasets gives null, too, for a row without 'text' among rows with it
             texts.append(text or "")
+            if not text and empty is not None:
+                empty[0] += 1
             if len(texts) == DOCS_PER_BATCH:
                 yield texts
                 texts = []
     except DataError:
         raise
     except Exception as exc:  # local files that do not parse, or network or file errors while streaming
+        if file is not None and (isinstance(exc, MemoryError) or exc.__class__.__name__ == "ArrowCapacityError"):
+            raise _too_large(file, description, exc) from None
         if file is not None and not isinstance(exc, OSError):  # bad input: a re-run reads the same bytes again
             raise BadInput(f"{file} cannot be read as {FORMAT_NAMES.get(description.get('format'), 'input')} "
                            f"({exc.__class__.__name__}: {exc}); fix or remove that file, then run the same command "
@@ -230,13 +247,14 @@ def _tokenize_piece(task):
 
     def flush():
         name = os.path.relpath(_piece_path(out_dir, index, len(shards), parts), out_dir)
-        sha = write_shard(os.path.join(out_dir, name), buffer[:fill])
+        sha = write_shard(os.path.join(out_dir, name), buffer[:fill], prepared=True)
         shards.append({"file": name, "tokens": fill, "sha256": sha,
                        "documents": int(np.count_nonzero(buffer[:fill] == eot))})
 
     # a --files source has one piece per file, in sorted order (files_source)
     file = source.files[index] if source.description.get("kind") == "files" else None
-    for texts in _document_batches(rows, source.description, file):
+    empty = [0]
+    for texts in _document_batches(rows, source.description, file, empty):
         flat, _ = encode_documents(texts)
         pos = 0
         while pos < len(flat) and (budget is None or total < budget):
@@ -251,7 +269,7 @@ def _tokenize_piece(task):
             break  # the stream never needs more of this piece: every token past here is past --max-tokens
     if fill:
         flush()
-    record = {"piece": index, "tokens": total, "shards": shards}
+    record = {"piece": index, "tokens": total, "shards": shards, "empty_documents": empty[0]}
     _write_json(_piece_path(out_dir, index, parts=parts), record)
     return record
 
@@ -405,7 +423,7 @@ def _name_shards(out_dir, plan, eot):
             tokens = open_shard(src)
             for entry in entries:
                 piece = tokens[entry["start"]:entry["start"] + entry["tokens"]]
-                entry["sha256"] = write_shard(os.path.join(out_dir, entry["file"]), piece)
+                entry["sha256"] = write_shard(os.path.join(out_dir, entry["file"]), piece, prepared=True)
                 entry["documents"] = int(np.count_nonzero(piece == eot))
             del tokens
             os.remove(src)
@@ -463,7 +481,7 @@ def _repair_shards(source, out_dir, manifest, tok, workers, progress_bar):
         _worker.update(source=None, dataset=None, counter=None)
     for shard in damaged:
         part = open_shard(os.path.join(out_dir, records[shard["piece"]]["shards"][shard["part"]]["file"]))
-        sha = write_shard(os.path.join(out_dir, shard["file"]), part[shard["start"]:shard["start"] + shard["tokens"]])
+        sha = write_shard(os.path.join(out_dir, shard["file"]), part[shard["start"]:shard["start"] + shard["tokens"]], prepared=True)
         del part
         if sha != shard["sha256"]:
             raise DataError(f"rewriting {shard['file']} gave other tokens than when {out_dir} was prepared: the "
@@ -614,10 +632,10 @@ def _prepare(source, out_dir, tok, config, workers, progress_bar, stop_after_pie
         raise DataError(f"{out_dir} holds a preparation with other arguments; use the same arguments to resume it, "
                         f"or another --out (or delete {out_dir}) to start a new one")
     if progress is None:  # a preparation writes progress.json before any shard: other .bin files are not ours,
-        # except shards named as ours (a finished preparation whose damaged manifest.json the user deleted, as its
-        # error message advises, to prepare the folder afresh)
+        # except our own marked shards (a finished preparation whose damaged manifest.json the user deleted, as its
+        # error message advises, to prepare the folder afresh); a name alone proves nothing
         foreign = sorted(name for name in os.listdir(out_dir)
-                         if name.endswith(".bin") and not re.fullmatch(r"(train|val)_\d{6}\.bin", name))
+                         if name.endswith(".bin") and not is_prepared_shard(os.path.join(out_dir, name)))
         if foreign:
             raise DataError(f"{out_dir} already holds {len(foreign)} .bin file(s) that no preparation made "
                             f"({foreign[0]}, ...), which preparing there would delete; give --out a new folder, or "
@@ -667,6 +685,10 @@ def _prepare(source, out_dir, tok, config, workers, progress_bar, stop_after_pie
     _name_shards(out_dir, plan, tok.eot_token)
     counts = {split: sum(e["tokens"] for e in plan if e["split"] == split) for split in ("val", "train")}
     counts["total"] = counts["val"] + counts["train"]
+    empty = 0  # each piece's record knows its documents without text (read before OUT/parts/ goes)
+    for piece in sorted({e["piece"] for e in plan}):
+        with contextlib.suppress(OSError, DataError):  # (a record of an older version has no count)
+            empty += _read_json(_piece_path(out_dir, piece)).get("empty_documents", 0)
     manifest = {
         "format": "llm.c uint16 token shards: 256 x int32 header (magic 20240520, version 1, token count), "
                   "then uint16 tokens",
@@ -674,7 +696,7 @@ def _prepare(source, out_dir, tok, config, workers, progress_bar, stop_after_pie
         "eot_token": tok.eot_token, "documents": sum(e["documents"] for e in plan), "tokens": counts,
         "shards": [{"file": e["file"], "split": e["split"], "tokens": e["tokens"], "sha256": e["sha256"],
                     "piece": e["piece"], "part": e["part"], "start": e["start"]} for e in plan],
-        "pieces": n_pieces, "config": config,
+        "pieces": n_pieces, "config": config, "empty_documents": empty,
     }
     _write_json(manifest_path, manifest)
     shutil.rmtree(os.path.join(out_dir, PARTS), ignore_errors=True)
@@ -683,6 +705,10 @@ def _prepare(source, out_dir, tok, config, workers, progress_bar, stop_after_pie
     if progress_bar:
         print(f"wrote {len(plan)} shards to {out_dir}: {counts['val']:,} val + {counts['train']:,} train tokens "
               f"from {manifest['documents']:,} documents ({time.time() - started:.1f} s this run)", file=sys.stderr)
+    if empty:  # said even with --quiet: rows without text are usually a mistake in the input (a wrong field name)
+        print(f"note: {empty:,} of the {manifest['documents']:,} documents had no text (a null 'text', no 'text' "
+              "field among rows that have one, or an empty string); each is an <|endoftext|> token alone in the "
+              "shards", file=sys.stderr)
     return manifest
 
 
@@ -701,7 +727,10 @@ def _num_shards(source):
 # ---- the embedded default corpus --------------------------------------------------------------------------------
 
 DEFAULT_CORPUS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "default_corpus.jsonl.xz")
-DEFAULT_CORPUS_VAL_TOKENS = 65_536
+# The validation split: the first documents of the corpus's fixed shuffle. With GPT-2 tokens 65,536 tokens are 171
+# documents; with bytes 393,216 bytes (384 KiB, 14% of the corpus) are 272 documents, 26 of them at least 4,097
+# bytes long, so that loss at 8 x 512 can be read inside documents (eval/extrapolation.py --documents).
+DEFAULT_CORPUS_VAL_TOKENS = {"gpt2": 65_536, "byte": 393_216}
 DEFAULT_CORPUS_SHARD_TOKENS = 1_000_000
 
 
@@ -737,7 +766,7 @@ def ensure_default_corpus(out_dir=None, tokenizer="gpt2", progress_bar=True):
         out_dir = os.path.join(REPO_ROOT, "data_cache", f"default{suffix}")
     source = default_corpus_source(out_dir)
     manifest_path = os.path.join(out_dir, "manifest.json")
-    expected = {"source": source.description, "tokenizer": tokenizer, "val_tokens": DEFAULT_CORPUS_VAL_TOKENS,
+    expected = {"source": source.description, "tokenizer": tokenizer, "val_tokens": DEFAULT_CORPUS_VAL_TOKENS[tokenizer],
                 "shard_tokens": DEFAULT_CORPUS_SHARD_TOKENS, "max_tokens": None}
     try:
         with preparation_lock(out_dir):  # the check and the rebuild too: another process may be preparing it now

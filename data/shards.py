@@ -2,7 +2,10 @@
 
 A shard is a 256 x int32 header followed by the tokens as uint16:
 header[0] = 20240520 (magic), header[1] = 1 (version), header[2] = number of tokens.
-Tools from llm.c and modded-nanogpt read these files unchanged, and we read theirs.
+Tools from llm.c and modded-nanogpt read these files unchanged, and we read theirs. The shards data.prepare writes
+also carry PREPARED_MARK in header[3] (which those tools leave 0 and never read): the proof that a shard in a
+folder without manifest is one of ours, which preparing the folder afresh may replace, and not a user's own file
+that happens to be named like ours.
 """
 import hashlib
 import os
@@ -13,19 +16,23 @@ MAGIC = 20240520
 VERSION = 1
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
+PREPARED_MARK = int(np.frombuffer(b"GRPE", dtype="<i4")[0])  # header[3] of the shards data.prepare writes
 
 
 class DataError(ValueError):
     """A user-facing data problem: the message says what is wrong and what to do."""
 
 
-def write_shard(path, tokens):
-    """Write tokens (values < 65536) to path atomically (temp file, then rename); return its sha256."""
+def write_shard(path, tokens, prepared=False):
+    """Write tokens (values < 65536) to path atomically (temp file, then rename); return its sha256. prepared: mark
+    it as data.prepare's own (header[3] = PREPARED_MARK)."""
     tokens = np.asarray(tokens)
     if tokens.size and int(tokens.max()) >= 2**16:
         raise DataError(f"token id {int(tokens.max())} does not fit in uint16; use a tokenizer with at most 65536 ids")
     header = np.zeros(HEADER_INTS, dtype="<i4")
     header[0], header[1], header[2] = MAGIC, VERSION, tokens.size
+    if prepared:
+        header[3] = PREPARED_MARK
     payload = header.tobytes() + tokens.astype("<u2", copy=False).tobytes()
     tmp = f"{path}.tmp"
     with open(tmp, "wb") as f:
@@ -72,3 +79,13 @@ def file_sha256(path):
         for block in iter(lambda: f.read(1 << 22), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def is_prepared_shard(path):
+    """Whether path is a shard that data.prepare wrote (its header carries PREPARED_MARK)."""
+    try:
+        with open(path, "rb") as f:
+            header = np.frombuffer(f.read(16), dtype="<i4")
+    except OSError:
+        return False
+    return len(header) == 4 and int(header[0]) == MAGIC and int(header[3]) == PREPARED_MARK

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from data.loader import load_split_tokens, read_manifest
 from data.prepare import Source, files_source, prepare
-from data.shards import DataError, HEADER_BYTES, open_shard, read_header, write_shard
+from data.shards import DataError, HEADER_BYTES, is_prepared_shard, open_shard, read_header, write_shard
 from data.tokenizer import get_tokenizer
 from data import prepare as prep
 from helpers import examples, prepare_byte_corpus, write_position_shards
@@ -322,7 +322,7 @@ def test_default_corpus_is_the_embedded_text(tmp_path):
         docs = [json.loads(line)["text"] for line in lzma.decompress(f.read()).decode("utf-8").splitlines()]
     assert np.array_equal(all_tokens(out), expected_stream(docs))
     manifest = read_manifest(out)
-    assert manifest["tokens"]["val"] == prep.DEFAULT_CORPUS_VAL_TOKENS and manifest["tokens"]["train"] > 10**6
+    assert manifest["tokens"]["val"] == prep.DEFAULT_CORPUS_VAL_TOKENS["byte"] and manifest["tokens"]["train"] > 10**6
     stamp = os.path.getmtime(os.path.join(out, manifest["shards"][-1]["file"]))
     assert prep.ensure_default_corpus(out, tokenizer="byte", progress_bar=False) == out
     assert os.path.getmtime(os.path.join(out, manifest["shards"][-1]["file"])) == stamp
@@ -638,8 +638,50 @@ def test_a_null_text_is_an_empty_document_as_a_row_without_text_is(tmp_path):
     (tmp_path / "in.jsonl").write_text(json.dumps({"text": DOCS[0]}) + "\n" + json.dumps({"text": None}) + "\n"
                                        + json.dumps({"body": "x"}) + "\n" + json.dumps({"text": DOCS[1]}) + "\n")
     manifest = run_prepare(prep.files_source(str(tmp_path / "in.jsonl")), tmp_path / "out", val_tokens=10)
-    assert manifest["documents"] == 4
+    assert manifest["documents"] == 4 and manifest["empty_documents"] == 2
     assert np.array_equal(all_tokens(tmp_path / "out"), expected_stream([DOCS[0], "", "", DOCS[1]]))
+
+
+@pytest.mark.fault
+def test_documents_without_text_are_counted_aloud_even_when_quiet(tmp_path, capsys):
+    """Rows with a null 'text' or none became empty documents silently (a wrong field name looks like that)."""
+    rows = [{"text": DOCS[0]}, {"text": None}, {"body": "x"}, {"text": ""}, {"text": DOCS[1]}]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert prep.main(["--files", str(tmp_path / "in.jsonl"), "--out", str(tmp_path / "out"), "--tokenizer", "byte",
+                      "--val-tokens", "10", "--quiet"]) == 0
+    assert capsys.readouterr().err == ("note: 3 of the 5 documents had no text (a null 'text', no 'text' field among "
+                                       "rows that have one, or an empty string); each is an <|endoftext|> token "
+                                       "alone in the shards\n")
+    (tmp_path / "full.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCS[:3]))
+    assert prep.main(["--files", str(tmp_path / "full.jsonl"), "--out", str(tmp_path / "full"), "--tokenizer", "byte",
+                      "--val-tokens", "10", "--quiet"]) == 0
+    assert capsys.readouterr().err == "" and read_manifest(str(tmp_path / "full"))["empty_documents"] == 0
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("by,error,other", [
+    ("document", "ArrowCapacityError", " or read it by paragraph (--txt-sample-by paragraph, each blank-line-separated "
+                                       "paragraph one document)"),
+    ("line", "MemoryError", ""),
+])
+def test_a_text_file_too_large_to_read_at_once_says_how_to_split_it(tmp_path, by, error, other):
+    """A 3 GB .txt read as one document was 'cannot be read as UTF-8 text (ArrowCapacityError ...)', and by line
+    '(MemoryError: )': the cause is the size of one piece, and the remedy is to split the file."""
+    import pyarrow
+    big = tmp_path / "big.txt"
+    big.write_text("x" * 1000)
+    exc = pyarrow.lib.ArrowCapacityError("array cannot contain more than 2147483646 bytes") \
+        if error == "ArrowCapacityError" else MemoryError()
+
+    def rows():
+        yield {"text": "a first document"}
+        raise exc
+    with pytest.raises(prep.BadInput) as refused:
+        list(prep._document_batches(rows(), {"format": "text", "txt_sample_by": by}, str(big)))
+    assert str(refused.value) == (
+        f"{big} (1,000 bytes) holds a {by} too large to read at once ({error}); split it into files of a few hundred "
+        f"MB at line ends, e.g. `split -C 256M --additional-suffix=.txt {big} {big}.part_`, and prepare those "
+        f"(--files '{big}.part_*.txt'){other}")
 
 
 @pytest.mark.parametrize("name,content,kind", [
@@ -688,6 +730,39 @@ def test_an_out_holding_shards_no_preparation_made_is_refused_and_they_are_kept(
         f"`python -m data.prepare --adopt {out}`\n")
     assert (out / "fineweb_train_000001.bin").read_bytes() == b"mine" * 100
     assert sorted(os.listdir(out)) == ["fineweb_train_000001.bin", "notes.txt"]
+
+
+@pytest.mark.fault
+def test_a_users_shards_named_like_ours_are_refused_and_kept(tmp_path, capsys):
+    """llm.c-style shards of the user's own, named val_000000.bin and train_00000N.bin as ours are, in a folder
+    without manifest: a name proves nothing, so they were overwritten; only shards whose header carries
+    data.prepare's mark are its own."""
+    write_jsonl(tmp_path / "in.jsonl", DOCS)
+    out = tmp_path / "mine"
+    out.mkdir()
+    for name in ("val_000000.bin", "train_000001.bin", "train_000002.bin"):
+        write_shard(str(out / name), np.arange(50))  # a valid shard, as llm.c writes it
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert prep.main(["--files", str(tmp_path / "in.jsonl"), "--out", str(out), "--tokenizer", "byte", "--quiet"]) == 2
+    assert capsys.readouterr().err == (
+        f"error: {out} already holds 3 .bin file(s) that no preparation made (train_000001.bin, ...), which "
+        f"preparing there would delete; give --out a new folder, or record shards made elsewhere with "
+        f"`python -m data.prepare --adopt {out}`\n")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_prepared_shards_carry_the_mark_and_others_do_not(tmp_path):
+    write_jsonl(tmp_path / "in.jsonl", DOCS)
+    out = tmp_path / "data"
+    prep.prepare(prep.files_source(str(tmp_path / "in.jsonl")), str(out), tokenizer="byte", val_tokens=100,
+                 workers=1, progress_bar=False)
+    shards = sorted(out.glob("*.bin"))
+    assert shards and all(is_prepared_shard(p) for p in shards)
+    assert all(int(np.fromfile(p, dtype="<i4", count=4)[3]) == int.from_bytes(b"GRPE", "little") for p in shards)
+    write_shard(str(tmp_path / "plain.bin"), np.arange(5))
+    assert not is_prepared_shard(tmp_path / "plain.bin") and not is_prepared_shard(tmp_path / "absent.bin")
+    (tmp_path / "short.bin").write_bytes(b"GRPE")
+    assert not is_prepared_shard(tmp_path / "short.bin")
 
 
 @pytest.mark.fault
