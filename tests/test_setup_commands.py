@@ -119,3 +119,68 @@ def test_the_quickstart_figures_are_written_from_a_finished_run_of_the_readme_co
         fake_quickstart_run(tmp_path / name, **config)
         with pytest.raises(doc_figures.FigureError, match=why):
             doc_figures.quickstart_figure(str(tmp_path / name))
+
+
+def copied_docs(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "docs").mkdir(parents=True)
+    for doc in doc_figures.DOCS:
+        shutil.copy(os.path.join(doc_figures.REPO, doc), repo / doc)
+    return repo, {doc: (repo / doc).read_bytes() for doc in doc_figures.DOCS}
+
+
+@pytest.mark.fault
+def test_a_figure_that_cannot_be_written_leaves_every_doc_as_it_was(tmp_path, monkeypatch):
+    """Under `ulimit -f 8` README.md was cut to 8,192 bytes (written in place), and with docs/setup.md immutable
+    README.md was rewritten and then a traceback left the two copies of the figure unequal."""
+    import builtins
+    import errno
+    repo, before = copied_docs(tmp_path)
+    real_open, real_replace = builtins.open, os.replace
+
+    def limited_open(file, mode="r", *args, **kwargs):  # a file size limit: writes past 8 KiB fail
+        opened = real_open(file, mode, *args, **kwargs)
+        if "w" in mode and str(file).startswith(str(repo)):
+            write = opened.write
+
+            def capped(text):
+                if opened.tell() + len(text) > 8192:
+                    raise OSError(errno.EFBIG, "File too large", str(file))
+                return write(text)
+            opened.write = capped
+        return opened
+    monkeypatch.setattr(builtins, "open", limited_open)
+    figure = "validation loss 10.84 → 5.00 (step 50); peak memory 0.70 GiB; commit 0123456"
+    with pytest.raises(doc_figures.FigureError, match=r"^cannot write figure 'quickstart' \(File too large: "
+                                                      r".*README\.md\.tmp\), so no doc was changed; free space or make "
+                                                      r"README\.md, docs/setup\.md writable, then run again$"):
+        doc_figures.write("quickstart", figure, str(repo))
+    monkeypatch.setattr(builtins, "open", real_open)
+    assert {doc: (repo / doc).read_bytes() for doc in doc_figures.DOCS} == before
+    assert not list(repo.rglob("*.tmp"))
+
+    def immutable_setup(src, dst):  # README.md is replaced first, then docs/setup.md refuses
+        if str(dst).endswith(os.path.join("docs", "setup.md")):
+            raise PermissionError(errno.EPERM, "Operation not permitted", str(dst))
+        return real_replace(src, dst)
+    monkeypatch.setattr(os, "replace", immutable_setup)
+    with pytest.raises(doc_figures.FigureError, match="Operation not permitted: .*setup.md\\), so no doc was changed"):
+        doc_figures.write("quickstart", figure, str(repo))
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert {doc: (repo / doc).read_bytes() for doc in doc_figures.DOCS} == before
+    assert not list(repo.rglob("*.tmp"))
+    assert doc_figures.write("quickstart", figure, str(repo)) == ["README.md", os.path.join("docs", "setup.md")]
+    assert set(doc_figures.written("quickstart", str(repo)).values()) == {figure}
+
+
+@pytest.mark.fault
+def test_an_unfinished_quickstart_run_is_answered_with_what_to_do(tmp_path):
+    fake_quickstart_run(tmp_path / "run")
+    records = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[:-1]  # no summary yet
+    (tmp_path / "run" / "metrics.jsonl").write_text("\n".join(records) + "\n")
+    with pytest.raises(doc_figures.FigureError) as refused:
+        doc_figures.quickstart_figure(str(tmp_path / "run"))
+    assert str(refused.value).endswith(f"if it is still training, run this again when it is done, else train it again "
+                                       f"in one go (python3 train.py {doc_figures.QUICKSTART} --out_dir="
+                                       f"{tmp_path / 'run'} --start_over): a resumed run's peak memory would be its "
+                                       "last start's only")

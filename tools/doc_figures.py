@@ -10,6 +10,7 @@ Each figure sits between <!-- figure:NAME --> and <!-- /figure --> in the docs, 
 between them (every file that holds the marker). tests/test_setup_commands.py collects the suite and checks the
 written test count, and checks that every copy of a figure is the same text.
 """
+import contextlib
 import json
 import os
 import re
@@ -59,11 +60,13 @@ def fitted(text: str, before: str, after: str) -> str:
 
 def write(name: str, text: str, repo: str = REPO) -> list[str]:
     """Put `text` as figure `name` in every doc that holds its marker, broken into lines of at most WIDTH
-    characters; the docs changed."""
-    changed = []
+    characters; the docs changed. All or nothing: each doc is written to a temporary file beside it first and
+    renamed over it only when every one is written, and a rename that fails puts back the docs renamed before it,
+    so that a full disk or a file that cannot be replaced leaves every doc as it was (and its copies equal)."""
+    updates = {}
     for doc in DOCS:
         path = os.path.join(repo, doc)
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             before = f.read()
 
         def replaced(m):
@@ -73,12 +76,34 @@ def write(name: str, text: str, repo: str = REPO) -> list[str]:
                                        m.group(3) + before[m.end():line_end if line_end >= 0 else None]) + m.group(3)
         after = marker(name).sub(replaced, before)
         if after != before:
-            with open(path, "w") as f:
-                f.write(after)
-            changed.append(doc)
+            updates[doc] = (path, before, after)
     if not written(name, repo):
         raise FigureError(f"no doc holds the marker <!-- figure:{name} -->; put it in one of {', '.join(DOCS)}")
-    return changed
+    staged = []
+    try:
+        for doc, (path, _, after) in updates.items():
+            with open(path + ".tmp", "w", encoding="utf-8") as f:
+                staged.append(path + ".tmp")
+                f.write(after)
+        done = []
+        for doc, (path, before, _) in updates.items():
+            try:
+                os.replace(path + ".tmp", path)
+            except OSError:
+                for earlier in done:  # (replaced moments ago, so they can be replaced again)
+                    with open(updates[earlier][0] + ".tmp", "w", encoding="utf-8") as f:
+                        f.write(updates[earlier][1])
+                    os.replace(updates[earlier][0] + ".tmp", updates[earlier][0])
+                raise
+            done.append(doc)
+    except OSError as error:
+        for tmp in staged:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+        where = error.filename or repo
+        raise FigureError(f"cannot write figure {name!r} ({error.strerror or error}: {where}), so no doc was "
+                          f"changed; free space or make {', '.join(updates)} writable, then run again") from None
+    return list(updates)
 
 
 def collected_tests(repo: str = REPO) -> int:
@@ -118,10 +143,14 @@ def quickstart_figure(run_dir: str) -> str:
                           "commit, then train again")
     summary = [r for r in records if r.get("type") == "summary"]
     if not summary or summary[-1].get("stopped") != "done":
-        raise FigureError(f"{run_dir} has not finished (no summary record that says done)")
+        raise FigureError(f"{run_dir} has not finished (no summary record that says done); if it is still "
+                          "training, run this again when it is done, else train it again in one go (python3 train.py "
+                          f"{QUICKSTART} --out_dir={run_dir} --start_over): a resumed run's peak memory would be its "
+                          "last start's only")
     losses = [(r["iter"], r["val_loss"]) for r in records if r.get("type") == "val"]
     if not losses or losses[0][0] != 0:
-        raise FigureError(f"{run_dir} has no validation at step 0")
+        raise FigureError(f"{run_dir} has no validation at step 0; train the quickstart again as the README gives "
+                          f"it (python3 train.py {QUICKSTART})")
     steps = [f"{loss:.2f}" if i == 0 else f"{loss:.2f} (step {step})" if i == 1 else f"{loss:.2f} ({step})"
              for i, (step, loss) in enumerate(losses)]
     memory = summary[-1]
