@@ -33,7 +33,7 @@ from checkpoints import load_model  # noqa: E402
 from config import UserError  # noqa: E402
 from eval.runtime import autocast_context, describe_encoding, pick_device  # noqa: E402
 from eval.cli import make_parser  # noqa: E402
-from eval.outputs import check_writable, unwritten, write_atomic  # noqa: E402
+from eval.outputs import check_writable, save_figure, unwritten, write_atomic  # noqa: E402
 from eval.windows import plan_windows  # noqa: E402
 from eval import progress as timing  # noqa: E402
 
@@ -277,9 +277,7 @@ def plot_loss_vs_position(results, path):
     ax.set_title("Loss vs position (non-overlapping windows of the longest context)")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path + ".tmp.png", dpi=120)
-    plt.close(fig)
-    os.replace(path + ".tmp.png", path)
+    save_figure(fig, path)
 
 
 def plot_passkey(result, path):
@@ -303,9 +301,7 @@ def plot_passkey(result, path):
     ax.set_title(f"Passkey accuracy: {result['name']} ({result['encoding']})")
     fig.colorbar(image, ax=ax)
     fig.tight_layout()
-    fig.savefig(path + ".tmp.png", dpi=120)
-    plt.close(fig)
-    os.replace(path + ".tmp.png", path)
+    save_figure(fig, path)
 
 
 def parse_floats(text):

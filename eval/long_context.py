@@ -46,7 +46,7 @@ if __package__ in (None, ""):  # run as a script: import from the repo root, not
 
 from eval import progress as timing  # noqa: E402
 from config import UserError  # noqa: E402
-from eval.outputs import check_writable, write_atomic  # noqa: E402
+from eval.outputs import check_writable, save_figure, write_atomic  # noqa: E402
 from eval.runtime import describe_encoding  # noqa: E402
 from eval.cli import make_parser  # noqa: E402
 from eval.long_context_tasks import (BABILONG_SPLITS, BABILONG_TASKS, EXPORT_BABILONG_SPLITS,  # noqa: E402
@@ -153,6 +153,9 @@ def parse_args(argv=None):
         p.error("--out takes one --ckpt: with several, each run's report goes to its own RUN/eval")
     if len(args.ckpt) > 1 and not args.plot:
         p.error("--plot PATH is required with several --ckpt: it names the plot that compares them")
+    if args.plot and os.path.isdir(args.plot):  # os.replace onto it would fail only after the whole evaluation
+        p.error(f"--plot {args.plot} is a folder; name the PNG file to write, e.g. "
+                f"{os.path.join(args.plot, 'long_context.png')}")
     return args
 
 
@@ -671,9 +674,7 @@ def plot_accuracy_vs_length(reports, path):
         ax.legend(fontsize=8)
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path + ".tmp.png", dpi=120)
-    plt.close(fig)
-    os.replace(path + ".tmp.png", path)
+    save_figure(fig, path)
     return path
 
 

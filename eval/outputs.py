@@ -54,3 +54,20 @@ def write_atomic(path: str, text: str) -> None:
         with contextlib.suppress(OSError):
             os.remove(tmp)
         raise
+
+
+def save_figure(fig, path: str, dpi: int = 120) -> None:
+    """A matplotlib figure into `path` through `path`.tmp.png and a rename (a reader never sees half a picture),
+    closed either way (pyplot keeps every open figure); a save that fails leaves no .tmp.png behind and raises."""
+    import matplotlib.pyplot as plt
+
+    tmp = f"{path}.tmp.png"
+    try:
+        fig.savefig(tmp, dpi=dpi)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
+    finally:
+        plt.close(fig)

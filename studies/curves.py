@@ -10,7 +10,6 @@ loss_curves.png with the same code (studies/curves.py).
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
@@ -18,7 +17,7 @@ import sys
 
 from config import UserError
 from eval.cli import make_parser
-from eval.outputs import check_writable
+from eval.outputs import check_writable, save_figure
 
 
 def read_curves(run_dir: str) -> dict[str, list[tuple[int, float]]]:
@@ -137,19 +136,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.title:
         fig.suptitle(args.title)
     fig.tight_layout()
-    tmp = args.out + ".tmp.png"
     try:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        fig.savefig(tmp, dpi=130)
-        os.replace(tmp, args.out)
+        save_figure(fig, args.out, dpi=130)
     except OSError as e:  # (checked writable before): the disk filled; the runs' metrics are untouched
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
         print(f"error: cannot write the plot to {args.out} ({e.strerror or e}); free space or choose another --out",
               file=sys.stderr)
         return 2
-    finally:
-        plt.close(fig)  # a study draws one per report: pyplot keeps every open figure
     print(args.out)
     return 0
 

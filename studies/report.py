@@ -275,33 +275,81 @@ FORMER_BEGIN = REPORT_BEGIN.replace("study.py", "scripts/study.py")  # in pages 
 
 def check_publish_target(target: str) -> str:
     """The text of `target` (the two markers alone for a missing file), refused before any work when it lacks the
-    markers or its folder cannot be written: a study of hours must not end in an error that loses its report."""
-    text = Path(target).read_text() if os.path.exists(target) else f"{REPORT_BEGIN}\n{REPORT_END}\n"
+    markers, is not a UTF-8 text file, or cannot be replaced (a read-only or immutable file, a folder that refuses
+    new files): a study of hours must not end in an error that loses its report. Opening the file for writing
+    (without writing) and making a file in its folder are the probes: os.access says yes to root on an immutable
+    file's folder, and a mode of 444 is no obstacle to a rename, which would replace the file against its owner's
+    wish."""
+    import tempfile
+
+    if os.path.isdir(target):
+        raise StudyError(f"--publish {target} is a folder; give the Markdown file to write the report into, e.g. "
+                         f"{os.path.join(target, 'results.md')}.")
+    if os.path.exists(target):
+        try:
+            text = Path(target).read_text(encoding="utf-8")
+            with open(target, "r+b"):
+                pass
+        except UnicodeDecodeError:
+            raise StudyError(f"--publish {target} is not UTF-8 text; save it as UTF-8 (or choose another file).") \
+                from None
+        except OSError as error:
+            raise StudyError(f"--publish {target} cannot be written ({error.strerror or error}); make it writable "
+                             "(chmod u+w, or chattr -i for an immutable file) or choose another file.") from None
+    else:
+        text = f"{REPORT_BEGIN}\n{REPORT_END}\n"
     text = text.replace(FORMER_BEGIN, REPORT_BEGIN)
     if text.count(REPORT_BEGIN) != 1 or text.count(REPORT_END) != 1 or text.index(REPORT_BEGIN) > text.index(REPORT_END):
         raise StudyError(f"{target} must hold the lines {REPORT_BEGIN} and {REPORT_END} once each, in that order: "
                          "the report goes between them; add them where it belongs.")
     folder = os.path.dirname(os.path.abspath(target))
-    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".publish_probe_"):
+            pass
+    except OSError:  # (FileNotFoundError for a folder that does not exist)
         raise StudyError(f"--publish {target}: its folder {folder} does not exist or cannot be written; "
-                         "make it or choose another file.")
+                         "make it or choose another file.") from None
     return text
 
 
 def publish(study: Study, report: dict, target: str) -> None:
     """The report into `target` between REPORT_BEGIN and REPORT_END (the text around them is kept; a new file gets
     just the markers and the report), one heading level down, with its plots copied beside the file as
-    <target stem>_<plot>.png."""
+    <target stem>_<plot>.png. The file keeps its mode. A write that fails after all (a full disk, a file made
+    read-only since the study started) is one StudyError that leaves the file and its folder as they were; the
+    report is in the study's own report.md either way."""
     import shutil
 
     text = check_publish_target(target)
     folder, stem = os.path.dirname(os.path.abspath(target)), Path(target).stem
-    plots = {}
-    for key, name in report["plots"].items():
-        plots[key] = f"{stem}_{name}"
-        shutil.copyfile(os.path.join(study.out_dir, name), os.path.join(folder, plots[key]))
-    body = "\n".join("#" + line if line.startswith("#") else line for line in markdown(report, plots).splitlines())
-    before, rest = text.split(REPORT_BEGIN)
-    after = rest.split(REPORT_END)[1]
-    atomic_write_text(target, f"{before}{REPORT_BEGIN}\n{body}\n{REPORT_END}{after}")
+    plots, written = {}, []
+    try:
+        for key, name in report["plots"].items():
+            plots[key] = f"{stem}_{name}"
+            staged = os.path.join(folder, plots[key] + ".tmp")
+            written.append(staged)
+            shutil.copyfile(os.path.join(study.out_dir, name), staged)
+        body = "\n".join("#" + line if line.startswith("#") else line
+                         for line in markdown(report, plots).splitlines())
+        before, rest = text.split(REPORT_BEGIN)
+        after = rest.split(REPORT_END)[1]
+        staged = target + ".tmp"
+        written.append(staged)
+        with open(staged, "w", encoding="utf-8") as f:
+            f.write(f"{before}{REPORT_BEGIN}\n{body}\n{REPORT_END}{after}")
+        if os.path.exists(target):
+            shutil.copymode(target, staged)
+        for key in plots:  # every file is whole before any replaces what was there
+            picture = os.path.join(folder, plots[key])
+            if not os.path.exists(picture):
+                written.append(picture)  # (a new picture goes again if the page cannot take its link)
+            os.replace(picture + ".tmp", picture)
+        os.replace(staged, target)
+    except OSError as error:
+        for path in written:
+            with contextlib.suppress(OSError):
+                os.remove(path)
+        raise StudyError(f"cannot publish the report into {target} ({error.strerror or error}); it is in "
+                         f"{os.path.join(study.out_dir, 'report.md')}: free space or make {target} writable, then run "
+                         "the same command again (finished runs are not redone)") from None
     print(f"[study] wrote the report into {target} and its plots beside it", flush=True)

@@ -12,7 +12,7 @@ import tomllib
 from pathlib import Path
 
 
-from config import MAX_SEED, ConfigError, closest_hint, resolve
+from config import MAX_SEED, ConfigError, UserError, closest_hint, resolve
 from model import GPTConfig
 from positional import ENCODINGS, parse_pos
 
@@ -28,6 +28,9 @@ def evaluation(name: str):
 STUDY_KEYS = {"name", "base", "encodings", "seeds", "reference", "out_dir", "overrides", "variants", "launch", "eval"}
 LAUNCH_KEYS = {"mode", "gpus", "gpus_per_run", "jobs"}
 DEFAULT_SEEDS = [1337]  # train.py's own default seed
+# keys that every run of a study gets from the study itself (the last word on its command line), so that an
+# [overrides] value of them would be dropped without a word
+SET_BY_THE_STUDY = {"pos": "encodings", "kv_shift": "encodings", "seed": "seeds", "out_dir": "out_dir"}
 CONFIDENCE = 0.95
 MIN_SEEDS_FOR_A_FINDING = 3  # with fewer, an interval that excludes 0 is too easily luck to report as a result
 # Every key with its default: the text of --help and of docs/study.md (a test holds them equal, and the
@@ -226,7 +229,11 @@ def load_study(path: str) -> Study:
         base = None
     else:
         base = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(path)), base))
-        if not os.path.isfile(base):
+        if os.path.isdir(base):
+            wrong("base", f"{base} is a folder, not a config file; name a .toml file, e.g. base = \"../base/cpu.toml\" "
+                          "(the path is relative to the study file).")
+            base = None
+        elif not os.path.isfile(base):
             wrong("base", f"config file {base} does not exist (the path is relative to the study file).")
             base = None
 
@@ -277,6 +284,16 @@ def load_study(path: str) -> Study:
             and isinstance(table, dict) for inner, value in table.items()]
     flat += [(key, value) for key, value in overrides_table.items() if not (key in ("model", "train")
                                                                         and isinstance(value, dict))]
+    named = {}  # the key each override sets (train.max_iters and max_iters are one key)
+    for key, _ in flat:
+        named.setdefault(key.split(".")[-1], []).append(key)
+    for key, spellings in named.items():
+        if len(spellings) > 1:  # the last would win silently
+            wrong("[overrides]", f"sets {key} twice ({' and '.join(sorted(spellings))}); keep one.")
+        if key in SET_BY_THE_STUDY:
+            wrong(f"[overrides] {spellings[0]}", f"is set for each run by the study's {SET_BY_THE_STUDY[key]}, which "
+                                                 f"would override it silently; remove it and set {SET_BY_THE_STUDY[key]}.")
+    flat = [(key, value) for key, value in flat if key.split(".")[-1] not in SET_BY_THE_STUDY]
     override_values = [(f"[overrides] {key}", arg) for key, value in flat for arg in as_cli(key, value)]
     out_dir = raw.get("out_dir", os.path.join("runs", name))
     if not isinstance(out_dir, str) or not out_dir:
@@ -287,6 +304,12 @@ def load_study(path: str) -> Study:
     if in_the_way is not None:  # found now, not after hours of runs that cannot write their directories
         wrong("out_dir", f"{out_dir!r} cannot be made: {str(in_the_way)!r} is a file, not a folder; move it or choose "
                          "another out_dir.")
+    else:
+        from eval.outputs import check_writable
+        try:  # (a read-only mount: each run would fail in turn, each with its own traceback)
+            check_writable(out_dir, "the study's runs", option="out_dir")
+        except UserError as error:
+            wrong("out_dir", f"{error}.")
 
     launch = raw.get("launch") or {}
     if not isinstance(launch, dict):

@@ -738,3 +738,115 @@ def test_seed_0_and_the_largest_seed_are_study_seeds(workspace, tmp_path, monkey
     assert plan.seeds == [0, 2**64 - 1] and [run.seed for run in plan.runs] == [0, 2**64 - 1]
     with pytest.raises(study_spec.StudyError, match="seeds"):
         study_spec.load_study(study_file(tmp_path, encodings=["rope"], seeds=[-1], evals=""))
+
+
+# ----------------------------------------------------------------------------- study mistakes that passed silently
+
+@pytest.mark.fault
+@pytest.mark.parametrize("extra,key,message", [
+    ("[overrides]\nmax_iters = 4\ntrain.max_iters = 5\n", "[overrides]",
+     "sets max_iters twice (max_iters and train.max_iters); keep one."),
+    ("[overrides]\npos = \"fox\"\n", "[overrides] pos",
+     "is set for each run by the study's encodings, which would override it silently; remove it and set encodings."),
+    ("[overrides]\ntrain.seed = 7\n", "[overrides] train.seed",
+     "is set for each run by the study's seeds, which would override it silently; remove it and set seeds."),
+    ("[overrides]\nout_dir = \"elsewhere\"\n", "[overrides] out_dir",
+     "is set for each run by the study's out_dir, which would override it silently; remove it and set out_dir."),
+    ("[overrides]\nkv_shift = true\n", "[overrides] kv_shift",
+     "is set for each run by the study's encodings, which would override it silently; remove it and set encodings."),
+])
+def test_overrides_the_study_would_drop_are_refused(workspace, tmp_path, monkeypatch, extra, key, message):  # noqa: F811
+    """Both spellings of one key trained with the first and dropped the second; pos, seed and out_dir in [overrides]
+    lost to the study's own encodings, seeds and out_dir without a word."""
+    shutil.copy(workspace / "base.toml", tmp_path / "base.toml")
+    monkeypatch.chdir(tmp_path)
+    path = study_file(tmp_path, encodings=["rope"], seeds=[1], evals="", extra=extra)
+    with pytest.raises(study_spec.StudyError) as error:
+        study_spec.load_study(path)
+    assert f"{path} {key}: {message}" in str(error.value).splitlines()
+
+
+@pytest.mark.fault
+def test_a_base_that_is_a_folder_is_named_as_one(workspace, tmp_path, monkeypatch):  # noqa: F811
+    shutil.copy(workspace / "base.toml", tmp_path / "base.toml")
+    monkeypatch.chdir(tmp_path)
+    path = study_file(tmp_path, encodings=["rope"], seeds=[1], evals="")
+    Path(path).write_text(Path(path).read_text().replace('base = "base.toml"', 'base = ".."'))
+    with pytest.raises(study_spec.StudyError) as error:
+        study_spec.load_study(path)
+    assert f"{path} base: {tmp_path.parent} is a folder, not a config file; name a .toml file" in str(error.value)
+
+
+@pytest.mark.fault
+def test_an_out_dir_that_cannot_be_written_is_refused_before_any_run(workspace, tmp_path, monkeypatch):  # noqa: F811
+    """A study on a read-only mount: each run failed in turn (a 29-line traceback, or two chained ones)."""
+    from helpers import refused_out_message, unwritable
+    shutil.copy(workspace / "base.toml", tmp_path / "base.toml")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(train, "run", lambda argv: pytest.fail("a study with mistakes must train nothing"))
+    path = study_file(tmp_path, encodings=["rope"], seeds=[1], evals="")
+    Path("locked").mkdir()
+    Path(path).write_text(Path(path).read_text().replace('out_dir = "out"', 'out_dir = "locked/study"'))
+    unwritable(monkeypatch, "locked")
+    with pytest.raises(study_spec.StudyError) as error:
+        study_spec.load_study(path)
+    assert f"{path} out_dir: " + refused_out_message("locked/study", str(tmp_path / "locked"), below=True,
+                                                     what="the study's runs", option="out_dir") + "." \
+        in str(error.value).splitlines()
+
+
+@pytest.mark.fault
+def test_publish_targets_that_cannot_take_the_report_are_refused_before_any_run(tmp_path):
+    """--publish onto a folder or a Latin-1 file was a traceback; onto a read-only or immutable file the report
+    replaced it (mode 444 became 644) or ended in a traceback after every run, leaving F.tmp and pictures."""
+    import errno
+    with pytest.raises(study_spec.StudyError, match=f"^--publish {tmp_path} is a folder; give the Markdown file"):
+        study_report.check_publish_target(str(tmp_path))
+    latin = tmp_path / "latin.md"
+    latin.write_bytes(("caf\xe9\n" + study_report.REPORT_BEGIN + "\n" + study_report.REPORT_END + "\n").encode("latin-1"))
+    with pytest.raises(study_spec.StudyError, match="latin.md is not UTF-8 text; save it as UTF-8"):
+        study_report.check_publish_target(str(latin))
+    target = tmp_path / "doc.md"
+    target.write_text(study_report.REPORT_BEGIN + "\n" + study_report.REPORT_END + "\n")
+    real_open = open
+
+    def read_only_open(file, mode="r", *args, **kwargs):  # as the file's owner sees a 444 file (root does not)
+        if str(file) == str(target) and any(m in mode for m in "wa+"):
+            raise PermissionError(errno.EACCES, "Permission denied", str(file))
+        return real_open(file, mode, *args, **kwargs)
+    import builtins
+    builtins.open = read_only_open
+    try:
+        with pytest.raises(study_spec.StudyError) as refused:
+            study_report.check_publish_target(str(target))
+    finally:
+        builtins.open = real_open
+    assert str(refused.value) == (f"--publish {target} cannot be written (Permission denied); make it writable "
+                                  "(chmod u+w, or chattr -i for an immutable file) or choose another file.")
+
+
+@pytest.mark.fault
+def test_a_publish_that_fails_at_the_end_leaves_the_file_and_its_folder_as_they_were(finished_copy, monkeypatch):
+    import errno
+    target = Path("results.md")
+    target.write_text(BEFORE + study_report.REPORT_BEGIN + "\nold\n" + study_report.REPORT_END + AFTER)
+    os.chmod(target, 0o640)
+    before = sorted(p.name for p in Path(".").iterdir())
+    plan = study_spec.load_study("study.toml")
+    report = json.loads(Path("out/report.json").read_text())
+    real_replace = os.replace
+
+    def refusing_replace(src, dst):  # (the file made immutable while the study ran)
+        if str(dst) == str(target):
+            raise PermissionError(errno.EPERM, "Operation not permitted", str(dst))
+        return real_replace(src, dst)
+    monkeypatch.setattr(os, "replace", refusing_replace)
+    with pytest.raises(study_spec.StudyError) as error:
+        study_report.publish(plan, report, str(target))
+    assert str(error.value).startswith(f"cannot publish the report into {target} (Operation not permitted); it is in "
+                                       f"{os.path.join('out', 'report.md')}")
+    assert "\nold\n" in target.read_text()
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert sorted(p.name for p in Path(".").iterdir()) == before  # no .tmp, no pictures
+    study_report.publish(plan, report, str(target))
+    assert "\nold\n" not in target.read_text() and os.stat(target).st_mode & 0o777 == 0o640  # its mode kept
