@@ -173,12 +173,39 @@ def _free_space_note(directory: str) -> str:
     return f" ({free / 2**20:,.0f} MiB free in {directory})"
 
 
+READ_ATTEMPTS = 5  # reads of a checkpoint that a running job replaces meanwhile, before saying so
+
+
+def _identity(path: str):
+    """What changes when a checkpoint file is replaced (a save renames a new file over it): inode and time."""
+    with contextlib.suppress(OSError):
+        info = os.stat(path)
+        return info.st_ino, info.st_mtime_ns, info.st_size
+    return None
+
+
 def load(path: str, required=("model", "model_config"), map_location="cpu",
          restore="restore it from a backup, or train again", assemble: bool = True) -> dict:
     """torch.load(weights_only=True), then the checksum; every kind of damage is one CheckpointError sentence
     that ends with `restore`. A sharded checkpoint's shards are checked against their checksums and, when
     `assemble` and "model" is required, its full weights are read from them into "model" (`assemble` False: the
-    shards are neither checked nor read, for a caller that does both itself, train.py's processes)."""
+    shards are neither checked nor read, for a caller that does both itself, train.py's processes).
+
+    A run that saves while this reads replaces the file and then removes the shards the old one named: a read
+    that fails while the file changed under it is no damage, and is done again with the new checkpoint (the
+    newest complete one), up to READ_ATTEMPTS times; then one sentence says that the checkpoint keeps changing."""
+    for _ in range(READ_ATTEMPTS):
+        before = _identity(path)
+        try:
+            return _load_once(path, required, map_location, restore, assemble)
+        except CheckpointError:
+            if _identity(path) == before:
+                raise
+    raise CheckpointError(f"checkpoint {path} was replaced {READ_ATTEMPTS} times while it was read: a run is saving it "
+                          "now, every few seconds; run this again, or once that run has ended")
+
+
+def _load_once(path: str, required, map_location, restore, assemble) -> dict:
     if not os.path.isfile(path):
         raise CheckpointError(f"no checkpoint at {path}")
     if os.path.getsize(path) == 0:
@@ -215,7 +242,12 @@ def load(path: str, required=("model", "model_config"), map_location="cpu",
     if "shards" in ckpt and assemble:
         verify_shards(path, ckpt, restore=restore)
         if "model" in required:
-            ckpt["model"] = load_sharded_model(path, ckpt)
+            try:
+                ckpt["model"] = load_sharded_model(path, ckpt)
+            except Exception as error:  # (torch.distributed.checkpoint fails in many ways on files that change)
+                raise CheckpointError(f"checkpoint {path} is damaged: its shards in {shard_directory(path, ckpt)} "
+                                      f"cannot be read ({type(error).__name__}: {str(error)[:160]}); {restore}") \
+                    from None
     return ckpt
 
 
@@ -241,10 +273,13 @@ def damaged_shards(path: str, ckpt: dict, names=None) -> list[str]:
     problems = []
     for name in sorted(expected) if names is None else names:
         file = os.path.join(directory, name)
-        if not os.path.isfile(file):
+        try:
+            if file_sha256(file) != expected[name]:
+                problems.append(f"{name} (its contents do not match its checksum)")
+        except FileNotFoundError:  # (also one removed while this reads: load() then reads the newer checkpoint)
             problems.append(f"{name} (missing)")
-        elif file_sha256(file) != expected[name]:
-            problems.append(f"{name} (its contents do not match its checksum)")
+        except OSError as error:
+            problems.append(f"{name} (cannot be read: {error.strerror or error})")
     return problems
 
 
@@ -375,6 +410,17 @@ def shard_set_problem(directory: str) -> str | None:
     return None
 
 
+def latest_complete_shards(run_dir: str) -> tuple[str, int] | None:
+    """(directory, step) of the latest sharded checkpoint in RUN_DIR/ckpt.shards whose set of files is complete
+    (shard_set_problem), or None."""
+    named = [(int(name.group(1)), directory) for directory in shard_directories(run_dir)
+             if (name := SHARD_DIRECTORY_NAME.fullmatch(os.path.basename(directory)))]
+    for step, directory in sorted(named, reverse=True):
+        if shard_set_problem(directory) is None:
+            return directory, step
+    return None
+
+
 # ----------------------------------------------------------------------------- loading a model to use it
 # (sample.py, the evaluations, the Hugging Face export): the model module imports nothing from here, so these
 # import it inside the functions and the two stay free of a cycle.
@@ -407,6 +453,12 @@ def load_model(ckpt, device="cpu", argument="--ckpt"):
                         f"holds ckpt.pt (written by train.py) or a checkpoint file; {existing_runs(ckpt)}")
     path = os.path.join(ckpt, "ckpt.pt") if os.path.isdir(ckpt) else ckpt
     if not os.path.isfile(path):
+        found = latest_complete_shards(ckpt) if os.path.isdir(ckpt) else None
+        if found:  # a sharded run whose ckpt.pt is gone: its weights are there, and train.py can commit them
+            directory, step = found
+            raise UserError(f"no checkpoint at {path}, but {directory} holds the complete sharded checkpoint of "
+                            f"iteration {step}: `python train.py --resume {ckpt} --stop_iter={step}` writes ckpt.pt "
+                            "from it without training further; then run this again")
         raise UserError(f"no checkpoint at {path}: {argument} takes a run directory that holds ckpt.pt "
                         f"(written by train.py) or the path of a .pt file")
     not_a_checkpoint(path, argument)

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import train
-from training.checkpointing import latest_complete_shards
+from checkpoints import latest_complete_shards
 from training.metrics import atomic_write_text
 from config import ConfigError
 from data.shards import DataError

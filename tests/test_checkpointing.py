@@ -18,9 +18,9 @@ import checkpoints
 from config import ConfigError, TrainConfig
 from model import GPT, GPTConfig
 from training import checkpointing
+from checkpoints import latest_complete_shards
 from training.checkpointing import (Checkpointer, TrainError, by_parameter_name, check_resume_compatible,
-                                    latest_complete_shards, load_checkpoint, refuse_earlier_checkpoint, restore,
-                                    set_aside_earlier_run)
+                                    load_checkpoint, refuse_earlier_checkpoint, restore, set_aside_earlier_run)
 from training.distributed import Distributed
 from training.errors import LostProcess
 from training.optimizer import make_optimizer

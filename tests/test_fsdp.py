@@ -586,3 +586,79 @@ def test_a_process_killed_during_a_sharded_save_is_named_by_the_survivor(tiny_fs
     resumed = train.run([config, "--parallel=fsdp", "--batch_size=2", f"--out_dir={run_dir}", "--resume"])
     assert "note: removed 1 sharded checkpoint directory that ckpt.pt does not name" in capsys.readouterr().out
     assert resumed["step"] == 6 and resumed["losses"][:2] == pytest.approx(before[2:4], rel=FP32_ROUNDING)
+
+
+def commit_newer(run_dir, step: int) -> None:
+    """What a running job's next sharded save does to run_dir: a new shard directory, ckpt.pt renamed over the old
+    one to name it, then the old directory removed (made here from a copy of the current shards)."""
+    path = str(run_dir / "ckpt.pt")
+    ckpt = checkpoints.load(path, required=(), assemble=False)
+    old = checkpoints.shard_directory(path, ckpt)
+    name = os.path.join(checkpoints.SHARDS_DIR, f"{step:08d}-{step:08x}")
+    shutil.copytree(old, run_dir / name)
+    checkpoints.save(path + ".next", {**ckpt, "step": step, "shards": {**ckpt["shards"], "dir": name}})
+    os.replace(path + ".next", path)
+    shutil.rmtree(old)
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("during", ["verify_shards", "load_sharded_model"])
+def test_a_reader_during_a_sharded_save_gets_the_newer_checkpoint(runs, tmp_path, monkeypatch, during):
+    """sample.py and export_hf.py against a 2-process run that saved every step: 6 reads in 16 failed (tracebacks
+    from torch.distributed.checkpoint, bare 'No such file' lines, a false 'damaged ... restore it from a backup'),
+    when the save replaced ckpt.pt and removed the shards it had named while they were read."""
+    run_dir = tmp_path / "saving"
+    shutil.copytree(runs["root"] / "fsdp2" / "rope", run_dir)
+    expected, _ = load_gpt(str(run_dir))
+    real, saves = getattr(checkpoints, during), []
+
+    def saved_meanwhile(*args, **kwargs):
+        if not saves:
+            saves.append(21)
+            commit_newer(run_dir, 21)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(checkpoints, during, saved_meanwhile)
+    model, ckpt = load_gpt(str(run_dir))
+    assert saves == [21] and ckpt["step"] == 21
+    for (name, a), b in zip(model.state_dict().items(), expected.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+@pytest.mark.fault
+def test_a_checkpoint_replaced_at_every_read_is_one_sentence(runs, tmp_path, monkeypatch):
+    run_dir = tmp_path / "saving"
+    shutil.copytree(runs["root"] / "fsdp2" / "rope", run_dir)
+    real, steps = checkpoints.verify_shards, iter(range(21, 100))
+
+    def saved_meanwhile(*args, **kwargs):
+        commit_newer(run_dir, next(steps))
+        return real(*args, **kwargs)
+    monkeypatch.setattr(checkpoints, "verify_shards", saved_meanwhile)
+    with pytest.raises(checkpoints.CheckpointError) as refused:
+        load_gpt(str(run_dir))
+    assert str(refused.value) == (f"checkpoint {run_dir / 'ckpt.pt'} was replaced 5 times while it was read: a run is "
+                                  "saving it now, every few seconds; run this again, or once that run has ended")
+    assert next(steps) == 26  # (five reads, each met by a save)
+
+
+@pytest.mark.fault
+def test_a_finished_sharded_run_without_ckpt_pt_is_reached_by_the_command_its_readers_name(runs, tmp_path, capsys):
+    """A sharded run at its last iteration whose ckpt.pt is gone: sample.py and export_hf.py said "no checkpoint"
+    without a word of the shards, and train.py --resume said "nothing to do" and wrote no ckpt.pt."""
+    run_dir, shard_dir = without_ckpt_pt(runs, tmp_path)
+    weights = checkpoints.load_sharded_model(str(run_dir / "x"), {"shards": {"dir": os.path.relpath(shard_dir,
+                                                                                                  run_dir)}})
+    with pytest.raises(checkpoints.UserError) as refused:
+        checkpoints.load_model(str(run_dir))
+    command = f"python train.py --resume {run_dir} --stop_iter=10"
+    assert str(refused.value) == (f"no checkpoint at {run_dir / 'ckpt.pt'}, but {shard_dir} holds the complete sharded "
+                                  f"checkpoint of iteration 10: `{command}` writes ckpt.pt from it without training "
+                                  "further; then run this again")
+    capsys.readouterr()
+    assert train.run(command.split()[2:])["losses"] == []
+    assert (f"wrote {run_dir / 'ckpt.pt'} at iteration 10 from the recovered sharded checkpoint (this run ends at 10); "
+            "nothing else to do.") in capsys.readouterr().out
+    model, _, ckpt = checkpoints.load_model(str(run_dir))
+    assert ckpt["step"] == 10
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, weights[name]), name

@@ -39,7 +39,8 @@ from training.optimizer import load_optimizer_state, set_optimizer_settings
 # global batch is split.)
 TRAJECTORY_KEYS = ("data_dir", "seed", "global_batch_size", "max_iters", "lr", "min_lr",
                    "warmup_iters", "weight_decay", "beta1", "beta2", "grad_clip", "dtype",
-                   "decay_params", "lr_schedule", "grad_scale", "sampler", "reference_layout")
+                   "decay_params", "lr_schedule", "grad_scale", "sampler", "reference_layout",
+                   "retrieval_fraction", "retrieval_pairs")
 # Trajectory keys that no resume may change, with the reason.
 FIXED_FOR_A_RUN = {
     "global_batch_size": "the training windows are numbered by step x global batch, so another size would repeat "
@@ -71,17 +72,6 @@ def load_checkpoint(path: str) -> dict:
     return ckpt
 
 
-def latest_complete_shards(run_dir: str) -> tuple[str, int] | None:
-    """(directory, step) of the latest sharded checkpoint in RUN_DIR/ckpt.shards whose set of files is complete
-    (checkpoints.shard_set_problem), or None."""
-    named = [(int(name.group(1)), directory) for directory in checkpoints.shard_directories(run_dir)
-             if (name := checkpoints.SHARD_DIRECTORY_NAME.fullmatch(os.path.basename(directory)))]
-    for step, directory in sorted(named, reverse=True):
-        if checkpoints.shard_set_problem(directory) is None:
-            return directory, step
-    return None
-
-
 def recover_from_shards(path: str) -> dict:
     """The checkpoint of a run directory whose ckpt.pt (at `path`) is gone but whose ckpt.shards/ holds complete
     sharded checkpoints: the latest one's weights and Adam moments, its step (the directory's name), and from
@@ -89,7 +79,7 @@ def recover_from_shards(path: str) -> dict:
     checksums (only .metadata, whose own checksum is taken now, is checked again before the load), the divergence
     checks' loss history (they start afresh) and the random-number state (training draws none)."""
     run_dir = os.path.dirname(path)
-    found = latest_complete_shards(run_dir)
+    found = checkpoints.latest_complete_shards(run_dir)
     if found is None:
         problems = "; ".join(f"{os.path.basename(d)}: {checkpoints.shard_set_problem(d) or 'not named <step>-<id>'}"
                              for d in checkpoints.shard_directories(run_dir))
@@ -146,7 +136,7 @@ def refuse_earlier_checkpoint(run_dir: str, default_for: str | None = None) -> N
     shards = checkpoints.shard_directories(run_dir)
     if not shards:
         return
-    found = latest_complete_shards(run_dir)
+    found = checkpoints.latest_complete_shards(run_dir)
     if found:
         raise ConfigError(f"{run_dir} holds the sharded checkpoint {found[0]} of iteration {found[1]} but no ckpt.pt; "
                           "add --resume to continue from it, choose another --out_dir, or add --start_over to move it "
