@@ -111,6 +111,10 @@ class TrainConfig:
                                      # per process, from reference_layout), whatever this run's own split
     reference_layout: str = ""       # the authors' launch as PROCESSESxMICRO_BATCHES (medium 8x3, large 8x4), for
                                      # grad_scale = official and sampler = random_offsets; "" = not needed
+    retrieval_fraction: float = 0.0  # the share of training windows rewritten to hold associative-recall facts and
+                                     # their queries between pieces of their text (data/retrieval.py; the retrieval
+                                     # axis of eval/retrieval.py); 0 = plain text
+    retrieval_pairs: int = 8         # facts (each queried once, later) in each such window
     # optimizer and schedule (AdamW)
     decay_params: str = "matrices"   # weight decay on: matrices (Linear and Embedding weights) | all_but_norm_gains
     lr_schedule: str = "clean"       # clean: max_iters steps, warm-up lr·(s+1)/warmup_iters | official: iterations
@@ -212,6 +216,10 @@ class TrainConfig:
             (self.recipe in RECIPES, f"recipe must be {' or '.join(RECIPES)}, not {self.recipe!r}", "recipe"),
             (self.decay_params in ("matrices", "all_but_norm_gains"),
              f"decay_params must be matrices or all_but_norm_gains, not {self.decay_params!r}", "decay_params"),
+            (0 <= self.retrieval_fraction <= 1, "retrieval_fraction must be between 0 (plain text) and 1 (every "
+             f"window), not {self.retrieval_fraction}", "retrieval_fraction"),
+            (self.retrieval_pairs >= 1, f"retrieval_pairs must be at least 1, not {self.retrieval_pairs}",
+             "retrieval_pairs"),
             (self.lr_schedule in ("clean", "official"), f"lr_schedule must be clean or official, not {self.lr_schedule!r}",
              "lr_schedule"),
             (self.sampler in ("windows", "random_offsets"),
@@ -275,7 +283,8 @@ class TrainConfig:
 
 # The values of train keys that runs (and their checkpoints) written before the key existed were trained with.
 AS_TRAINED_BEFORE_KEY_EXISTED = {"decay_params": "matrices", "lr_schedule": "clean", "grad_scale": "mean",
-                                 "sampler": "windows", "reference_layout": ""}
+                                 "sampler": "windows", "reference_layout": "", "retrieval_fraction": 0.0,
+                                 "retrieval_pairs": 8}
 
 # Names other training codebases use for our keys; spelling similarity alone would miss them.
 KEY_ALIASES = {"learning_rate": "lr", "max_lr": "lr", "min_learning_rate": "min_lr", "lr_min": "min_lr",

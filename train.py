@@ -67,7 +67,8 @@ from training.metrics import (Metrics, Throughput, atomic_write_text, code_versi
 from training.layout import bf16_parameters, describe_compile, lay_out, wrapped_for_training
 from training.divergence import DivergenceMonitor, divergence_error
 from training.optimizer import lr_at, make_optimizer, set_lr
-from training.step import StepResult, confirmation, evaluate, train_step
+from training.run_lock import run_directory_lock
+from training.step import StepResult, confirmation, evaluate, process_counts, split_batch, train_step
 from training.stopping import StopSignals
 
 
@@ -148,9 +149,6 @@ def open_checkpoint(args: Arguments, cfg: TrainConfig, model_cfg: dict) -> tuple
     """(the checkpoint a resume continues, checked against the settings, or None for a new run; the deliberate
     changes that --allow_changes lets through; a new run's initial weights from init_from, or None). Both are read
     before the data, so that a mistake fails fast."""
-    problem = not_a_folder(cfg.out_dir, "the run directory", "--out_dir")
-    if problem:  # said now, before the data and the model, not when the run directory is first written
-        raise ConfigError(problem + ".")
     path = os.path.join(cfg.out_dir, "ckpt.pt")
     if not args.resume:
         if not args.start_over:
@@ -167,16 +165,15 @@ def batch_split(cfg: TrainConfig, ddp: Distributed, resumed: bool) -> tuple[int,
     is, with the same losses up to float rounding, on any number of processes that divides global_batch_size;
     only the speed and the memory change."""
     G, world = cfg.global_batch_size, ddp.world_size
-    if G % world:
-        problem = f"global_batch_size {G} cannot be split equally over {world} processes"
+    try:
+        micro, grad_accum = split_batch(G, cfg.batch_size, world)
+    except ValueError as problem:
         if not resumed:
             raise ConfigError(f"{problem}; launch {process_counts(G, world)} processes (a number that divides {G}) "
-                              "or change --global_batch_size.")
+                              "or change --global_batch_size.") from None
         raise ConfigError(f"{problem}, and a resume keeps global_batch_size; resume on {process_counts(G, world)} "
-                          f"processes instead (a number that divides {G}).")
+                          f"processes instead (a number that divides {G}).") from None
     share = G // world
-    micro = max(b for b in range(1, min(cfg.batch_size, share) + 1) if share % b == 0)
-    grad_accum = share // micro
     if micro < min(cfg.batch_size, share):  # (a share smaller than batch_size is simply one micro-batch)
         ddp.say(f"note: batch_size {cfg.batch_size} does not divide {share}, each process's share of the global "
                 f"batch: micro-batches of {micro} sequences, {grad_accum} a step.")
@@ -185,13 +182,6 @@ def batch_split(cfg: TrainConfig, ddp: Distributed, resumed: bool) -> tuple[int,
                 f"{'the GPU default' if G == TrainConfig.global_batch_size else 'as configured'}) "
                 "on the CPU, so a step takes long; set global_batch_size in the config for a CPU-sized run.")
     return micro, grad_accum
-
-
-def process_counts(G: int, world_size: int) -> str:
-    """The numbers of processes nearest to world_size, below and above, that divide the global batch G."""
-    below = max(n for n in range(1, world_size) if G % n == 0)
-    above = next((n for n in range(world_size + 1, G + 1) if G % n == 0), None)
-    return str(below) if above is None else f"{below} or {above}"
 
 
 def precision(cfg: TrainConfig, device: torch.device):
@@ -245,6 +235,13 @@ def training_data(cfg: TrainConfig, vocab_size: int, block_size: int, ddp: Distr
                                       layout=cfg.reference_processes_and_micro_steps())
     else:
         batches = TrainBatches(data_dir, batch_size=cfg.batch_size, block_size=block_size, seed=cfg.seed)
+    if cfg.retrieval_fraction:
+        from data.retrieval import RetrievalMix
+        from data.tokenizer import get_tokenizer
+        try:
+            batches = RetrievalMix(batches, cfg.retrieval_fraction, get_tokenizer(tokenizer_name), cfg.retrieval_pairs)
+        except ValueError as error:
+            raise ConfigError(f"{error}.") from None
     # this process's next micro-batches are read in the background (their numbering strides by the world size)
     batches = PrefetchedBatches(batches, stride=ddp.world_size, vocab_size=vocab_size,
                                 pin_memory=ddp.device.type == "cuda")
@@ -488,15 +485,20 @@ def run(argv: list[str]) -> dict:
     from model import GPTConfig
     args = parse_args(argv)
     model_cfg, cfg = resolve(args.config_path, args.overrides, GPTConfig, resume=args.resume)
-    ckpt, changes, init_state = open_checkpoint(args, cfg, dataclasses.asdict(model_cfg))
-    ddp = Distributed(cfg.device, cfg.dist_timeout_s, cfg.parallel)
-    try:
-        return train(args, model_cfg, cfg, ckpt, changes, init_state, ddp)
-    finally:
-        if ddp.device.type == "cpu":
-            torch.set_flush_denormal(False)  # back to the default for whatever runs next in this process, also
-                                             # after a set-up error (precision() sets it before the loop's try)
-        ddp.release()
+    problem = not_a_folder(cfg.out_dir, "the run directory", "--out_dir")
+    if problem:  # said now, before the data and the model, not when the run directory is first written
+        raise ConfigError(problem + ".")
+    # one run at a time in a run directory, from before its checkpoint is read (training/run_lock.py)
+    with run_directory_lock(cfg.out_dir, argv, is_main=os.environ.get("RANK", "0") == "0", create=not args.resume):
+        ckpt, changes, init_state = open_checkpoint(args, cfg, dataclasses.asdict(model_cfg))
+        ddp = Distributed(cfg.device, cfg.dist_timeout_s, cfg.parallel)
+        try:
+            return train(args, model_cfg, cfg, ckpt, changes, init_state, ddp)
+        finally:
+            if ddp.device.type == "cpu":
+                torch.set_flush_denormal(False)  # back to the default for whatever runs next in this process, also
+                                                 # after a set-up error (precision() sets it before the loop's try)
+            ddp.release()
 
 
 def train(args: Arguments, model_cfg, cfg: TrainConfig, ckpt: dict | None, changes: list[dict],
@@ -513,6 +515,7 @@ def train(args: Arguments, model_cfg, cfg: TrainConfig, ckpt: dict | None, chang
     resolved = resolved_config(args, model_cfg, dataclasses.replace(cfg, batch_size=configured_batch_size), ckpt,
                                changes, ddp, grad_accum, data_dir, tokenizer_name, micro)
     wandb_id = ckpt.get("wandb_id") if ckpt else None
+    recovered = bool(ckpt and ckpt.get("recovered"))  # resumed from shards whose ckpt.pt is gone
     metrics = open_run_directory(cfg, resolved, step, ckpt is not None, changes, ddp, wandb_id, args.start_over)
     del ckpt
     model = wrapped_for_training(raw_model, cfg, ddp)  # (the start-up line says what is compiled)
@@ -563,6 +566,10 @@ def train(args: Arguments, model_cfg, cfg: TrainConfig, ckpt: dict | None, chang
                 save(step)
                 ddp.say(f"stop requested ({'Ctrl-C' if stopped == 'interrupted' else 'SIGTERM'}): saved "
                         f"{checkpointer.path} at iteration {step}; {how_to_continue()}.")
+            elif not losses and recovered:  # nothing to train, but the shards' weights have no ckpt.pt to name them
+                save(step)
+                ddp.say(f"wrote {checkpointer.path} at iteration {step} from the recovered sharded checkpoint (this "
+                        f"run ends at {end_iter}); nothing else to do.")
             elif not losses:
                 ddp.say(f"{checkpointer.path} is already at iteration {step} (this run ends at {end_iter}); "
                         "nothing to do.")

@@ -299,3 +299,32 @@ def test_memory_check_at_the_free_memory_limit(monkeypatch, batch, slack):
                 train.check_model_fits(model_cfg, cfg, ddp, use_bf16=False, grad_accum=1)
         else:
             train.check_model_fits(model_cfg, cfg, ddp, use_bf16=False, grad_accum=1)
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("gpus,counts", [(7, "6 or 8"), (1000000, "480")])
+def test_a_gpu_count_that_does_not_share_the_batch_is_refused_as_train_py_refuses_it(gpus, counts, capsys):
+    """--gpus=7 (480 sequences do not split over 7 processes) planned a micro-batch with exit 0."""
+    medium = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "medium",
+                          "rope.toml")
+    with pytest.raises(SystemExit) as info:
+        memory.main([medium, f"--gpus={gpus}"])
+    captured = capsys.readouterr()
+    assert info.value.code == 2 and captured.out == ""
+    assert captured.err == (f"error: global_batch_size 480 cannot be split equally over {gpus} processes, so train.py "
+                            f"would refuse this run; plan it on {counts} GPUs (a number that divides 480) or change "
+                            "--global_batch_size.\n")
+
+
+def test_the_plan_is_of_the_micro_batch_train_py_runs(capsys):
+    """batch_size 16 does not divide the 60 sequences of each of 8 processes: train.py runs micro-batches of 15
+    (4 a step), and the planner said 16 (3 a step: a computation that only agrees where the share divides)."""
+    medium = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "medium",
+                          "rope.toml")
+    memory.main([medium, "--gpus=8", "--batch_size=16"])
+    assert ", micro-batch 15 x 4096 tokens, 8 GPUs of 80 GiB" in capsys.readouterr().out
+    from training.step import split_batch
+    assert split_batch(480, 16, 8) == (15, 4) and split_batch(480, 16, 1) == (16, 30)
+    assert split_batch(12, 8, 2) == (6, 1) and split_batch(7, 3, 1) == (1, 7)
+    with pytest.raises(ValueError, match="cannot be split equally over 7 processes"):
+        split_batch(480, 8, 7)

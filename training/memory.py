@@ -440,6 +440,7 @@ def table(model_cfg, cfg, gpus: int, gpu_memory_gb: float, use_bf16: bool) -> st
 def main(argv=None) -> None:
     from config import ConfigError, read_toml, resolve
     from model import GPTConfig
+    from training.step import process_counts, split_batch
     parser = argparse.ArgumentParser(prog="python -m training.memory", allow_abbrev=False, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", metavar="CONFIG", help="a config file of train.py (configs/...)")
@@ -461,6 +462,13 @@ def main(argv=None) -> None:
                                   "so there is no run to plan, only the defaults; name a config file of train.py, "
                                   "such as configs/quickstart.toml")
         model_cfg, cfg = resolve(args.config, overrides, GPTConfig)
+        try:  # the micro-batch train.py would run on that many processes, or its refusal
+            micro, _ = split_batch(cfg.global_batch_size, cfg.batch_size, args.gpus)
+        except ValueError as problem:
+            raise ConfigError(f"{problem}, so train.py would refuse this run; plan it on "
+                              f"{process_counts(cfg.global_batch_size, args.gpus)} GPUs (a number that divides "
+                              f"{cfg.global_batch_size}) or change --global_batch_size.") from None
+        cfg = dataclasses.replace(cfg, batch_size=micro)
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)

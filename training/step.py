@@ -18,6 +18,26 @@ from training.errors import TrainError
 PROGRESS_EVERY_S = 30.0  # a validation longer than this prints its progress this often
 
 
+def split_batch(global_batch_size: int, batch_size: int, world_size: int) -> tuple[int, int]:
+    """(sequences per micro-batch on each process, micro-batches per step) of a global batch over world_size
+    processes: batch_size is the most a micro-batch holds, and where it does not divide a process's share the
+    largest number below it that does is used. A ValueError where the processes do not share the batch equally.
+    train.py runs this split and training/memory.py plans it."""
+    if global_batch_size % world_size:
+        raise ValueError(f"global_batch_size {global_batch_size} cannot be split equally over {world_size} processes")
+    share = global_batch_size // world_size
+    micro = max(b for b in range(1, min(batch_size, share) + 1) if share % b == 0)
+    return micro, share // micro
+
+
+def process_counts(global_batch_size: int, world_size: int) -> str:
+    """The numbers of processes nearest to world_size, below and above, that divide the global batch."""
+    G = global_batch_size
+    below = max(n for n in range(1, world_size) if G % n == 0)
+    above = next((n for n in range(world_size + 1, G + 1) if G % n == 0), None)
+    return str(below) if above is None else f"{below} or {above}"
+
+
 @dataclass
 class StepResult:
     loss: float                # mean loss over the global batch
