@@ -127,6 +127,23 @@ def diverged_marker(run: Run) -> str:
     return os.path.join(run.run_dir, "study_diverged.json")
 
 
+def portable(argv: list[str], run: Run) -> list[str]:
+    """An evaluation's arguments with the run directory (wherever the study lies: ENCODING/seedN at the end of its
+    path) written as {run}: a copy of a finished study in another place (cp -a) holds the same evaluations."""
+    tail = os.path.join(run.encoding, f"seed{run.seed}")
+    out = []
+    for arg in argv:
+        normal = os.path.normpath(arg) if isinstance(arg, str) else arg
+        if isinstance(normal, str) and (normal == tail or normal.endswith(os.sep + tail)
+                                        or f"{os.sep}{tail}{os.sep}" in normal or normal.startswith(tail + os.sep)):
+            at = normal.rfind(tail)
+            normal = "{run}" + normal[at + len(tail):]
+            out.append(normal)
+        else:
+            out.append(arg)
+    return out
+
+
 def eval_finished(run: Run, name: str) -> bool:
     """Its output exists and the marker written after it says: same arguments, same checkpoint file."""
     output = os.path.join(run.run_dir, "eval", f"{name}.json")
@@ -138,11 +155,14 @@ def eval_finished(run: Run, name: str) -> bool:
     identity = checkpoint_identity(run)
     if identity is None:
         return False
-    if marker == {"argv": run.evals[name], "step": run.final_iter}:
+    if isinstance(marker, dict) and isinstance(marker.get("argv"), list):
+        marker = {**marker, "argv": portable(marker["argv"], run)}
+    argv = portable(run.evals[name], run)
+    if marker == {"argv": argv, "step": run.final_iter}:
         # Written by an older study.py, which recorded no checkpoint: it holds if the checkpoint is older than the
         # marker, so upgrading does not redo finished evaluations (hours on the GPU) while a retrained one is redone.
         return identity["mtime_ns"] < os.stat(eval_marker(run, name)).st_mtime_ns
-    return marker == {"argv": run.evals[name], "checkpoint": identity}
+    return marker == {"argv": argv, "checkpoint": identity}
 
 
 def run_done(run: Run) -> bool:

@@ -850,3 +850,24 @@ def test_a_publish_that_fails_at_the_end_leaves_the_file_and_its_folder_as_they_
     assert sorted(p.name for p in Path(".").iterdir()) == before  # no .tmp, no pictures
     study_report.publish(plan, report, str(target))
     assert "\nold\n" not in target.read_text() and os.stat(target).st_mode & 0o777 == 0o640  # its mode kept
+
+
+@pytest.mark.fault
+def test_a_finished_study_copied_to_a_new_path_keeps_its_evaluations(finished_copy):
+    """A study with an absolute out_dir, copied with cp -a to another path and pointed there: its evaluation records
+    held the old absolute path, so every evaluation was done again (finished_copy fails on any evaluation)."""
+    for marker in Path("out").rglob("*.study.json"):
+        record = json.loads(marker.read_text())
+        record["argv"] = [arg.replace("out" + os.sep, "/old/place/out" + os.sep, 1) if arg.startswith("out") else arg
+                          for arg in record["argv"]]
+        stat = marker.stat()
+        marker.write_text(json.dumps(record) + "\n")
+        os.utime(marker, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    Path("study.toml").write_text(Path("study.toml").read_text().replace('out_dir = "out"',
+                                                                          f'out_dir = "{Path("out").resolve()}"'))
+    report = study.main(["study.toml"])
+    assert report["runs"] and all(r["finished"] and not r["errors"] for r in report["runs"])
+    run = study_spec.load_study("study.toml").runs[0]
+    assert study_launch.portable(["--ckpt", "/x/y/" + os.path.join(run.encoding, f"seed{run.seed}"), "--out",
+                                  os.path.join("z", run.encoding, f"seed{run.seed}", "eval"), "--windows", "4"], run) \
+        == ["--ckpt", "{run}", "--out", os.path.join("{run}", "eval"), "--windows", "4"]
