@@ -34,7 +34,7 @@ from config import UserError  # noqa: E402
 from eval.runtime import autocast_context, describe_encoding, pick_device  # noqa: E402
 from eval.cli import make_parser  # noqa: E402
 from eval.outputs import check_writable, save_figure, unwritten, write_atomic  # noqa: E402
-from eval.windows import plan_windows  # noqa: E402
+from eval.windows import document_windows, plan_windows  # noqa: E402
 from eval import progress as timing  # noqa: E402
 
 PASSKEY_INTRO = "A pass key is hidden in the text below. Remember it.\n"
@@ -54,22 +54,77 @@ def _token_losses(model, inputs, targets, device):
     return losses.view(targets.shape).cpu()
 
 
+def window_losses(model, tokens, starts, context, device="cpu", batch_tokens=16384, progress=None):
+    """The loss at each position 0..context-1 of the windows of context+1 tokens that begin at `starts`:
+    a float64 array (len(starts), context)."""
+    batch = max(1, batch_tokens // context)
+    out = []
+    for w0 in range(0, len(starts), batch):
+        group = starts[w0:w0 + batch]
+        windows = torch.stack([torch.from_numpy(np.asarray(tokens[s:s + context + 1], dtype=np.int64))
+                               for s in group])
+        out.append(_token_losses(model, windows[:, :-1], windows[:, 1:], device).double().numpy())
+        if progress:
+            progress.advance(len(group) * context)
+    return np.concatenate(out)
+
+
 def nonoverlapping_loss(model, tokens, context, device="cpu", batch_tokens=16384, progress=None):
     """Mean loss at each position 0..context-1 over consecutive windows of context+1 tokens.
     Returns (per-position mean losses as a float64 array, number of windows)."""
     n_windows = (len(tokens) - 1) // context
     if n_windows == 0:
         raise UserError(f"the validation split has {len(tokens)} tokens, too few for one window of {context}")
-    batch = max(1, batch_tokens // context)
-    total = torch.zeros(context, dtype=torch.float64)
-    for w0 in range(0, n_windows, batch):
-        starts = range(w0 * context, min(n_windows, w0 + batch) * context, context)
-        windows = torch.stack([torch.from_numpy(np.asarray(tokens[s:s + context + 1], dtype=np.int64))
-                               for s in starts])
-        total += _token_losses(model, windows[:, :-1], windows[:, 1:], device).double().sum(0)
-        if progress:
-            progress.advance(len(starts) * context)
-    return (total / n_windows).numpy(), n_windows
+    losses = window_losses(model, tokens, list(range(0, n_windows * context, context)), context, device,
+                           batch_tokens, progress)
+    return losses.mean(0), n_windows
+
+
+def document_losses(model, tokens, eot, train_context, contexts, count, device="cpu", batch_tokens=16384,
+                    progress=None):
+    """Loss by position inside documents: up to `count` windows of the longest context C (C + 1 tokens, each inside
+    one document at least that long), and for every shorter context c the same tokens cut into C // c windows of
+    c + 1. Returns (per context: per-position mean losses and the number of windows; per big window: its document,
+    its mean loss at L, and per longer context its mean loss beyond L), so that every context reads the same tokens
+    and each window's rise past L is paired with its own loss at L."""
+    longest = max(contexts)
+    big = document_windows(tokens, eot, longest, count)
+    if not big:
+        raise UserError(f"no document of the validation split is longer than {longest} tokens, the longest context "
+                        "(--factors); evaluate shorter contexts, leave out --documents, or prepare longer documents")
+    per_context, per_window = {}, [{"document": doc, "beyond": {}} for _, doc in big]
+    for context in contexts:
+        parts = longest // context
+        starts = [s + i * context for s, _ in big for i in range(parts)]
+        losses = window_losses(model, tokens, starts, context, device, batch_tokens, progress)
+        per_context[context] = (losses.mean(0), len(starts))
+        by_window = losses.reshape(len(big), parts, context)
+        for w, window in enumerate(by_window):
+            if context == train_context:
+                per_window[w]["at_L"] = float(window.mean())
+            elif context > train_context:
+                per_window[w]["beyond"][str(context)] = float(window[:, train_context:].mean())
+    return per_context, per_window
+
+
+def data_interval(per_window, key):
+    """Mean and 95% t-interval over documents of `key`(window) averaged within each document: the error of having
+    read these documents and not others (windows of one document are not independent)."""
+    from statistics import fmean, stdev
+
+    from scipy import stats
+
+    by_document = {}
+    for window in per_window:
+        value = key(window)
+        if value is not None:
+            by_document.setdefault(window["document"], []).append(value)
+    means = [fmean(values) for values in by_document.values()]
+    if len(means) < 2:
+        return {"mean": means[0] if means else None, "interval": None, "documents": len(means)}
+    half = stats.t.ppf(0.975, len(means) - 1) * stdev(means) / len(means) ** 0.5
+    mean = fmean(means)
+    return {"mean": mean, "interval": [mean - half, mean + half], "documents": len(means)}
 
 
 def sliding_window_loss(model, tokens, context, stride, device="cpu", batch_tokens=16384, progress=None):
@@ -189,11 +244,14 @@ def evaluate_checkpoint(run, args, device):
                         f"pass --data-dir a directory prepared with the model's tokenizer")
     tokens = load_split_tokens(data_dir, "val")
     contexts = [train_context * f for f in args.factors]
+    result = {"run": run, "name": args_name(run), "encoding": describe_encoding(ckpt["model_config"]),
+              "train_context": train_context, "step": ckpt.get("step"), "data_dir": os.path.abspath(data_dir),
+              "contexts": {}, "elapsed_s": {}}
+    if args.documents:
+        return documents_result(model, tokenizer, tokens, contexts, train_context, args, device, result)
     n_tokens = min(len(tokens), args.windows * max(contexts) + 1)
     tokens = tokens[:n_tokens]
-    result = {"run": run, "name": args_name(run), "encoding": describe_encoding(ckpt["model_config"]),
-              "train_context": train_context, "step": ckpt.get("step"), "val_tokens": n_tokens,
-              "data_dir": os.path.abspath(data_dir), "contexts": {}, "elapsed_s": {}}
+    result["val_tokens"] = n_tokens
     strides = {context: max(1, int(context * args.stride_fraction)) for context in contexts}
     work = sum((n_tokens - 1) // context * context + sum(end - start for start, end, _ in
                                                          plan_windows(n_tokens, 1, context, strides[context]))
@@ -215,6 +273,42 @@ def evaluate_checkpoint(run, args, device):
         print(f"{result['name']}: context {context}: non-overlapping {per_position.mean():.4f} "
               f"({n_windows} windows), sliding {sliding:.4f} (stride {stride})", flush=True)
     result["elapsed_s"]["loss"] = progress.elapsed()
+    return with_passkey(result, model, tokenizer, train_context, args, device)
+
+
+def documents_result(model, tokenizer, tokens, contexts, train_context, args, device, result):
+    """--documents: every context reads the same windows of the longest context inside documents (document_losses);
+    the JSON also holds each window's document and losses, and per longer context the rise past L with its 95%
+    interval over documents (the data's own error, beside the seeds' that a study adds)."""
+    longest = max(contexts)
+    count = args.windows or None
+    work = sum(len(document_windows(tokens, tokenizer.eot_token, longest, count)) * longest for _ in contexts)
+    progress = timing.Progress(f"extrapolation {result['name']}, loss at {len(contexts)} contexts inside documents",
+                               work, "tokens")
+    per_context, per_window = document_losses(model, tokens, tokenizer.eot_token, train_context, contexts, count,
+                                              device, args.batch_tokens, progress)
+    result["documents"] = len({w["document"] for w in per_window})
+    result["val_tokens"] = len(per_window) * (longest + 1)
+    result["windows"] = per_window
+    for context in contexts:
+        per_position, n_windows = per_context[context]
+        centres, binned = bin_positions(per_position)
+        result["contexts"][str(context)] = {
+            "nonoverlapping": {"mean": float(per_position.mean()), "windows": n_windows,
+                               "mean_beyond_train_context": float(per_position[train_context:].mean())
+                               if context > train_context else None,
+                               "binned_positions": centres, "binned_loss": binned},
+            "sliding": None}  # (every window is inside a document already)
+        if context > train_context and train_context in contexts:
+            result["contexts"][str(context)]["rise_by_document"] = data_interval(
+                per_window, lambda w, c=str(context): w["beyond"][c] - w["at_L"])
+        print(f"{result['name']}: context {context}: {per_position.mean():.4f} ({n_windows} windows in "
+              f"{result['documents']} documents)", flush=True)
+    result["elapsed_s"]["loss"] = progress.elapsed()
+    return with_passkey(result, model, tokenizer, train_context, args, device)
+
+
+def with_passkey(result, model, tokenizer, train_context, args, device):
     if args.passkey_trials > 0:
         lengths = [max(16, int(train_context * f)) for f in args.passkey_factors]
         generate = cached_greedy_generate(model, tokenizer, device, args.batch_tokens)
@@ -245,7 +339,7 @@ def markdown_report(results):
             lines.append(f"| {r['name']} | {r['encoding']} | {r['train_context']} | {context} | "
                          f"{int(context) // r['train_context']} | {c['nonoverlapping']['mean']:.4f} | "
                          f"{'–' if beyond is None else f'{beyond:.4f}'} | "
-                         f"{c['sliding']['mean']:.4f} ({c['sliding']['stride']}) |")
+                         + ("– |" if c["sliding"] is None else f"{c['sliding']['mean']:.4f} ({c['sliding']['stride']}) |"))
     for r in results:
         if "passkey" not in r:
             continue
@@ -318,6 +412,11 @@ def build_parser():
     p.add_argument("--windows", type=int, default=16,
                    help="validation tokens used = windows x the longest context (same tokens for every context)")
     p.add_argument("--stride-fraction", type=float, default=0.25, help="sliding-window stride as a fraction of C")
+    p.add_argument("--documents", action="store_true",
+                   help="read windows of the longest context that lie inside single documents (--windows of them, "
+                        "0 = all), every shorter context the same tokens, and give the rise past L an interval over "
+                        "documents; without it the first --windows x the longest context validation tokens, across "
+                        "documents")
     p.add_argument("--batch-tokens", type=int, default=16384, help="tokens per forward pass (memory knob)")
     p.add_argument("--passkey-factors", default="0.5,1,2,4,8", help="passkey prompt lengths, as multiples of L")
     p.add_argument("--depths", default="0,0.25,0.5,0.75,1", help="needle depths (0 = start, 1 = end)")
@@ -337,7 +436,8 @@ def parse_args(argv=None):
     except ValueError as error:
         p.error(f"--factors takes integers and --passkey-factors/--depths numbers, comma-separated, e.g. 1,2,4,8 "
                 f"({error})")
-    if min(args.factors) < 1 or min(args.passkey_factors, default=1) <= 0 or args.windows < 1 or args.batch_tokens < 1:
+    if min(args.factors) < 1 or min(args.passkey_factors, default=1) <= 0 or args.windows < (0 if args.documents else 1) \
+            or args.batch_tokens < 1:
         p.error(f"--factors must be integers >= 1 (got {args.factors}), --passkey-factors positive (got "
                 f"{args.passkey_factors}), --windows and --batch-tokens >= 1 (got {args.windows}, {args.batch_tokens})")
     if not all(0 <= d <= 1 for d in args.depths):

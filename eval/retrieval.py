@@ -71,6 +71,26 @@ def bucket_bounds(edges: list[Fraction], context: int) -> list[tuple[int, int]]:
     return bounds
 
 
+def longest_fact(facts: Facts) -> int:
+    """The most tokens one fact (or query) takes in this tokenizer."""
+    from data.retrieval import KEY_LETTERS, KEY_LENGTH, VALUE_LENGTH
+    return max(len(facts.encode(k, v)[0]) for k in (0, len(KEY_LETTERS) ** KEY_LENGTH - 1)
+               for v in (0, 10 ** VALUE_LENGTH - 1))
+
+
+def bucket_problem(edges: list[Fraction], context: int, pairs: int, facts: Facts) -> str | None:
+    """Why some gap bucket cannot hold `pairs` facts and their queries at training context `context`, or None: a
+    sequence of a bucket (lo, hi] is hi tokens, its queries take the last `pairs` fact lengths, the facts must fit
+    before them, and the first query's gap must be able to exceed lo."""
+    block = pairs * longest_fact(facts)
+    for lo, hi in bucket_bounds(edges, context):
+        if hi < 2 * block or hi - lo <= block:
+            return (f"gap bucket ({lo}, {hi}] tokens (at L = {context}) cannot hold {pairs} facts and their queries "
+                    f"({2 * block} tokens, and a bucket at least {block + 1} wide); use fewer pairs or wider or "
+                    "longer buckets")
+    return None
+
+
 def build_sequences(filler: np.ndarray, facts: Facts, lo: int, hi: int, sequences: int, pairs: int,
                     rng: np.random.Generator):
     """`sequences` test sequences of hi tokens for the gap bucket (lo, hi]: (tokens (S, hi) int64, queries), each
@@ -134,6 +154,9 @@ def retrieval_accuracy(model, filler, facts, context, edges, sequences, pairs, s
                        label="retrieval"):
     """Per bucket: its bounds, the queries scored, how many were retrieved, and the accuracy."""
     bounds = bucket_bounds(edges, context)
+    problem = bucket_problem(edges, context, pairs, facts)
+    if problem:
+        raise ValueError(problem)
     progress = timing.Progress(label, sequences * sum(hi for _, hi in bounds), "tokens")
     buckets = []
     for index, ((lo, hi), a, b) in enumerate(zip(bounds, edges, edges[1:])):

@@ -26,3 +26,20 @@ def plan_windows(n_tokens, first_target, window, stride):
         windows.append((start, end, end_target - next_target))
         next_target = end_target
     return windows
+
+
+def document_windows(tokens, eot, length, count=None):
+    """(start, document) of windows of length + 1 tokens that lie inside one document each (a document begins after
+    an eot token, or at the start), consecutive and non-overlapping within it, in the order of the text; at most
+    `count` (None: all). The token stream of a prepared split is eot, document, eot, document, ..."""
+    import numpy as np
+
+    tokens = np.asarray(tokens)
+    bounds = [-1] + np.flatnonzero(tokens == eot).tolist() + [len(tokens)]
+    found = []
+    for document, (a, b) in enumerate(zip(bounds, bounds[1:])):  # a document is tokens[a + 1 : b]
+        for start in range(a + 1, b - length, length + 1):
+            found.append((start, document))
+            if count is not None and len(found) == count:
+                return found
+    return found

@@ -61,7 +61,25 @@ def build_parser():
     parser.add_argument("--title", default="", help="figure title (default: none)")
     parser.add_argument("--groups", nargs="*", help="one group per run, e.g. its encoding: a group's runs share one "
                                                     "colour, in shades (default: a colour per run)")
+    parser.add_argument("--bands", action="store_true",
+                        help="with --groups: each group as one line, the mean of its runs, in a band from their lowest "
+                             "to their highest value, with one legend entry per group beside the panels")
     return parser
+
+
+def group_band(points_of_runs: list[list[tuple[int, float]]]):
+    """(x, mean, lowest, highest) of a group's curves, each read at the x of its longest run (np.interp inside a run's
+    own range; a run that ends earlier counts only where it has points)."""
+    import numpy as np
+
+    runs = [p for p in points_of_runs if p]
+    x = np.array([t for t, _ in max(runs, key=len)], dtype=float)
+    values = np.full((len(runs), len(x)), np.nan)
+    for i, points in enumerate(runs):
+        xs, ys = zip(*points)
+        inside = (x >= xs[0]) & (x <= xs[-1])
+        values[i, inside] = np.interp(x[inside], xs, ys)
+    return x, np.nanmean(values, 0), np.nanmin(values, 0), np.nanmax(values, 0)
 
 
 def group_colours(groups: list[str]) -> list[tuple]:
@@ -118,6 +136,21 @@ def main(argv: list[str] | None = None) -> int:
     labels = args.labels or [os.path.basename(os.path.normpath(run)) for run in args.runs]
     colours = group_colours(args.groups) if args.groups else [None] * len(curves)
     fig, (ax_train, ax_val) = plt.subplots(1, 2, figsize=(12, 4.5))
+    if args.bands and args.groups:
+        names = list(dict.fromkeys(args.groups))
+        for n, group in enumerate(names):
+            members = [c for c, g in zip(curves, args.groups) if g == group]
+            colour = plt.get_cmap("tab10")(n % 10)
+            for ax, key in ((ax_train, "train"), (ax_val, "val")):
+                points = [[(t, v) for t, v in zip([t for t, _ in c[key]], smooth([v for _, v in c[key]], args.smooth)
+                                                   if key == "train" else [v for _, v in c[key]])] for c in members]
+                if not any(points):
+                    continue
+                x, mean, lo, hi = group_band(points)
+                ax.plot(x / scale, mean, color=colour, linewidth=1.4, label=f"{group} ({len(members)})",
+                        marker="o" if len(x) == 1 else None, markersize=4)
+                ax.fill_between(x / scale, lo, hi, color=colour, alpha=0.2, linewidth=0)
+        curves = []  # (drawn above)
     for label, curve, colour in zip(labels, curves, colours):
         if curve["train"]:
             tokens, losses = zip(*curve["train"])
@@ -132,10 +165,15 @@ def main(argv: list[str] | None = None) -> int:
         ax.set_xlabel(f"tokens ({unit})" if unit else "tokens")
         ax.set_ylabel(name)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        if not args.bands:
+            ax.legend(fontsize=8)
+    if args.bands and args.groups:  # one legend, beside the panels: it covers no curve
+        handles, names = ax_val.get_legend_handles_labels()
+        fig.legend(handles, names, loc="center left", bbox_to_anchor=(0.86, 0.5), fontsize=8,
+                   title="encoding (runs)", title_fontsize=8)
     if args.title:
         fig.suptitle(args.title)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 0.85, 1) if args.bands and args.groups else (0, 0, 1, 1))
     try:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         save_figure(fig, args.out, dpi=130)

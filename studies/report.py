@@ -35,8 +35,23 @@ def setup_lines(setup: dict) -> list[str]:
                      + ", ".join(f"{task} {n}" for task, n in setup["zero_shot_documents"].items()) + ".")
     if "extrapolation" in setup:
         ex = setup["extrapolation"]
-        lines.append(f"- Extrapolation: the first {ex['val_tokens']:,} validation tokens; non-overlapping windows "
-                     "per context: " + ", ".join(f"{c} tokens: {n}" for c, n in ex["windows"].items()) + ".")
+        windows = ", ".join(f"{c} tokens: {n}" for c, n in ex["windows"].items())
+        if ex.get("documents"):
+            lines.append(f"- Extrapolation: {ex['val_tokens']:,} validation tokens in windows of the longest context "
+                         f"that each lie inside one of {ex['documents']} documents, every context reading the same "
+                         f"tokens; non-overlapping windows per context: {windows}.")
+        else:
+            lines.append(f"- Extrapolation: the first {ex['val_tokens']:,} validation tokens; non-overlapping windows "
+                         f"per context: {windows}.")
+    if "retrieval" in setup:
+        rt = setup["retrieval"]
+        lines.append(f"- Retrieval: {rt['sequences']} test sequences per gap bucket, {rt['pairs']} facts and their "
+                     f"queries in each ({rt['queries'][0]} queries per bucket and run), filled with validation text.")
+    if "reach" in setup:
+        rc = setup["reach"]
+        lines.append(f"- Reach: {rc['windows']} validation windows at L for the attention mass, and {rc['windows']} of "
+                     f"{rc['factor']}L for the positional penalty, read to distances of {rc['largest_distance']:,} "
+                     "tokens.")
     if "long_context" in setup:
         lc = setup["long_context"]
         factors = ", ".join(f"{n:,} ({n / lc['train_context']:g}×)" for n in lc["lengths"])
@@ -122,6 +137,8 @@ def markdown(report: dict, plots: dict) -> str:
         for name, z in zs.items():
             lines.append(f"| {name} | " + " | ".join(
                 f"{fmt(z['tasks'][t].get('acc'), 2)} / {fmt(z['tasks'][t].get('acc_norm'), 2)}" for t in tasks) + " |")
+    lines += retrieval_lines(report, plots)
+    lines += reach_lines(report, plots)
     lines += long_context_lines(report, plots)
     lines += ["", "## Runs", "", "| encoding | seed | status | iterations | tokens | final val loss | wall-clock (h) "
               "| GPU-hours | run directory |", "|---|---:|---|---:|---:|---:|---:|---:|---|"]
@@ -162,6 +179,17 @@ def extrapolation_comparison_lines(report: dict) -> list[str]:
     for name, c in comparisons.items():
         lines.append(f"| {name} | {fmt(c['at_L'], 3)} | "
                      + " | ".join(interval_cell(c["rise"].get(k)) for k in factors) + " |")
+    data = {n: {k: e["extrapolation"]["contexts"].get(k, {}).get("rise_by_document") for k in factors}
+            for n, e in report["encodings"].items() if n in comparisons}
+    if any(cell for row in data.values() for cell in row.values()):
+        documents = next(cell["documents"] for row in data.values() for cell in row.values() if cell)
+        lines += ["", f"The data's own error: the half-width of each seed's {CONFIDENCE:.0%} t-interval of the rise over "
+                      f"the {documents} documents read (windows of one document averaged first), averaged over seeds; "
+                      "a rise smaller than this says more about which documents were read than about the encoding.",
+                  "", f"| encoding | ± at {header.replace(' | ', ' | ± at ')} |", "|---|" + "---:|" * len(factors)]
+        for name, row in data.items():
+            lines.append(f"| {name} | " + " | ".join("–" if not row[k] else f"{row[k]['half_width']:.3f}"
+                                                    for k in factors) + " |")
     lines += ["", f"The loss beyond L minus {ref}'s (paired by seed):", "", f"| encoding | {header} |",
               "|---|" + "---:|" * len(factors)]
     for name, c in comparisons.items():
@@ -169,6 +197,123 @@ def extrapolation_comparison_lines(report: dict) -> list[str]:
             lines.append(f"| {name} − {ref} | "
                          + " | ".join(interval_cell(c["beyond_minus_reference"].get(k)) for k in factors) + " |")
     return lines
+
+
+def retrieval_lines(report: dict, plots: dict) -> list[str]:
+    enc = {n: e["retrieval"] for n, e in report["encodings"].items() if "retrieval" in e}
+    if not enc:
+        return []
+    first = next(iter(enc.values()))
+    names = [b["bucket"] for b in first["buckets"]]
+    header = " | ".join(f"gap {n}" for n in names)
+    ref = report["reference"]
+    lines = ["", "## Retrieval by distance (accuracy)", "",
+             "A query counts when the model's most likely next token is right at every value token (eval/retrieval.py); "
+             f"mean ± sample std over seeds, L = {first['train_context']}.", "",
+             f"| encoding | {header} |", "|---|" + "---:|" * len(names)]
+    for name, rt in enc.items():
+        lines.append(f"| {name} | " + " | ".join(fmt(b["accuracy"], 3) for b in rt["buckets"]) + " |")
+    diffs = {n: rt["difference_to_reference"] for n, rt in enc.items() if rt.get("difference_to_reference")}
+    if diffs:
+        lines += ["", f"Paired difference to {ref} (per seed, then mean; {CONFIDENCE:.0%} t-interval; * where it "
+                      f"excludes 0 over at least {MIN_SEEDS_FOR_A_FINDING} seeds):", "", f"| encoding | {header} |",
+                  "|---|" + "---:|" * len(names)]
+        for name, cells in diffs.items():
+            lines.append(f"| {name} − {ref} | " + " | ".join(interval_cell(d, 3) for d in cells) + " |")
+    if "retrieval" in plots:
+        lines += ["", f"![retrieval accuracy against gap]({plots['retrieval']})"]
+    return lines
+
+
+def reach_lines(report: dict, plots: dict) -> list[str]:
+    enc = {n: e["reach"] for n, e in report["encodings"].items() if "reach" in e}
+    if not enc:
+        return []
+    lines = ["", "## Each head's reach", "",
+             "Median head: the distance that holds 90% of a head's attention mass at L, the median over its heads "
+             "(eval/reach.py). Longest reach: over the heads of an additive encoding, the largest distance at which "
+             "the mean positional penalty is still below the head's content margin (best minus median content logit); "
+             "'≥' where some head's penalty stays below its margin as far as was read. Mean ± sample std over seeds.",
+             "", "| encoding | median head: 90% of the mass within | longest reach (penalty < margin) | heads beyond "
+             "the longest distance read |", "|---|---:|---:|---:|"]
+    for name, rc in enc.items():
+        if rc["additive"]:
+            longest = ("≥ " if rc["beyond_read"]["mean"] else "") + fmt(rc["reach"], 0)
+            beyond = f"{fmt(rc['beyond_read'], 1)} of {rc['heads']}"
+        else:
+            longest, beyond = "– (no additive penalty)", "–"
+        lines.append(f"| {name} | {fmt(rc['median_reach_mass'], 0)} | {longest} | {beyond} |")
+    if "reach" in plots:
+        lines += ["", f"![each head's reach]({plots['reach']})"]
+    return lines
+
+
+def plot_retrieval(report: dict, path: str) -> bool:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from eval.outputs import save_figure
+
+    enc = {n: e["retrieval"] for n, e in report["encodings"].items() if "retrieval" in e}
+    if not enc:
+        return False
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for n, (name, rt) in enumerate(enc.items()):
+        L = rt["train_context"]
+        x = [b["mean_gap"] / L for b in rt["buckets"]]
+        mean = [b["accuracy"]["mean"] for b in rt["buckets"]]
+        std = [b["accuracy"]["std"] or 0.0 for b in rt["buckets"]]
+        colour = plt.get_cmap("tab10")(n % 10)
+        ax.plot(x, mean, marker="o", markersize=3, color=colour, label=name)
+        ax.fill_between(x, [max(0, m - s) for m, s in zip(mean, std)], [min(1, m + s) for m, s in zip(mean, std)],
+                        color=colour, alpha=0.15, linewidth=0)
+    ax.axvline(1, color="gray", linestyle="--", linewidth=1)
+    ax.set_xscale("log", base=2)
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("gap / training context L (mean of each bucket; dashed: L)")
+    ax.set_ylabel("retrieval accuracy (band: ± std over seeds)")
+    fig.legend(*ax.get_legend_handles_labels(), loc="center left", bbox_to_anchor=(0.8, 0.5), fontsize=8)
+    fig.tight_layout(rect=(0, 0, 0.79, 1))
+    save_figure(fig, path)
+    return True
+
+
+def plot_reach(report: dict, path: str) -> bool:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from eval.outputs import save_figure
+
+    enc = {n: e["reach"] for n, e in report["encodings"].items() if "reach" in e}
+    if not enc:
+        return False
+    fig, (ax_mass, ax_share) = plt.subplots(1, 2, figsize=(11, 4))
+    for n, (name, rc) in enumerate(enc.items()):
+        colour = plt.get_cmap("tab10")(n % 10)
+        L = rc["train_context"]
+        for ax, key in ((ax_mass, "mass_within"), (ax_share, "share_reaching")):
+            if key not in rc:
+                continue
+            mean = [d["mean"] for d in rc[key]]
+            std = [d["std"] or 0.0 for d in rc[key]]
+            x = [d / L for d in range(len(mean))]
+            ax.plot(x, mean, color=colour, linewidth=1.3, label=name)
+            ax.fill_between(x, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], color=colour,
+                            alpha=0.15, linewidth=0)
+    ax_mass.set_xlabel("distance / L (queries in [L/2, L))")
+    ax_mass.set_ylabel("attention mass within the distance (mean head)")
+    ax_share.set_xlabel("distance / L")
+    ax_share.set_ylabel("share of heads whose penalty is below their margin")
+    ax_share.set_title("additive encodings", fontsize=9)
+    ax_mass.set_xscale("symlog", linthresh=1 / 64)
+    ax_share.set_xscale("symlog", linthresh=1 / 64)
+    handles, labels = ax_mass.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(0.86, 0.5), fontsize=8)
+    fig.tight_layout(rect=(0, 0, 0.85, 1))
+    save_figure(fig, path)
+    return True
 
 
 def long_context_lines(report: dict, plots: dict) -> list[str]:
@@ -231,7 +376,7 @@ def write_plots(study: Study, report: dict) -> dict:
         labels = [f"{r['encoding']} seed {r['seed']}" for r in done]
         with contextlib.redirect_stdout(io.StringIO()):  # it prints the path
             drawn = plot_loss_curves([r["run_dir"] for r in done] + ["--out", path, "--title", study.name, "--labels",
-                                                                   *labels, "--groups", *[r["encoding"] for r in done]])
+                                                                   *labels, "--groups", *[r["encoding"] for r in done], "--bands"])
         if drawn == 0:  # it refuses (and says why) when no run has readable metrics: link no missing plot
             plots["loss_curves"] = "loss_curves.png"
     results = []  # one line per encoding: its seeds' loss at each position of the longest context, averaged
@@ -255,6 +400,9 @@ def write_plots(study: Study, report: dict) -> dict:
                           "babilong_average_tasks": lc["babilong_average_tasks"]})
     if lines and evaluation("long_context").plot_accuracy_vs_length(lines, os.path.join(study.out_dir, "long_context.png")):
         plots["long_context"] = "long_context.png"
+    for key, draw in (("retrieval", plot_retrieval), ("reach", plot_reach)):
+        if draw(report, os.path.join(study.out_dir, f"{key}.png")):
+            plots[key] = f"{key}.png"
     return plots
 
 

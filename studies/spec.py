@@ -18,7 +18,8 @@ from positional import ENCODINGS, parse_pos
 
 
 LAUNCH_MODES = ("in_process", "torchrun", "per_gpu", "cpu_jobs")
-EVALUATIONS = ("extrapolation", "zero_shot", "long_context")  # eval/<name>.py, each with parse_args and main
+EVALUATIONS = ("extrapolation", "zero_shot", "long_context", "retrieval", "reach")  # eval/<name>.py, each with
+                                                                                    # parse_args and main
 
 
 def evaluation(name: str):
@@ -71,6 +72,13 @@ paper_size = "medium_353M"
 lengths = ["1x", "2x", "4x", "8x"]  # RULER's 13 tasks and BABILong qa1-qa5 at 1x to 8x the training context
 data_dir = "data_cache/long_context"  # python eval/long_context.py --export-data data_cache/long_context (online, once)
 limit = 100
+
+[eval.retrieval]                    # default none: options of eval/retrieval.py (its --help), _ for -
+edges = "0,1/4,1/2,1,2,4,8"         # gap buckets as multiples of L: (0, L/4], ..., (4L, 8L] (at most 8L)
+sequences = 16
+
+[eval.reach]                        # default none: options of eval/reach.py (its --help), _ for -
+windows = 4
 """
 
 
@@ -194,6 +202,25 @@ def config_mistakes(base: str, values: list[tuple[str, str]], tail: list[str], e
         except ConfigError as e:
             mistakes.append((values[i][0], str(e)))
     return None, mistakes or [("[overrides]", whole)]
+
+
+def retrieval_problem(options: list[str] | None, block_size: int, train_cfg) -> tuple[str, str] | None:
+    """(key, sentence) where the retrieval evaluation's gap buckets, or the training's retrieval windows, cannot hold
+    their facts at this context, found before any run (with the byte tokenizer's lengths: a fact takes at most one
+    token a byte in any tokenizer here)."""
+    from data.retrieval import Facts, check_fits
+    from data.tokenizer import get_tokenizer
+    facts = Facts(get_tokenizer("byte"))
+    if train_cfg.retrieval_fraction:
+        problem = check_fits(block_size, facts, train_cfg.retrieval_pairs)
+        if problem:
+            return "[overrides] retrieval_pairs", problem + "."
+    if options is None:
+        return None
+    retrieval = evaluation("retrieval")
+    args = retrieval.parse_args(["--ckpt", "RUN_DIR", "--out", "RUN_DIR/eval", *options])
+    problem = retrieval.bucket_problem(args.edges, args.context or block_size, args.pairs, facts)
+    return ("[eval.retrieval]", problem + ".") if problem else None
 
 
 def load_study(path: str) -> Study:
@@ -393,6 +420,10 @@ def load_study(path: str) -> Study:
             if found:
                 continue
             model_cfg, train_cfg = configs
+            problem = retrieval_problem(eval_options.get("retrieval"), model_cfg.block_size, train_cfg)
+            if problem:
+                mistakes.setdefault(problem, []).append(encoding)
+                continue
             evals = {eval_name: ["--ckpt", run_dir, "--out", os.path.join(run_dir, "eval"), *options]
                      for eval_name, options in eval_options.items()}
             tokens = train_cfg.num_steps * train_cfg.global_batch_size * model_cfg.block_size

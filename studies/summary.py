@@ -2,6 +2,7 @@
 seeds, the paired difference against the reference encoding and the finding rule, the setup."""
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import statistics
@@ -102,14 +103,55 @@ def extrapolation_summary(results: list[dict]) -> dict:
             "context": int(context),
             "nonoverlapping": describe([c["nonoverlapping"]["mean"] for c in cells]),
             "beyond_train_context": describe(beyond) if None not in beyond else None,
-            "sliding": describe([c["sliding"]["mean"] for c in cells]),
+            "sliding": describe([c["sliding"]["mean"] for c in cells]) if None not in [c["sliding"] for c in cells]
+            else None,  # (--documents reads no sliding windows)
         }
+        by_document = [c.get("rise_by_document") for c in cells]
+        if by_document and None not in by_document and all(d["interval"] for d in by_document):
+            # the data's own error: each seed's 95% interval over documents, its half-width averaged over seeds
+            out["contexts"][factor]["rise_by_document"] = {
+                "documents": by_document[0]["documents"],
+                "half_width": statistics.fmean((d["interval"][1] - d["interval"][0]) / 2 for d in by_document)}
     if all("passkey" in r for r in results):
         per_seed = [[statistics.fmean(row) for row in r["passkey"]["accuracy"]] for r in results]
         out["passkey"] = {"lengths": first["passkey"]["actual_lengths"], "depths": first["passkey"]["depths"],
                           "trials_per_cell": first["passkey"]["trials"],
                           "accuracy_by_length": [describe([seed[i] for seed in per_seed])
                                                  for i in range(len(first["passkey"]["lengths"]))]}
+    return out
+
+
+def retrieval_summary(results: list[dict]) -> dict:
+    """Per gap bucket: the accuracy over seeds and the queries per seed."""
+    first = results[0]
+    return {"train_context": first["train_context"], "pairs": first["pairs"],
+            "buckets": [{"bucket": b["bucket"], "lo": b["lo"], "hi": b["hi"], "queries": b["queries"],
+                         "mean_gap": b["mean_gap"], "accuracy": describe([r["buckets"][i]["accuracy"] for r in results])}
+                        for i, b in enumerate(first["buckets"])]}
+
+
+def reach_summary(results: list[dict]) -> dict:
+    """Over seeds: the median head's reach_mass, the longest reach (eval/reach.encoding_reach), and each distance's
+    share of heads that still reach it (penalty below margin), for the plot."""
+    def median_mass(r):
+        values = [h["reach_mass"] if h["reach_mass"] is not None else len(h["mass"]) for h in r["heads"]]
+        return statistics.median(values)
+
+    out = {"train_context": results[0]["train_context"], "additive": results[0]["additive"],
+           "largest_distance": results[0]["largest_distance"], "heads": len(results[0]["heads"]),
+           "median_reach_mass": describe([median_mass(r) for r in results])}
+    cumulative = [[statistics.fmean(values) for values in zip(*[itertools.accumulate(h["mass"]) for h in r["heads"]])]
+                  for r in results]  # per seed: the mean over heads of the mass within distance d
+    out["mass_within"] = [describe([seed[d] for seed in cumulative]) for d in range(len(cumulative[0]))]
+    if results[0]["additive"]:
+        out["reach"] = describe([r["reach"] for r in results])
+        out["beyond_read"] = describe([sum(h["reach_penalty"] is None for h in r["heads"]) for r in results])
+        shares = []
+        for r in results:
+            distances = len(r["heads"][0]["penalty"])
+            shares.append([statistics.fmean(h["penalty"][d] < h["margin"] for h in r["heads"])
+                           for d in range(distances)])
+        out["share_reaching"] = [describe([share[d] for share in shares]) for d in range(len(shares[0]))]
     return out
 
 
@@ -202,6 +244,17 @@ def long_context_differences(study: Study, encoding: str) -> dict:
     return diffs
 
 
+def retrieval_differences(study: Study, encoding: str) -> list[dict]:
+    """Per gap bucket, the paired difference of the accuracy to the reference encoding's (same seed)."""
+    mine = eval_outputs_by_seed(study, encoding, "retrieval")
+    reference = eval_outputs_by_seed(study, study.reference, "retrieval")
+    if not mine or not reference:
+        return []
+    buckets = len(next(iter(mine.values()))["buckets"])
+    return [paired_difference({s: r["buckets"][i]["accuracy"] for s, r in mine.items()},
+                              {s: r["buckets"][i]["accuracy"] for s, r in reference.items()}) for i in range(buckets)]
+
+
 def count_parameters(model: dict) -> int:
     """A model's parameter count from its config alone (built on the meta device: no memory, no initialisation)."""
     import torch
@@ -236,9 +289,17 @@ def setup_summary(study: Study, first_outputs: dict) -> dict:
     if ex:
         setup["extrapolation"] = {"val_tokens": ex["val_tokens"], "windows": {
             context: cell["nonoverlapping"]["windows"] for context, cell in ex["contexts"].items()}}
+        if ex.get("documents"):
+            setup["extrapolation"]["documents"] = ex["documents"]
         if "passkey" in ex:
             setup["passkey"] = {"lengths": ex["passkey"]["actual_lengths"], "depths": len(ex["passkey"]["depths"]),
                                 "trials": ex["passkey"]["trials"]}
+    rt, rc = first_outputs.get("retrieval"), first_outputs.get("reach")
+    if rt:
+        setup["retrieval"] = {"pairs": rt["pairs"], "sequences": rt["sequences"],
+                              "queries": [b["queries"] for b in rt["buckets"]]}
+    if rc:
+        setup["reach"] = {"windows": rc["windows"], "factor": rc["factor"], "largest_distance": rc["largest_distance"]}
     return setup
 
 
@@ -254,7 +315,8 @@ def build_report(study: Study, statuses: dict) -> dict:
                  {"seeds": sorted(final[encoding])}, "difference_to_reference": diff,
                  "verdict": verdict(encoding, study.reference, diff)}
         for name, summarize in (("extrapolation", extrapolation_summary), ("zero_shot", zero_shot_summary),
-                                ("long_context", long_context_summary)):
+                                ("long_context", long_context_summary), ("retrieval", retrieval_summary),
+                                ("reach", reach_summary)):
             outputs = [read_json(os.path.join(run.run_dir, "eval", f"{name}.json"))
                        for run in finished if name in run.evals and eval_finished(run, name)]
             outputs = [o[0] if isinstance(o, list) else o for o in outputs if o]
@@ -265,6 +327,8 @@ def build_report(study: Study, statuses: dict) -> dict:
             entry["long_context"]["difference_to_reference"] = long_context_differences(study, encoding)
         if "extrapolation" in entry:
             entry["extrapolation"]["by_seed"] = extrapolation_comparison(study, encoding)
+        if "retrieval" in entry and encoding != study.reference:
+            entry["retrieval"]["difference_to_reference"] = retrieval_differences(study, encoding)
         entry["diverged_seeds"] = [r["seed"] for r in rows if r["encoding"] == encoding and r["status"] == "diverged"]
         if entry["diverged_seeds"]:
             entry["verdict"] += (f" Diverged (no final loss, left out above): seed(s) "

@@ -290,3 +290,52 @@ def test_a_context_below_one_token_is_refused_in_one_sentence(context, tmp_path,
     assert err.endswith(f"error: --context must be at least 1 token (got {context}); leave it out to use the "
                         "checkpoint's block_size\n") and "Traceback" not in err
     assert not (tmp_path / "out").exists()
+
+
+def test_windows_inside_documents_are_consecutive_and_never_cross_an_eot():
+    from eval.windows import document_windows
+    eot = 256
+    stream = [eot] + [1] * 40 + [eot] + [2] * 10 + [eot] + [3] * 33
+    assert document_windows(stream, eot, 16) == [(1, 1), (18, 1), (53, 3)]  # (the stream opens with an empty one)
+    assert document_windows(stream, eot, 16, count=2) == [(1, 1), (18, 1)]
+    assert document_windows([5] * 20, eot, 16) == [(0, 0)]  # a stream without eot is one document
+    for start, _ in document_windows(stream, eot, 16):
+        assert eot not in stream[start:start + 17]
+
+
+def test_losses_inside_documents_read_the_same_tokens_at_every_context_and_pair_each_windows_rise(model):
+    """Each window of 4L + 1 tokens inside a document, cut into 4 windows of L + 1 and 2 of 2L + 1 for the shorter
+    contexts: their losses are those of separate forward passes over exactly those tokens, the window's loss at L
+    the mean of its four L-windows, and the rise by document a t-interval over the documents' mean rises."""
+    from scipy import stats
+    eot = 256
+    rng = np.random.default_rng(4)
+    documents = [rng.integers(0, 256, size=n).tolist() for n in (70, 140, 20, 66)]  # 1, 2, 0 and 1 windows of 4L
+    stream = np.array([t for d in documents for t in [eot] + d], dtype=np.uint16)
+    per_context, per_window = ex.document_losses(model, stream, eot, L, [L, 2 * L, 4 * L], None, batch_tokens=100)
+    assert [w["document"] for w in per_window] == [1, 2, 2, 4] and per_context[L][1] == 16 and per_context[2 * L][1] == 8
+
+    def losses(start, context):
+        window = torch.tensor(stream[start:start + context + 1].astype(np.int64))[None]
+        with torch.no_grad():
+            logits, _ = model(window[:, :-1])
+        return F.cross_entropy(logits[0].double(), window[0, 1:], reduction="none").numpy()
+    starts = [1, 72, 137, 234]
+    for start, window in zip(starts, per_window):
+        at_l = np.mean([losses(start + i * L, L) for i in range(4)])
+        assert window["at_L"] == pytest.approx(at_l, rel=1e-5)
+        for context in (2 * L, 4 * L):
+            beyond = np.mean([losses(start + i * context, context)[L:] for i in range(4 * L // context)])
+            assert window["beyond"][str(context)] == pytest.approx(beyond, rel=1e-5)
+    long_means = np.mean([losses(s, 4 * L) for s in starts], axis=0)
+    np.testing.assert_allclose(per_context[4 * L][0], long_means, rtol=1e-5)
+    rises = {}
+    for window in per_window:
+        rises.setdefault(window["document"], []).append(window["beyond"][str(4 * L)] - window["at_L"])
+    means = [np.mean(v) for v in rises.values()]
+    half = stats.t.ppf(0.975, 2) * np.std(means, ddof=1) / np.sqrt(3)
+    interval = ex.data_interval(per_window, lambda w: w["beyond"][str(4 * L)] - w["at_L"])
+    assert interval["documents"] == 3 and interval["mean"] == pytest.approx(np.mean(means))
+    assert interval["interval"] == pytest.approx([np.mean(means) - half, np.mean(means) + half])
+    with pytest.raises(ex.UserError, match="no document of the validation split is longer than 256 tokens"):
+        ex.document_losses(model, stream, eot, L, [L, 16 * L], None)

@@ -204,3 +204,27 @@ def test_plot_runs_leaves_no_partial_file_when_the_disk_fills(tmp_path, monkeypa
     assert capsys.readouterr().err == (f"error: cannot write the plot to {out} (No space left on device); free space "
                                        "or choose another --out\n")
     assert list((tmp_path / "plots").iterdir()) == []
+
+
+def test_plot_runs_bands_draw_each_group_once_with_its_mean_and_range(tmp_path, saved_figures):
+    """A study's loss-curve figure had 24 legend entries over its curves: with --bands each encoding is one line,
+    the mean of its seeds, in a band from their lowest to their highest loss, and the one legend is beside the
+    panels."""
+    from studies import curves as plot_runs
+    values = {"rope1": [5.0, 4.0, 3.0], "rope2": [6.0, 4.5, 3.5], "fox1": [4.0, 3.0, 2.0], "fox2": [4.0, 2.0, 1.0]}
+    for name, losses in values.items():
+        (tmp_path / name).mkdir()
+        lines = [{"type": "val", "iter": i, "tokens": 100 * i, "val_loss": v} for i, v in enumerate(losses)]
+        (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    assert plot_runs.main([str(tmp_path / name) for name in values] + [
+        "--out", str(tmp_path / "loss.png"), "--groups", "rope", "rope", "fox", "fox", "--bands"]) == 0
+    figure = saved_figures[0]
+    ax_val = figure.axes[1]
+    lines = drawn_lines(ax_val)
+    assert lines["rope (2)"] == (pytest.approx([0, 100, 200]), pytest.approx([5.5, 4.25, 3.25]))  # (tokens, units)
+    assert lines["fox (2)"][1] == pytest.approx([4.0, 2.5, 1.5])
+    [rope_band, fox_band] = ax_val.collections
+    rope_edges = rope_band.get_paths()[0].vertices[:, 1]
+    assert min(rope_edges) == pytest.approx(3.0) and max(rope_edges) == pytest.approx(6.0)
+    assert [ax.get_legend() for ax in figure.axes[:2]] == [None, None] and len(figure.legends) == 1
+    assert [t.get_text() for t in figure.legends[0].get_texts()] == ["rope (2)", "fox (2)"]

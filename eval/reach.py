@@ -1,0 +1,330 @@
+"""Each head's reach, read from a trained model: how far back its attention goes, and how far its positional
+penalty lets it go.
+
+    python eval/reach.py --ckpt runs/cpu/fox runs/cpu/rope --out out/reach
+
+For every layer and head, on validation windows (inside documents where they are long enough, else across them):
+- attention mass by distance at the training context L: mass(d), the mean over the queries t in [L/2, L) of the
+  attention weight on the key at t - d. reach_mass is the distance that holds 90% of that mass (the smallest d with
+  mass(0) + ... + mass(d) >= 0.9): the span the head uses where it was trained. Every encoding has it.
+- for an additive encoding, over windows of --factor x L: penalty(d), the mean over the queries t in the windows'
+  second half of b(t, t) - b(t, t - d), the positional part of the logit as a function of distance (ALiBi's fixed
+  slope, GRAPE-A's gated slopes, FoX's and GRAPE-AP's learned decay on this text), and margin, the median over the
+  same queries of the content logits' best minus their median over the keys (how far the best-matching key stands
+  above a typical one). reach_penalty is the first distance at which penalty(d) >= margin: past it, even the best-
+  matching key weighs less than a typical key next to the query, so a fact that far back is out of the head's
+  reach. None where the penalty stays below the margin up to the largest distance read (factor x L / 2): the
+  head reaches at least that far. Rotations (rope, grape_m_ctx) and nope have no additive penalty.
+
+Writes OUT/reach.json, OUT/reach.md and OUT/reach.png (penalty against distance, one line per head, the margin
+dashed).
+"""
+import contextlib
+import json
+import os
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: import from the repo root, not from eval/
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import model as model_module  # noqa: E402
+from attention import causal_mask  # noqa: E402
+from checkpoints import load_model  # noqa: E402
+from config import UserError  # noqa: E402
+from data.shards import DataError  # noqa: E402
+from eval import progress as timing  # noqa: E402
+from eval.cli import make_parser  # noqa: E402
+from eval.outputs import check_writable, save_figure, unwritten, write_atomic  # noqa: E402
+from eval.runtime import describe_encoding, pick_device  # noqa: E402
+from eval.windows import document_windows  # noqa: E402
+
+MASS_SHARE = 0.9
+
+
+@contextlib.contextmanager
+def recorded_attention(record):
+    """While open, every attention call of the model (model.attend) also hands its inputs to record(layer, inputs):
+    q and k after the rotation, the bias and its features, the scale and the positions; the model's output is
+    unchanged. Layers are numbered in call order within each forward pass."""
+    real = model_module.attend
+    calls = [0]
+
+    def recording(q, k, v, **kwargs):
+        record(calls[0] % record.n_layer, q, k, kwargs)
+        calls[0] += 1
+        return real(q, k, v, **kwargs)
+    model_module.attend = recording
+    try:
+        yield
+    finally:
+        model_module.attend = real
+
+
+def logits_of(q, k, kwargs):
+    """(content logits s·q·k, positional bias b or None), each (H, Tq, Tk) in fp32, and the causal mask."""
+    H = q.shape[1]
+    k = k.repeat_interleave(H // k.shape[1], dim=1)
+    content = kwargs["scale"] * (q[0].float() @ k[0].float().transpose(-1, -2))
+    bias = kwargs.get("bias")
+    positional = bias.dense(kwargs["qf"], kwargs["kf"])[0].float() if bias is not None else None
+    mask = causal_mask(kwargs["q_pos"], kwargs["k_pos"], kwargs.get("window"))
+    return content, positional, mask
+
+
+def diagonal_band(matrix, queries, distances):
+    """matrix[h, t, t - d] for t in queries, d in distances: (H, len(queries), len(distances))."""
+    rows = torch.as_tensor(queries)[:, None]
+    cols = rows - torch.as_tensor(distances)[None, :]
+    return matrix[:, rows, cols]
+
+
+class MassByDistance:
+    """Accumulates each head's attention mass by distance at context L (queries in [L/2, L))."""
+
+    def __init__(self, n_layer, context):
+        self.n_layer, self.context = n_layer, context
+        self.queries = list(range(context // 2, context))
+        self.distances = list(range(context // 2 + 1))
+        self.total, self.count = {}, 0
+
+    def __call__(self, layer, q, k, kwargs):
+        content, positional, mask = logits_of(q, k, kwargs)
+        logits = content + (positional if positional is not None else 0)
+        weights = torch.softmax(logits.masked_fill(~mask, float("-inf")), dim=-1)
+        band = diagonal_band(weights, self.queries, self.distances).sum(1)  # (H, D)
+        self.total[layer] = self.total.get(layer, 0) + band
+        if layer == 0:
+            self.count += len(self.queries)
+
+    def result(self):
+        out = {}
+        for layer, total in self.total.items():
+            mass = (total / self.count).numpy()
+            reach = [int(np.argmax(np.cumsum(m) >= MASS_SHARE)) if np.cumsum(m)[-1] >= MASS_SHARE else None
+                     for m in mass]
+            out[layer] = {"mass": mass, "reach_mass": reach}
+        return out
+
+
+class PenaltyByDistance:
+    """Accumulates each head's mean positional penalty b(t, t) - b(t, t - d) and its content margins."""
+
+    def __init__(self, n_layer, context):
+        self.n_layer, self.context = n_layer, context
+        self.queries = list(range(context // 2, context))
+        self.distances = list(range(context // 2 + 1))
+        self.total, self.margins, self.count = {}, {}, 0
+
+    def __call__(self, layer, q, k, kwargs):
+        content, positional, mask = logits_of(q, k, kwargs)
+        if positional is None:
+            return
+        rows = torch.as_tensor(self.queries)
+        own = positional[:, rows, rows][..., None]  # b(t, t)
+        band = own - diagonal_band(positional, self.queries, self.distances)  # (H, Q, D)
+        self.total[layer] = self.total.get(layer, 0) + band.sum(1)
+        visible = content[:, rows].masked_fill(~mask[rows], float("nan"))  # keys j <= t of each query
+        best = torch.from_numpy(np.nanmax(visible.numpy(), axis=-1))
+        median = torch.from_numpy(np.nanmedian(visible.numpy(), axis=-1))
+        self.margins.setdefault(layer, []).append(best - median)  # (H, Q)
+        if layer == 0:
+            self.count += len(self.queries)
+
+    def result(self):
+        out = {}
+        for layer, total in self.total.items():
+            penalty = (total / self.count).numpy()
+            margin = np.median(torch.cat(self.margins[layer], dim=1).numpy(), axis=1)
+            reach = []
+            for curve, m in zip(penalty, margin):
+                over = np.flatnonzero(curve >= m)
+                reach.append(int(over[0]) if len(over) else None)
+            out[layer] = {"penalty": penalty, "margin": margin, "reach_penalty": reach}
+        return out
+
+
+def reading_windows(tokens, eot, length, count):
+    """Starts of `count` windows of length + 1 tokens: inside documents first (eval/windows.document_windows), then,
+    if too few documents are long enough, across them."""
+    starts = [start for start, _ in document_windows(tokens, eot, length, count)]
+    starts += [s for s in range(0, len(tokens) - length - 1, length + 1) if s not in starts]
+    return starts[:count]
+
+
+@torch.no_grad()
+def head_reach(model, tokens, eot, context, factor, windows, device):
+    """Per layer: mass curve and reach_mass of every head at `context`; for an additive encoding, penalty curve,
+    margin and reach_penalty over windows of factor x context."""
+    n_layer = model.config.n_layer
+    mass, penalty = MassByDistance(n_layer, context), PenaltyByDistance(n_layer, factor * context)
+    passes = [(mass, context)] + ([(penalty, factor * context)] if model.blocks[0].attn.bias is not None else [])
+    for recorder, length in passes:
+        recorder.n_layer = n_layer
+        for start in reading_windows(tokens, eot, length, windows):
+            x = torch.from_numpy(np.asarray(tokens[start:start + length], dtype=np.int64))[None].to(device)
+            with recorded_attention(recorder):
+                model(x, last_logits=0)
+    layers = mass.result()
+    for layer, values in (penalty.result() if len(passes) > 1 else {}).items():
+        layers[layer].update(values)
+    return [layers[i] for i in range(n_layer)]
+
+
+def evaluate_checkpoint(run, args, device):
+    from data.loader import load_split_tokens, read_manifest
+    from eval.extrapolation import args_name, resolve_data_dir
+
+    model, tokenizer, ckpt = load_model(run, device)
+    context = args.context or model.config.block_size
+    data_dir = resolve_data_dir(run, ckpt, args.data_dir)
+    if read_manifest(data_dir).get("tokenizer") != ckpt["tokenizer"]:
+        raise UserError(f"{data_dir} is not tokenized with {ckpt['tokenizer']!r}, the tokenizer of {run}; pass "
+                        "--data-dir a directory prepared with the model's tokenizer")
+    tokens = load_split_tokens(data_dir, "val")
+    if len(tokens) <= args.factor * context:
+        raise UserError(f"the validation split of {data_dir} has {len(tokens):,} tokens, too few for one window of "
+                        f"{args.factor} x {context}; lower --factor")
+    name = args_name(run)
+    progress = timing.Progress(f"reach {name}", 1, "checkpoint")
+    layers = head_reach(model, tokens, tokenizer.eot_token, context, args.factor, args.windows, device)
+    progress.advance(1)
+    heads = []
+    for layer, values in enumerate(layers):
+        for h in range(len(values["reach_mass"])):
+            entry = {"layer": layer, "head": h, "reach_mass": values["reach_mass"][h],
+                     "mass": [round(float(m), 6) for m in values["mass"][h]]}
+            if "penalty" in values:
+                entry.update(reach_penalty=values["reach_penalty"][h], margin=float(values["margin"][h]),
+                             penalty=[round(float(p), 4) for p in values["penalty"][h]])
+            heads.append(entry)
+    additive = "penalty" in layers[0]
+    result = {"run": run, "name": name, "encoding": describe_encoding(ckpt["model_config"]), "train_context": context,
+              "factor": args.factor, "windows": args.windows, "step": ckpt.get("step"), "additive": additive,
+              "largest_distance": args.factor * context // 2, "heads": heads}
+    result["reach"] = encoding_reach(result)
+    print(f"{name}: " + summary_line(result), flush=True)
+    return result
+
+
+def encoding_reach(result):
+    """The model's longest reach: the largest reach_penalty over its heads (the largest distance read where some
+    head's penalty never reaches its margin), or None for an encoding without a positional penalty."""
+    if not result["additive"]:
+        return None
+    reaches = [h["reach_penalty"] if h["reach_penalty"] is not None else result["largest_distance"]
+               for h in result["heads"]]
+    return max(reaches)
+
+
+def summary_line(result):
+    masses = [h["reach_mass"] for h in result["heads"] if h["reach_mass"] is not None]
+    beyond = len(result["heads"]) - len(masses)
+    text = (f"90% of the attention mass within {min(masses)}-{max(masses)} tokens (heads' range" if masses else
+            "no head holds 90% of its attention mass within L/2 (") + \
+        (f"; {beyond} head(s) not within L/2" if beyond and masses else "") + f", at L = {result['train_context']})"
+    if result["additive"]:
+        beyond = sum(h["reach_penalty"] is None for h in result["heads"])
+        text += (f"; positional penalty reaches the content margin at {result['reach']} tokens in the longest-"
+                 f"reaching head" + (f" ({beyond} head(s) not within {result['largest_distance']})" if beyond else ""))
+    return text
+
+
+def markdown_report(results):
+    lines = ["## Each head's reach", "",
+             f"reach_mass: the distance that holds {MASS_SHARE:.0%} of the head's attention mass at L (queries in "
+             "[L/2, L)); reach_penalty: the distance at which the mean positional penalty reaches the median "
+             "content margin (best minus median content logit), '>' where it stays below it as far as was read.", "",
+             "| run | encoding | layer | head | reach_mass | reach_penalty | margin |", "|---|---|---:|---:|---:|---:|---:|"]
+    for r in results:
+        for h in r["heads"]:
+            penalty = "–" if "reach_penalty" not in h else f"> {r['largest_distance']}" \
+                if h["reach_penalty"] is None else str(h["reach_penalty"])
+            margin = f"{h['margin']:.2f}" if "margin" in h else "–"
+            lines.append(f"| {r['name']} | {r['encoding']} | {h['layer']} | {h['head']} | {h['reach_mass']} | "
+                         f"{penalty} | {margin} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_reach(results, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    additive = [r for r in results if r["additive"]]
+    shown = additive or results
+    fig, axes = plt.subplots(1, len(shown), figsize=(4.5 * len(shown), 3.6), squeeze=False)
+    for ax, r in zip(axes[0], shown):
+        for h in r["heads"]:
+            if r["additive"]:
+                line, = ax.plot(np.arange(len(h["penalty"])) / r["train_context"], h["penalty"], linewidth=1)
+                ax.axhline(h["margin"], color=line.get_color(), linestyle=":", linewidth=0.8)
+            else:
+                ax.plot(np.arange(len(h["mass"])) / r["train_context"], np.cumsum(h["mass"]), linewidth=1)
+        ax.set_title(f"{r['name']} ({r['encoding']})", fontsize=9)
+        ax.set_xlabel("distance / L")
+        ax.set_ylabel("positional penalty (nats); dotted: margin" if r["additive"] else "cumulative attention mass")
+    fig.tight_layout()
+    save_figure(fig, path)
+
+
+def build_parser():
+    p = make_parser(__doc__)
+    p.add_argument("--ckpt", nargs="+", required=True, help="run directories (or checkpoint files)")
+    p.add_argument("--data-dir", help="prepared data directory whose validation text is read (default: the run's "
+                                      "own, else the embedded corpus)")
+    p.add_argument("--out", help="output directory (default: RUN_DIR/eval for one run; required for several)")
+    p.add_argument("--context", type=int, help="training context L (default: the checkpoint's block_size)")
+    p.add_argument("--factor", type=int, default=8, help="the penalty is read in windows of factor x L, to "
+                                                          "distances up to factor x L / 2")
+    p.add_argument("--windows", type=int, default=4, help="validation windows read at each length")
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    return p
+
+
+def parse_args(argv=None):
+    p = build_parser()
+    args = p.parse_args(argv)
+    if args.factor < 1 or args.windows < 1:
+        p.error(f"--factor and --windows must be at least 1 (got {args.factor}, {args.windows})")
+    if args.context is not None and args.context < 2:
+        p.error(f"--context must be at least 2 tokens (got {args.context}); leave it out to use the checkpoint's "
+                "block_size")
+    if args.out is None:
+        if len(args.ckpt) > 1:
+            p.error("--out DIR is required when comparing several checkpoints")
+        run = args.ckpt[0]
+        args.out = os.path.join(run if os.path.isdir(run) else os.path.dirname(run), "eval")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    device = pick_device(args.device)
+    try:
+        check_writable(args.out, "the results", folder="the results folder")
+        results = [evaluate_checkpoint(run, args, device) for run in args.ckpt]
+    except (UserError, DataError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+    report = markdown_report(results)
+    try:
+        os.makedirs(args.out, exist_ok=True)
+        write_atomic(os.path.join(args.out, "reach.json"), json.dumps(results, indent=1) + "\n")
+        write_atomic(os.path.join(args.out, "reach.md"), report)
+        plot_reach(results, os.path.join(args.out, "reach.png"))
+    except OSError as error:
+        print(report)
+        print(f"error: {unwritten('the results', args.out, error)}", file=sys.stderr)
+        sys.exit(2)
+    print(report)
+    print(f"wrote {args.out}/reach.json, reach.md and reach.png")
+    return results
+
+
+if __name__ == "__main__":
+    main()

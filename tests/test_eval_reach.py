@@ -1,0 +1,143 @@
+"""eval/reach.py: each head's attention mass by distance and positional penalty, against the definitions computed
+here by hand from the model's own weights."""
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from eval import reach
+from model import GPT, GPTConfig
+from positional import alibi_slopes
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+EOT = 0
+
+
+def tiny(pos, **config):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**{**dict(n_layer=2, n_head=2, n_embd=32, head_dim=16, vocab_size=40, block_size=16,
+                                    pos=pos), **config})).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "bias." in name:  # the positional parameters off their init, so that each one matters
+                p.add_(0.5 * torch.randn(p.shape, generator=torch.Generator().manual_seed(3)))
+    return model
+
+
+def text(n, seed=0):
+    """n tokens of 'documents': ids 1..39, an eot (0) every 100 tokens."""
+    tokens = torch.randint(1, 40, (n,), generator=torch.Generator().manual_seed(seed)).numpy()
+    tokens[::100] = EOT
+    return tokens
+
+
+def layer_inputs(model, x):
+    """Each layer's normalised input x (what its attention reads), by a forward pass with hooks."""
+    inputs = []
+    hooks = [block.attn.register_forward_pre_hook(lambda module, args: inputs.append(args[0].detach()))
+             for block in model.blocks]
+    with torch.no_grad():
+        model(x)
+    for hook in hooks:
+        hook.remove()
+    return inputs
+
+
+def attention_weights_by_hand(model, x):
+    """Per layer, (H, T, T) attention weights of the rope / nope model, from its weights: q, k by the qkv
+    projection, the QK RMSNorm, then RoPE's rotation of planes (i, i + d/2), then softmax of q.k/sqrt(d)."""
+    out = []
+    T = x.shape[1]
+    for block, h in zip(model.blocks, layer_inputs(model, x)):
+        attn = block.attn
+        heads = attn.qkv(h).view(1, T, 3 * attn.n_head, attn.head_dim).transpose(1, 2)
+        q, k, _ = heads.split(attn.n_head, dim=1)
+        q, k = attn.q_norm(q), attn.k_norm(k)
+        if model.config.pos == "rope":
+            d = attn.head_dim
+            theta = model.config.rope_base ** (-torch.arange(0, d // 2, dtype=torch.float64) * 2 / d)
+            angle = torch.arange(T, dtype=torch.float64)[:, None] * theta[None]
+            cos, sin = angle.cos().float(), angle.sin().float()
+
+            def rotate(v):
+                a, b = v[..., :d // 2], v[..., d // 2:]
+                return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
+            q, k = rotate(q), rotate(k)
+        logits = (q @ k.transpose(-1, -2))[0] / math.sqrt(attn.head_dim)
+        logits = logits.masked_fill(torch.ones(T, T).triu(1).bool(), float("-inf"))
+        out.append(torch.softmax(logits.double(), -1).detach())
+    return out
+
+
+@pytest.mark.parametrize("pos", ["rope", "nope"])
+def test_the_mass_by_distance_is_the_mean_attention_weight_at_that_distance(pos):
+    model = tiny(pos)
+    tokens = text(2000)
+    layers = reach.head_reach(model, tokens, EOT, context=16, factor=2, windows=3, device="cpu")
+    starts = reach.reading_windows(tokens, EOT, 16, 3)
+    expected = [np.zeros((2, 9)) for _ in model.blocks]
+    for start in starts:
+        x = torch.from_numpy(np.asarray(tokens[start:start + 16], dtype=np.int64))[None]
+        for layer, weights in enumerate(attention_weights_by_hand(model, x)):
+            for t in range(8, 16):
+                for d in range(9):
+                    expected[layer][:, d] += weights[:, t, t - d].numpy() / (8 * len(starts))
+    for layer, values in enumerate(layers):
+        np.testing.assert_allclose(values["mass"], expected[layer], atol=1e-5)
+        for head in range(2):  # the smallest d whose cumulative mass reaches 90%
+            cumulative = np.cumsum(expected[layer][head])
+            want = int(np.argmax(cumulative >= 0.9)) if cumulative[-1] >= 0.9 else None
+            assert values["reach_mass"][head] == want
+        assert "penalty" not in values  # a rotation has no additive penalty
+
+
+def test_alibis_penalty_is_its_slope_times_the_distance_and_its_reach_where_that_meets_the_margin():
+    model = tiny("alibi")
+    layers = reach.head_reach(model, text(3000), EOT, context=16, factor=4, windows=2, device="cpu")
+    slopes = alibi_slopes(2).double().numpy()
+    distances = np.arange(33)
+    for values in layers:
+        np.testing.assert_allclose(values["penalty"], slopes[:, None] * distances[None], rtol=1e-6, atol=1e-6)
+        for head in range(2):
+            over = np.flatnonzero(slopes[head] * distances >= values["margin"][head])
+            assert values["reach_penalty"][head] == (int(over[0]) if len(over) else None)
+
+
+def test_foxs_penalty_is_the_sum_of_its_log_forget_gates_over_the_distance():
+    """penalty(d) = mean over queries t of -(log f_{t-d+1} + ... + log f_t), f = sigmoid(w.x + b) of each layer's
+    input; the margin is the median over queries of the best minus the median content logit q.k/sqrt(d)."""
+    model = tiny("fox")
+    tokens = text(3000, seed=1)
+    layers = reach.head_reach(model, tokens, EOT, context=16, factor=4, windows=2, device="cpu")
+    [start_a, start_b] = reach.reading_windows(tokens, EOT, 64, 2)
+    for layer in range(2):
+        penalty, margins = np.zeros((2, 33)), []
+        for start in (start_a, start_b):
+            x = torch.from_numpy(np.asarray(tokens[start:start + 64], dtype=np.int64))[None]
+            h = layer_inputs(model, x)[layer]
+            attn = model.blocks[layer].attn
+            log_f = F.logsigmoid(attn.bias.gate(h))[0].detach().double().T.numpy()  # (H, T)
+            heads = attn.qkv(h).view(1, 64, 6, 16).transpose(1, 2)
+            q, k = attn.q_norm(heads[:, :2]), attn.k_norm(heads[:, 2:4])
+            content = ((q @ k.transpose(-1, -2))[0] / 4).detach().double().numpy()
+            for t in range(32, 64):
+                for d in range(33):
+                    penalty[:, d] += -log_f[:, t - d + 1:t + 1].sum(1) / 64
+                margins.append(content[:, t, :t + 1].max(1) - np.median(content[:, t, :t + 1], axis=1))
+        np.testing.assert_allclose(layers[layer]["penalty"], penalty, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(layers[layer]["margin"], np.median(np.stack(margins, 1), axis=1), rtol=1e-4)
+
+
+def test_windows_lie_inside_documents_first_and_the_report_names_each_head(tmp_path):
+    tokens = np.array([0] + [5] * 30 + [0] + [6] * 8 + [0] + [7] * 25)
+    # each start .. start + 10 inside one document (tokens 1-30, 32-39, 41-65); then across documents
+    assert reach.reading_windows(tokens, 0, 10, 3) == [1, 12, 41]
+    assert reach.reading_windows(tokens, 0, 10, 6) == [1, 12, 41, 52, 0, 11]
+    result = {"name": "r", "encoding": "alibi", "train_context": 16, "additive": True, "largest_distance": 32,
+              "heads": [{"layer": 0, "head": 0, "reach_mass": 3, "reach_penalty": None, "margin": 2.0},
+                        {"layer": 0, "head": 1, "reach_mass": 5, "reach_penalty": 7, "margin": 1.5}]}
+    assert reach.encoding_reach(result) == 32  # a head that reaches past what was read reaches at least that far
+    assert "| r | alibi | 0 | 0 | 3 | > 32 | 2.00 |" in reach.markdown_report([result])
+    assert reach.encoding_reach({**result, "additive": False}) is None
