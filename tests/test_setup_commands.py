@@ -184,3 +184,25 @@ def test_an_unfinished_quickstart_run_is_answered_with_what_to_do(tmp_path):
                                        f"in one go (python3 train.py {doc_figures.QUICKSTART} --out_dir="
                                        f"{tmp_path / 'run'} --start_over): a resumed run's peak memory would be its "
                                        "last start's only")
+
+
+def test_the_suites_time_is_measured_by_running_the_readme_command(tmp_path):
+    """docs/setup.md gave 2 min 51 s for 638 tests at an old commit: the figure is now the time of a run of the
+    README's own test command, refused when it does not pass or the code is not committed."""
+    seen = []
+    times = iter([100.0, 100.0 + 9 * 60 + 12.4])
+
+    def run(command, **kwargs):
+        seen.append((command, kwargs["cwd"]))
+        return subprocess.CompletedProcess(command, 0, "...\n1601 passed, 2 warnings in 551.90s (0:09:11)\n", "")
+    with pytest.raises(doc_figures.FigureError, match="not a clean commit \\(0123abc-dirty\\)"):
+        doc_figures.suite_figure(run=run, version="0123abc-dirty")
+    assert seen == []  # refused before the suite runs
+    text = doc_figures.suite_figure(run=run, clock=lambda: next(times), version="0123abcdef")
+    assert seen == [(readme_setup_commands()[1], doc_figures.REPO)]
+    assert re.fullmatch(r"1,601 passed in 9 min 12 s \(\d+ cores, commit 0123abc\)", text), text
+
+    def failing(command, **kwargs):
+        return subprocess.CompletedProcess(command, 1, "1 failed, 1600 passed in 500.00s\n", "")
+    with pytest.raises(doc_figures.FigureError, match="did not pass \\(exit status 1\\): '1 failed, 1600 passed"):
+        doc_figures.suite_figure(run=failing, clock=iter([0.0, 1.0]).__next__, version="0123abcdef")

@@ -5,6 +5,8 @@ that the docs cannot drift from the code:
     python3 tools/doc_figures.py quickstart runs/quickstart   # the quickstart's validation losses and peak
                                                                 # memory, from a finished run of the README's
                                                                 # `python3 train.py configs/quickstart.toml`
+    python3 tools/doc_figures.py suite                        # runs the README's test command and writes how
+                                                                # long it took and what it printed last
 
 Each figure sits between <!-- figure:NAME --> and <!-- /figure --> in the docs, and this script rewrites what is
 between them (every file that holds the marker). tests/test_setup_commands.py collects the suite and checks the
@@ -117,6 +119,44 @@ def collected_tests(repo: str = REPO) -> int:
     return int(match.group(1))
 
 
+def readme_test_command(repo: str = REPO) -> str:
+    """The README's second set-up command, the one that runs the tests (tests/test_setup_commands.py checks that
+    .ci/run runs it)."""
+    with open(os.path.join(repo, "README.md"), encoding="utf-8") as f:
+        block = re.search(r"## Set up\n\n```bash\n(.*?)```", f.read(), re.S)
+    commands = [line for line in (block.group(1) if block else "").splitlines() if line and not line.startswith("#")]
+    if len(commands) != 2:
+        raise FigureError("README.md's '## Set up' block does not hold its two commands; restore it")
+    return commands[1]
+
+
+def code_version(repo: str = REPO) -> str:
+    """The commit the working tree is at, with -dirty when it has changes ('' without git)."""
+    return subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=40"], cwd=repo, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def suite_figure(repo: str = REPO, run=subprocess.run, clock=None, version=None) -> str:
+    """Runs the README's test command in `repo` and says what it took: "1,600 passed in 9 min 12 s (2 cores, commit
+    abc1234)". Refused when a test failed, or from uncommitted code, since the docs claim the suite's own time."""
+    import time
+    clock = clock or time.monotonic
+    version = code_version(repo) if version is None else version
+    if not version or version.endswith("-dirty"):
+        raise FigureError(f"the working tree is not a clean commit ({version or 'no git'}); commit, then run again")
+    start = clock()
+    result = run(readme_test_command(repo), shell=True, cwd=repo, capture_output=True, text=True)
+    seconds = clock() - start
+    last = (result.stdout.strip().splitlines() or [""])[-1]
+    passed = re.search(r"(\d+) passed", last)
+    if result.returncode != 0 or not passed or re.search(r"\d+ (failed|error)", last):
+        raise FigureError(f"the test command did not pass (exit status {result.returncode}): {last.strip('= ')!r}; "
+                          "fix the failures, then run again")
+    minutes, rest = divmod(round(seconds), 60)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return (f"{int(passed.group(1)):,} passed in {minutes} min {rest} s ({cores} cores, commit {version[:7]})")
+
+
 def tests_figure(repo: str = REPO) -> str:
     return f"{collected_tests(repo):,}"
 
@@ -159,12 +199,13 @@ def quickstart_figure(run_dir: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("tests", "quickstart") or len(argv) > 2 or argv[0] == "tests" and len(argv) > 1:
+    if not argv or argv[0] not in ("tests", "quickstart", "suite") or len(argv) > 2 \
+            or argv[0] in ("tests", "suite") and len(argv) > 1:
         print(__doc__.strip(), file=sys.stderr)
         return 2
     try:
         name = argv[0]
-        text = tests_figure() if name == "tests" else \
+        text = tests_figure() if name == "tests" else suite_figure() if name == "suite" else \
             quickstart_figure(argv[1] if len(argv) > 1 else os.path.join(REPO, "runs", "quickstart"))
         changed = write(name, text)
     except FigureError as error:
