@@ -359,18 +359,21 @@ def plot_loss_vs_position(results, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(8.5, 4))
     for r in results:
         longest = max(r["contexts"], key=int)
         c = r["contexts"][longest]["nonoverlapping"]
-        ax.plot(c["binned_positions"], c["binned_loss"], label=f"{r['name']} ({r['encoding']})")
+        line, = ax.plot(c["binned_positions"], c["binned_loss"], label=f"{r['name']} ({r['encoding']})")
+        if "binned_low" in c:  # a study's curve: the mean of its seeds, in the band from their lowest to highest
+            ax.fill_between(c["binned_positions"], c["binned_low"], c["binned_high"], color=line.get_color(),
+                            alpha=0.15, linewidth=0)
     for L in sorted({r["train_context"] for r in results}):
         ax.axvline(L, color="gray", linestyle="--", linewidth=1)
     ax.set_xlabel("position in window (dashed: training context L)")
     ax.set_ylabel("validation loss")
-    ax.set_title("Loss vs position (non-overlapping windows of the longest context)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
+    ax.set_title("Loss vs position (non-overlapping windows of the longest context)", fontsize=10)
+    fig.legend(*ax.get_legend_handles_labels(), loc="center left", bbox_to_anchor=(0.76, 0.5), fontsize=8)
+    fig.tight_layout(rect=(0, 0, 0.75, 1))  # the legend beside the axes: it covers no curve
     save_figure(fig, path)
 
 

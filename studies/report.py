@@ -364,7 +364,9 @@ def mean_over_seeds(results: list[dict]) -> dict:
     longest = max(results[0]["contexts"], key=int)
     curves = [r["contexts"][longest]["nonoverlapping"]["binned_loss"] for r in results]
     cell = {"binned_positions": results[0]["contexts"][longest]["nonoverlapping"]["binned_positions"],
-            "binned_loss": [statistics.fmean(column) for column in zip(*curves)]}
+            "binned_loss": [statistics.fmean(column) for column in zip(*curves)],
+            "binned_low": [min(column) for column in zip(*curves)],
+            "binned_high": [max(column) for column in zip(*curves)]}
     return {"train_context": results[0]["train_context"], "contexts": {longest: {"nonoverlapping": cell}}}
 
 

@@ -228,3 +228,18 @@ def test_plot_runs_bands_draw_each_group_once_with_its_mean_and_range(tmp_path, 
     assert min(rope_edges) == pytest.approx(3.0) and max(rope_edges) == pytest.approx(6.0)
     assert [ax.get_legend() for ax in figure.axes[:2]] == [None, None] and len(figure.legends) == 1
     assert [t.get_text() for t in figure.legends[0].get_texts()] == ["rope (2)", "fox (2)"]
+
+
+def test_a_studys_loss_by_position_is_each_encodings_seed_mean_in_the_band_of_its_seeds(tmp_path, saved_figures):
+    from studies.report import mean_over_seeds
+    seeds = [result("fox", 4, {16: [3.0, 2.0, 1.0]}), result("fox", 4, {16: [5.0, 2.0, 0.0]})]
+    mean = mean_over_seeds(seeds) | {"name": "fox", "encoding": "2 seeds"}
+    assert mean["contexts"]["16"]["nonoverlapping"]["binned_loss"] == [4.0, 2.0, 0.5]
+    ex.plot_loss_vs_position([mean], str(tmp_path / "loss.png"))
+    (figure,) = saved_figures
+    ax = figure.axes[0]
+    assert drawn_lines(ax)["fox (2 seeds)"] == ([0, 1, 2], [4.0, 2.0, 0.5])
+    [band] = ax.collections
+    edges = band.get_paths()[0].vertices[:, 1]
+    assert min(edges) == 0.0 and max(edges) == 5.0
+    assert ax.get_legend() is None and len(figure.legends) == 1  # beside the axes, over no curve
