@@ -299,6 +299,8 @@ def test_windows_inside_documents_are_consecutive_and_never_cross_an_eot():
     assert document_windows(stream, eot, 16) == [(1, 1), (18, 1), (53, 3)]  # (the stream opens with an empty one)
     assert document_windows(stream, eot, 16, count=2) == [(1, 1), (18, 1)]
     assert document_windows([5] * 20, eot, 16) == [(0, 0)]  # a stream without eot is one document
+    assert document_windows([5] * 17, eot, 16) == [(0, 0)] and document_windows([5] * 16, eot, 16) == []
+    assert document_windows([eot] + [5] * 17 + [eot], eot, 16) == [(1, 1)]  # exactly length + 1 tokens: one window
     for start, _ in document_windows(stream, eot, 16):
         assert eot not in stream[start:start + 17]
 

@@ -111,3 +111,10 @@ def test_the_command_refuses_edges_past_8L_before_loading_anything(capsys):
     with pytest.raises(SystemExit) as info:
         retrieval.parse_args(["--ckpt", "nowhere", "--edges", "0,1,16"])
     assert info.value.code == 2 and "past the 8 L that retrieval is scored to" in capsys.readouterr().err
+
+
+def test_no_gap_is_the_buckets_lower_edge():
+    """(lo, hi] excludes lo: in a bucket so narrow that a query can only sit at gaps lo + 1 (or lo, if the lower
+    edge leaked in), every gap is lo + 1."""
+    tokens, queries = retrieval.build_sequences(FILLER, FACTS, 10, 20, 40, 1, np.random.default_rng(2))
+    assert {gap for _, _, gap in queries} == {11}

@@ -871,3 +871,18 @@ def test_a_finished_study_copied_to_a_new_path_keeps_its_evaluations(finished_co
     assert study_launch.portable(["--ckpt", "/x/y/" + os.path.join(run.encoding, f"seed{run.seed}"), "--out",
                                   os.path.join("z", run.encoding, f"seed{run.seed}", "eval"), "--windows", "4"], run) \
         == ["--ckpt", "{run}", "--out", os.path.join("{run}", "eval"), "--windows", "4"]
+    twice = os.path.join("/x", run.encoding, f"seed{run.seed}", "study", run.encoding, f"seed{run.seed}", "eval")
+    assert study_launch.portable(["--out", twice], run) == ["--out", os.path.join("{run}", "eval")]  # the run's own
+
+
+def test_the_datas_own_error_is_the_mean_half_width_of_each_seeds_interval_over_documents():
+    def seed(interval):
+        return {"train_context": 4, "contexts": {
+            "4": {"nonoverlapping": {"mean": 1.0, "mean_beyond_train_context": None}, "sliding": None},
+            "8": {"nonoverlapping": {"mean": 1.1, "mean_beyond_train_context": 1.2}, "sliding": None,
+                  "rise_by_document": {"mean": 0.1, "interval": interval, "documents": 26}}}}
+    summary = study_summary.extrapolation_summary([seed([0.0, 0.2]), seed([0.0, 0.4])])
+    assert summary["contexts"]["2"]["rise_by_document"] == {"documents": 26, "half_width": pytest.approx(0.15)}
+    assert summary["contexts"]["1"]["sliding"] is None and "rise_by_document" not in summary["contexts"]["1"]
+    one_without = study_summary.extrapolation_summary([seed([0.0, 0.2]), seed(None)])
+    assert "rise_by_document" not in one_without["contexts"]["2"]  # an interval over one document: none to average
