@@ -242,7 +242,10 @@ def reach_lines(report: dict, plots: dict) -> list[str]:
             beyond = f"{fmt(rc['beyond_read'], 1)} of {rc['heads']}"
         else:
             longest, beyond = "– (no additive penalty)", "–"
-        lines.append(f"| {name} | {fmt(rc['median_reach_mass'], 0)} | {longest} | {beyond} |")
+        median = rc["median_reach_mass"]
+        held = f"> {rc['mass_read']}" if median["mean"] is not None and "mass_read" in rc and \
+            median["mean"] > rc["mass_read"] else fmt(median, 0)  # (a head that never holds 90% as far as was read)
+        lines.append(f"| {name} | {held} | {longest} | {beyond} |")
     if "reach" in plots:
         lines += ["", f"![each head's reach]({plots['reach']})"]
     return lines

@@ -138,6 +138,7 @@ def reach_summary(results: list[dict]) -> dict:
         return statistics.median(values)
 
     out = {"train_context": results[0]["train_context"], "additive": results[0]["additive"],
+           "mass_read": len(results[0]["heads"][0]["mass"]) - 1,  # the largest distance the mass was read at
            "largest_distance": results[0]["largest_distance"], "heads": len(results[0]["heads"]),
            "median_reach_mass": describe([median_mass(r) for r in results])}
     cumulative = [[statistics.fmean(values) for values in zip(*[itertools.accumulate(h["mass"]) for h in r["heads"]])]

@@ -886,3 +886,18 @@ def test_the_datas_own_error_is_the_mean_half_width_of_each_seeds_interval_over_
     assert summary["contexts"]["1"]["sliding"] is None and "rise_by_document" not in summary["contexts"]["1"]
     one_without = study_summary.extrapolation_summary([seed([0.0, 0.2]), seed(None)])
     assert "rise_by_document" not in one_without["contexts"]["2"]  # an interval over one document: none to average
+
+
+def test_the_reach_table_says_when_the_median_head_holds_its_mass_past_what_was_read():
+    def stat(mean):
+        return {"mean": mean, "std": 0.0, "n": 3}
+    report = {"encodings": {
+        "nope": {"reach": {"additive": False, "mass_read": 256, "median_reach_mass": stat(257)}},
+        "fox": {"reach": {"additive": True, "mass_read": 256, "median_reach_mass": stat(2), "reach": stat(16),
+                          "beyond_read": stat(0), "heads": 16}},
+        "alibi": {"reach": {"additive": True, "mass_read": 256, "median_reach_mass": stat(91), "reach": stat(2048),
+                            "beyond_read": stat(1), "heads": 16}}}}
+    lines = study_report.reach_lines(report, {})
+    assert "| nope | > 256 | – (no additive penalty) | – |" in lines
+    assert "| fox | 2 ± 0 | 16 ± 0 | 0.0 ± 0.0 of 16 |" in lines
+    assert "| alibi | 91 ± 0 | ≥ 2048 ± 0 | 1.0 ± 0.0 of 16 |" in lines
