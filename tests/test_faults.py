@@ -318,13 +318,13 @@ KILL_DURING_PREPARE = """
     real_write_shard, real_write_json, real_replace = prep.write_shard, prep._write_json, os.replace
     die = lambda: os.kill(os.getpid(), signal.SIGKILL)
 
-    def write_shard(path, tokens):
+    def write_shard(path, tokens, **kwargs):
         calls["shards"] += 1
         if calls["shards"] == which and point == "mid-shard":
             with open(path + ".tmp", "wb") as f:
                 f.write(b"\\0" * 1024 + np.asarray(tokens, dtype="<u2").tobytes()[:100])
             die()
-        return real_write_shard(path, tokens)
+        return real_write_shard(path, tokens, **kwargs)
 
     def write_json(path, data):
         if point == "before-record" and path.endswith(f"piece_{which:06d}.json"):
@@ -573,11 +573,11 @@ def test_an_output_directory_removed_by_another_process_is_named_as_the_cause(co
     real_write_shard = prep.write_shard
     calls = {"n": 0}
 
-    def write_shard(path, tokens):
+    def write_shard(path, tokens, **kwargs):
         calls["n"] += 1
         if calls["n"] == 2:
             shutil.rmtree(out)
-        return real_write_shard(path, tokens)
+        return real_write_shard(path, tokens, **kwargs)
 
     monkeypatch.setattr(prep, "write_shard", write_shard)
     with pytest.raises(DataError) as info:
