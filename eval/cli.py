@@ -19,3 +19,13 @@ def make_parser(description: str, **kwargs) -> argparse.ArgumentParser:
     study file's [eval.*] table or on the command line would pass silently."""
     return argparse.ArgumentParser(description=description, formatter_class=HelpFormatter, allow_abbrev=False,
                                    **kwargs)
+
+
+def default_out(parser: argparse.ArgumentParser, args) -> None:
+    """--out defaults to RUN_DIR/eval for one --ckpt; with several it must be given (their results go together)."""
+    import os
+    if args.out is None:
+        if len(args.ckpt) > 1:
+            parser.error("--out DIR is required when comparing several checkpoints")
+        run = args.ckpt[0]
+        args.out = os.path.join(run if os.path.isdir(run) else os.path.dirname(run), "eval")

@@ -28,12 +28,11 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from data.shards import DataError  # noqa: E402
 from checkpoints import load_model  # noqa: E402
 from config import UserError  # noqa: E402
 from eval.runtime import autocast_context, describe_encoding, pick_device  # noqa: E402
-from eval.cli import make_parser  # noqa: E402
-from eval.outputs import check_writable, save_figure, unwritten, write_atomic  # noqa: E402
+from eval.cli import default_out, make_parser  # noqa: E402
+from eval.outputs import evaluate_and_write, save_figure, write_atomic  # noqa: E402
 from eval.windows import document_windows, plan_windows  # noqa: E402
 from eval import progress as timing  # noqa: E402
 
@@ -261,12 +260,8 @@ def evaluate_checkpoint(run, args, device):
         per_position, n_windows = nonoverlapping_loss(model, tokens, context, device, args.batch_tokens, progress)
         stride = strides[context]
         sliding, n_scored = sliding_window_loss(model, tokens, context, stride, device, args.batch_tokens, progress)
-        centres, binned = bin_positions(per_position)
         result["contexts"][str(context)] = {
-            "nonoverlapping": {"mean": float(per_position.mean()), "windows": n_windows,
-                               "mean_beyond_train_context": float(per_position[train_context:].mean())
-                               if context > train_context else None,
-                               "binned_positions": centres, "binned_loss": binned},
+            "nonoverlapping": position_cell(per_position, n_windows, context, train_context),
             "sliding": {"mean": sliding, "stride": stride, "min_context": context - stride + 1,
                         "tokens_scored": n_scored},
         }
@@ -292,12 +287,8 @@ def documents_result(model, tokenizer, tokens, contexts, train_context, args, de
     result["windows"] = per_window
     for context in contexts:
         per_position, n_windows = per_context[context]
-        centres, binned = bin_positions(per_position)
         result["contexts"][str(context)] = {
-            "nonoverlapping": {"mean": float(per_position.mean()), "windows": n_windows,
-                               "mean_beyond_train_context": float(per_position[train_context:].mean())
-                               if context > train_context else None,
-                               "binned_positions": centres, "binned_loss": binned},
+            "nonoverlapping": position_cell(per_position, n_windows, context, train_context),
             "sliding": None}  # (every window is inside a document already)
         if context > train_context and train_context in contexts:
             result["contexts"][str(context)]["rise_by_document"] = data_interval(
@@ -306,6 +297,14 @@ def documents_result(model, tokenizer, tokens, contexts, train_context, args, de
               f"{result['documents']} documents)", flush=True)
     result["elapsed_s"]["loss"] = progress.elapsed()
     return with_passkey(result, model, tokenizer, train_context, args, device)
+
+
+def position_cell(per_position, n_windows, context, train_context) -> dict:
+    """A context's non-overlapping losses as the JSON holds them: the mean, the mean beyond L, the binned curve."""
+    centres, binned = bin_positions(per_position)
+    return {"mean": float(per_position.mean()), "windows": n_windows,
+            "mean_beyond_train_context": float(per_position[train_context:].mean()) if context > train_context else None,
+            "binned_positions": centres, "binned_loss": binned}
 
 
 def with_passkey(result, model, tokenizer, train_context, args, device):
@@ -450,39 +449,22 @@ def parse_args(argv=None):
     if args.context is not None and args.context < 1:  # (0 would silently mean the checkpoint's own block_size)
         p.error(f"--context must be at least 1 token (got {args.context}); leave it out to use the checkpoint's "
                 "block_size")
-    if args.out is None:
-        if len(args.ckpt) > 1:
-            p.error("--out DIR is required when comparing several checkpoints")
-        run = args.ckpt[0]
-        args.out = os.path.join(run if os.path.isdir(run) else os.path.dirname(run), "eval")
+    default_out(p, args)
     return args
 
 
 def main(argv=None):
     args = parse_args(argv)
     device = pick_device(args.device)
-    try:
-        # before the evaluation, whose results would be lost after it
-        check_writable(args.out, "the results", folder="the results folder")
-        results = [evaluate_checkpoint(run, args, device) for run in args.ckpt]
-    except (UserError, DataError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
-    report = markdown_report(results)
-    try:
-        os.makedirs(args.out, exist_ok=True)
+
+    def write(results, report):
         write_atomic(os.path.join(args.out, "extrapolation.json"), json.dumps(results, indent=2) + "\n")
         write_atomic(os.path.join(args.out, "extrapolation.md"), report)
         plot_loss_vs_position(results, os.path.join(args.out, "loss_vs_position.png"))
         for r in results:
             if "passkey" in r:
                 plot_passkey(r, os.path.join(args.out, f"passkey_{r['name']}.png"))
-    except OSError as error:  # (checked writable before): the disk filled; the JSON holds every number computed
-        print(report)
-        print(json.dumps(results, indent=2))
-        print(f"error: {unwritten('the results', args.out, error)}", file=sys.stderr)
-        sys.exit(2)
-    print(report)
+    results = evaluate_and_write(args, lambda run: evaluate_checkpoint(run, args, device), markdown_report, write)
     print(f"wrote {args.out}/extrapolation.json, extrapolation.md, loss_vs_position.png and passkey heat maps")
     return results
 

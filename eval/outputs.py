@@ -71,3 +71,31 @@ def save_figure(fig, path: str, dpi: int = 120) -> None:
         raise
     finally:
         plt.close(fig)
+
+
+def evaluate_and_write(args, evaluate, report_of, write) -> list:
+    """The body of an evaluation command: its --out checked before any work (whose results would be lost after it),
+    evaluate(run) for every --ckpt (a UserError or DataError is one sentence and exit status 2), then write(results,
+    report) into --out; a write that fails after all prints the report and the results' JSON and says so (exit
+    status 2)."""
+    import sys
+
+    from data.shards import DataError
+    try:
+        check_writable(args.out, "the results", folder="the results folder")
+        results = [evaluate(run) for run in args.ckpt]
+    except (UserError, DataError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+    report = report_of(results)
+    try:
+        os.makedirs(args.out, exist_ok=True)
+        write(results, report)
+    except OSError as error:  # (checked writable before): the disk filled; the JSON holds every number computed
+        import json
+        print(report)
+        print(json.dumps(results, indent=2))
+        print(f"error: {unwritten('the results', args.out, error)}", file=sys.stderr)
+        sys.exit(2)
+    print(report)
+    return results

@@ -35,10 +35,9 @@ import model as model_module  # noqa: E402
 from attention import causal_mask  # noqa: E402
 from checkpoints import load_model  # noqa: E402
 from config import UserError  # noqa: E402
-from data.shards import DataError  # noqa: E402
 from eval import progress as timing  # noqa: E402
-from eval.cli import make_parser  # noqa: E402
-from eval.outputs import check_writable, save_figure, unwritten, write_atomic  # noqa: E402
+from eval.cli import default_out, make_parser  # noqa: E402
+from eval.outputs import evaluate_and_write, save_figure, write_atomic  # noqa: E402
 from eval.runtime import describe_encoding, pick_device  # noqa: E402
 from eval.windows import document_windows  # noqa: E402
 
@@ -294,34 +293,19 @@ def parse_args(argv=None):
     if args.context is not None and args.context < 2:
         p.error(f"--context must be at least 2 tokens (got {args.context}); leave it out to use the checkpoint's "
                 "block_size")
-    if args.out is None:
-        if len(args.ckpt) > 1:
-            p.error("--out DIR is required when comparing several checkpoints")
-        run = args.ckpt[0]
-        args.out = os.path.join(run if os.path.isdir(run) else os.path.dirname(run), "eval")
+    default_out(p, args)
     return args
 
 
 def main(argv=None):
     args = parse_args(argv)
     device = pick_device(args.device)
-    try:
-        check_writable(args.out, "the results", folder="the results folder")
-        results = [evaluate_checkpoint(run, args, device) for run in args.ckpt]
-    except (UserError, DataError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
-    report = markdown_report(results)
-    try:
-        os.makedirs(args.out, exist_ok=True)
+
+    def write(results, report):
         write_atomic(os.path.join(args.out, "reach.json"), json.dumps(results, indent=1) + "\n")
         write_atomic(os.path.join(args.out, "reach.md"), report)
         plot_reach(results, os.path.join(args.out, "reach.png"))
-    except OSError as error:
-        print(report)
-        print(f"error: {unwritten('the results', args.out, error)}", file=sys.stderr)
-        sys.exit(2)
-    print(report)
+    results = evaluate_and_write(args, lambda run: evaluate_checkpoint(run, args, device), markdown_report, write)
     print(f"wrote {args.out}/reach.json, reach.md and reach.png")
     return results
 

@@ -28,10 +28,9 @@ import torch  # noqa: E402
 from checkpoints import load_model  # noqa: E402
 from config import UserError  # noqa: E402
 from data.retrieval import Facts  # noqa: E402
-from data.shards import DataError  # noqa: E402
 from eval import progress as timing  # noqa: E402
-from eval.cli import make_parser  # noqa: E402
-from eval.outputs import check_writable, save_figure, unwritten, write_atomic  # noqa: E402
+from eval.cli import default_out, make_parser  # noqa: E402
+from eval.outputs import evaluate_and_write, save_figure, write_atomic  # noqa: E402
 from eval.runtime import autocast_context, describe_encoding, pick_device  # noqa: E402
 
 DEFAULT_EDGES = "0,1/4,1/2,1,2,4,8"
@@ -259,35 +258,19 @@ def parse_args(argv=None):
     if args.context is not None and args.context < 1:
         p.error(f"--context must be at least 1 token (got {args.context}); leave it out to use the checkpoint's "
                 "block_size")
-    if args.out is None:
-        if len(args.ckpt) > 1:
-            p.error("--out DIR is required when comparing several checkpoints")
-        run = args.ckpt[0]
-        args.out = os.path.join(run if os.path.isdir(run) else os.path.dirname(run), "eval")
+    default_out(p, args)
     return args
 
 
 def main(argv=None):
     args = parse_args(argv)
     device = pick_device(args.device)
-    try:
-        check_writable(args.out, "the results", folder="the results folder")
-        results = [evaluate_checkpoint(run, args, device) for run in args.ckpt]
-    except (UserError, DataError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
-    report = markdown_report(results)
-    try:
-        os.makedirs(args.out, exist_ok=True)
+
+    def write(results, report):
         write_atomic(os.path.join(args.out, "retrieval.json"), json.dumps(results, indent=2) + "\n")
         write_atomic(os.path.join(args.out, "retrieval.md"), report)
         plot_accuracy(results, os.path.join(args.out, "accuracy_vs_gap.png"))
-    except OSError as error:
-        print(report)
-        print(json.dumps(results, indent=2))
-        print(f"error: {unwritten('the results', args.out, error)}", file=sys.stderr)
-        sys.exit(2)
-    print(report)
+    results = evaluate_and_write(args, lambda run: evaluate_checkpoint(run, args, device), markdown_report, write)
     print(f"wrote {args.out}/retrieval.json, retrieval.md and accuracy_vs_gap.png")
     return results
 
