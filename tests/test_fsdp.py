@@ -562,8 +562,8 @@ def test_a_process_killed_during_a_sharded_save_is_named_by_the_survivor(tiny_fs
                 # Known and not understood (seen in two CI runs and once here, each time on 2 loaded cores): both
                 # processes of a job waited in collectives until the 300 s timeout, before the victim's kill. Each
                 # still said so in one sentence; the case under test is run once more and must hold then. Not
-                # reproduced since: 66 runs of both jobs at once, 36 of them beside a 2-job training study and a
-                # third training process on 2 cores, with a watchdog ready to py-spy both ranks after 100 s.
+                # reproduced since: 36 runs of both jobs at once on 2 cores shared with two or three training
+                # processes, with a watchdog ready to py-spy both ranks after 100 s.
                 print(f"retrying the job whose victim is process {victim}:\n{job.report()}", file=sys.stderr)
                 job.kill()
                 shutil.rmtree(run_dir, ignore_errors=True)
