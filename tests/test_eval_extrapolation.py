@@ -341,3 +341,42 @@ def test_losses_inside_documents_read_the_same_tokens_at_every_context_and_pair_
     assert interval["interval"] == pytest.approx([np.mean(means) - half, np.mean(means) + half])
     with pytest.raises(ex.UserError, match="no document of the validation split is longer than 256 tokens"):
         ex.document_losses(model, stream, eot, L, [L, 16 * L], None)
+
+
+def test_the_cli_inside_documents_writes_every_windows_losses_and_the_datas_error(tmp_path, data_dir):
+    """--documents through the command: the windows of the longest context inside documents, each context's mean
+    the cross-entropy of those windows' tokens cut to its length, and the record a study reads (documents, windows,
+    rise_by_document, no sliding windows); --batch-tokens 1 is a valid knob (one window a pass)."""
+    from data.loader import load_split_tokens
+    from eval.windows import document_windows
+    run = tmp_path / "run"
+    model = tiny_model(pos="alibi", block_size=64, seed=3)
+    save_run(model, run, step=5)
+    out = tmp_path / "out"
+    (r,) = ex.main(["--ckpt", str(run), "--data-dir", str(data_dir), "--out", str(out), "--factors", "1,2,4",
+                    "--documents", "--windows", "0", "--passkey-trials", "0", "--batch-tokens", "1"])
+    val = load_split_tokens(str(data_dir), "val")
+    big = document_windows(val, 256, 256)
+    assert len(big) >= 3 and r["documents"] == len({d for _, d in big}) and r["val_tokens"] == len(big) * 257
+    assert [w["document"] for w in r["windows"]] == [d for _, d in big]
+    for context, parts in ((64, 4), (128, 2), (256, 1)):
+        cell = r["contexts"][str(context)]
+        assert cell["sliding"] is None and cell["nonoverlapping"]["windows"] == parts * len(big)
+        starts = [s + i * context for s, _ in big for i in range(parts)]
+        windows = torch.stack([torch.from_numpy(val[s:s + context + 1].astype(np.int64)) for s in starts])
+        with torch.no_grad():
+            logits, _ = model(windows[:, :-1])
+        losses = F.cross_entropy(logits.flatten(0, 1).double(), windows[:, 1:].flatten(), reduction="none")
+        assert cell["nonoverlapping"]["mean"] == pytest.approx(losses.mean().item(), rel=1e-5)
+        if context > 64:
+            beyond = losses.view(len(starts), context)[:, 64:].mean().item()
+            assert cell["nonoverlapping"]["mean_beyond_train_context"] == pytest.approx(beyond, rel=1e-5)
+            rise = ex.data_interval(r["windows"], lambda w, c=str(context): w["beyond"][c] - w["at_L"])
+            assert cell["rise_by_document"] == pytest.approx(rise)
+        else:
+            assert "rise_by_document" not in cell
+    assert r["elapsed_s"]["loss"] > 0 and "passkey" not in r
+    assert json.loads((out / "extrapolation.json").read_text()) == [r]
+    assert f"| {r['name']} | alibi | 64 | 256 | 4 | {r['contexts']['256']['nonoverlapping']['mean']:.4f} | " \
+           f"{r['contexts']['256']['nonoverlapping']['mean_beyond_train_context']:.4f} | – |" \
+        in (out / "extrapolation.md").read_text()
