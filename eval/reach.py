@@ -222,9 +222,12 @@ def encoding_reach(result):
 def summary_line(result):
     masses = [h["reach_mass"] for h in result["heads"] if h["reach_mass"] is not None]
     beyond = len(result["heads"]) - len(masses)
-    text = (f"90% of the attention mass within {min(masses)}-{max(masses)} tokens (heads' range" if masses else
-            "no head holds 90% of its attention mass within L/2 (") + \
-        (f"; {beyond} head(s) not within L/2" if beyond and masses else "") + f", at L = {result['train_context']})"
+    at = f"at L = {result['train_context']}"
+    if masses:
+        text = (f"90% of the attention mass within {min(masses)}-{max(masses)} tokens (heads' range"
+                + (f"; {beyond} head(s) not within L/2" if beyond else "") + f", {at})")
+    else:
+        text = f"no head holds 90% of its attention mass within L/2 ({at})"
     if result["additive"]:
         beyond = sum(h["reach_penalty"] is None for h in result["heads"])
         text += (f"; positional penalty reaches the content margin at {result['reach']} tokens in the longest-"

@@ -210,6 +210,7 @@ def test_shards_whose_ckpt_pt_is_gone_resume_from_the_latest_complete_set(tmp_pa
     ckpt = load_checkpoint(str(tmp_path / "ckpt.pt"))
     assert ckpt["step"] == 6 and ckpt["world_size"] == 1 and "recovered" in ckpt and "rng" not in ckpt
     assert ckpt["model_config"] == resolved(cfg)["model"] and ckpt["train_config"] == resolved(cfg)["train"]
+    assert ckpt["code_version"] == "test" and ckpt["tokenizer"] == "bytes"  # config.json's, as ckpt.pt held them
     assert ckpt["shards"]["dir"] == os.path.relpath(latest, tmp_path)
     other, other_optimizer, _ = fresh()
     assert restore(ckpt, other, other_optimizer, cfg, torch.device("cpu"), path=str(tmp_path / "ckpt.pt")) == 6

@@ -269,6 +269,33 @@ def test_killed_after_the_last_piece_only_names_the_shards(tmp_path, monkeypatch
     assert directory_bytes(tmp_path / "out") == directory_bytes(tmp_path / "full")
 
 
+def test_killed_while_naming_the_shards_resumes_to_identical_shards(tmp_path, monkeypatch, capsys):
+    # Killed after half of the pieces were renamed or cut into named shards: their sources are gone, so the re-run
+    # checks the named files and takes their hashes and document counts from them (the plan on disk has none for
+    # the cut ones).
+    source = write_files(tmp_path / "in")
+    run_prepare(source, tmp_path / "full", **LAYOUT)
+    real = prep._name_shards
+
+    def killed_half_way(out_dir, plan, eot):
+        sources = list(dict.fromkeys(entry["from"] for entry in plan))
+        done = set(sources[:len(sources) // 2])
+        assert sum(entry["from"] in done and entry["sha256"] is None for entry in plan) >= 1  # a cut piece among them
+        real(out_dir, [entry for entry in plan if entry["from"] in done], eot)
+        raise KeyboardInterrupt
+    monkeypatch.setattr(prep, "_name_shards", killed_half_way)
+    with pytest.raises(KeyboardInterrupt):
+        run_prepare(source, tmp_path / "out", **LAYOUT)
+    monkeypatch.setattr(prep, "_name_shards", real)
+    monkeypatch.setattr(prep, "_tokenize_piece", lambda task: pytest.fail(f"piece {task[0]} tokenised again"))
+    manifest = run_prepare(source, tmp_path / "out", progress_bar=True, **LAYOUT)
+    assert directory_bytes(tmp_path / "out") == directory_bytes(tmp_path / "full")
+    seconds = re.search(rf"wrote {len(manifest['shards'])} shards to {re.escape(str(tmp_path / 'out'))}: "
+                        rf"{manifest['tokens']['val']:,} val \+ {manifest['tokens']['train']:,} train tokens from "
+                        rf"{manifest['documents']:,} documents \(([0-9.]+) s this run\)", capsys.readouterr().err)
+    assert seconds and 0 <= float(seconds[1]) < 600
+
+
 def test_max_tokens_reads_no_further_than_needed(tmp_path):
     # The first file holds more than --max-tokens: the second one, which is not JSON at all, is never read.
     write_jsonl(tmp_path / "a.jsonl", DOCS)

@@ -141,3 +141,19 @@ def test_windows_lie_inside_documents_first_and_the_report_names_each_head(tmp_p
     assert reach.encoding_reach(result) == 32  # a head that reaches past what was read reaches at least that far
     assert "| r | alibi | 0 | 0 | 3 | > 32 | 2.00 |" in reach.markdown_report([result])
     assert reach.encoding_reach({**result, "additive": False}) is None
+
+
+def test_the_summary_line_names_the_mass_range_the_heads_beyond_it_and_the_longest_reach():
+    head = {"layer": 0, "head": 0, "reach_mass": 3, "reach_penalty": None, "margin": 2.0}
+    result = {"name": "r", "encoding": "alibi", "train_context": 16, "additive": True, "largest_distance": 32,
+              "reach": 32, "heads": [head, {**head, "head": 1, "reach_mass": 5, "reach_penalty": 7},
+                                     {**head, "head": 2, "reach_mass": None, "reach_penalty": 9}]}
+    assert reach.summary_line(result) == (
+        "90% of the attention mass within 3-5 tokens (heads' range; 1 head(s) not within L/2, at L = 16); positional "
+        "penalty reaches the content margin at 32 tokens in the longest-reaching head (1 head(s) not within 32)")
+    none_held = {**result, "additive": False, "heads": [{**h, "reach_mass": None} for h in result["heads"]]}
+    assert reach.summary_line(none_held) == "no head holds 90% of its attention mass within L/2 (at L = 16)"
+    all_held = {**result, "heads": result["heads"][:2], "reach": 7}
+    assert reach.summary_line({**all_held, "heads": [{**h, "reach_penalty": 7} for h in all_held["heads"]]}) == (
+        "90% of the attention mass within 3-5 tokens (heads' range, at L = 16); positional penalty reaches the "
+        "content margin at 7 tokens in the longest-reaching head")

@@ -210,6 +210,16 @@ def test_the_table_is_printed_as_well_as_written(tmp_path, capsys):
     assert "| arc_easy |" in table and table in capsys.readouterr().out
 
 
+def test_limit_scores_the_first_documents_of_each_task_only(tmp_path, evaluated):
+    """--limit 2: two of the fixture's three documents per task are scored."""
+    model, full, _ = evaluated
+    save_run(model, tmp_path / "run", step=7)
+    report = zero_shot.main(["--ckpt", str(tmp_path / "run"), "--data-dir", str(FIXTURES), "--out",
+                             str(tmp_path / "out"), "--tasks", "arc_easy,winogrande", "--limit", "2"])
+    assert full["tasks"]["arc_easy"]["n"] == 3
+    assert {t: r["n"] for t, r in report["tasks"].items()} == {"arc_easy": 2, "winogrande": 2}
+
+
 # -------------------------------------------------------------------------------- where generated mutants found no test
 # Each test here fails under at least one generated mutant (tools/mutants.py) that survived before
 # it was written.

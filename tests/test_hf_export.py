@@ -604,3 +604,19 @@ def test_an_export_whose_tokenizer_cannot_be_written_says_so_and_leaves_nothing(
                                                     r"device\); check the free space and permissions there"):
         tiny_export(tmp_path, "alibi")
     assert sorted(os.listdir(tmp_path)) == ["run"]
+
+
+def test_format_remote_exports_even_a_native_model_as_remote_code_with_its_step(tmp_path):
+    """--format remote on a model Qwen3 could express: remote code all the same (the user asked for it), computing
+    our logits; the summary names the checkpoint's step."""
+    model = perturbed_model("rope", False)
+    run_dir = save_run(model, str(tmp_path / "run"), step=7)
+    out = str(tmp_path / "export")
+    summary = export(run_dir, out, "remote")
+    assert summary["format"] == "remote code" and summary["step"] == 7
+    assert any(name.endswith(".py") for name in os.listdir(out))
+    hf = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)
+    assert type(hf).__name__ != "Qwen3ForCausalLM"
+    ids = torch.randint(0, BYTE_VOCAB, (2, 24), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        assert relative_error(model(ids)[0], hf(ids).logits) <= 1e-5

@@ -153,6 +153,22 @@ def test_custom_op_registration_passes_opcheck():
     assert results and all(outcome == "SUCCESS" for outcome in results.values()), results
 
 
+def triton_opcheck():
+    """Child process: opcheck of the forward op on the Triton path (its fake promises the row log-sum-exp
+    the Triton backward reads, (B, H, Tq), where the chunked path's is empty)."""
+    from attention_kernels.grape_ap import _path_attention_op
+    from attention_kernels.grape_ap_triton import default_config
+    (q, k, v, p, r), slopes = random_inputs(1, 2, 11, 13, 8, 4, dtype=torch.float32)
+    leaves = [x.requires_grad_(True) for x in (q, k, v, p, r)]
+    config = list(default_config(8, torch.float32))
+    return torch.library.opcheck(_path_attention_op, (*leaves, slopes, 0.3, "triton", config), raise_exception=False)
+
+
+def test_the_triton_paths_custom_op_passes_opcheck(triton_results):
+    assert triton_results["opcheck"] and all(outcome == "SUCCESS" for outcome in triton_results["opcheck"].values()), \
+        triton_results["opcheck"]
+
+
 def test_backward_op_passes_opcheck_on_views_of_a_batch_of_one():
     # The model's q, k, v are (B, H, T, D) views of a (B, T, H, D) tensor. With B = 1 a reshape keeps them
     # views, and gradients allocated "like" them came back with those strides while the fake
@@ -299,6 +315,7 @@ def run_triton_cases(path):
         results["decode_full_forward"] = grape_ap_triton(*inputs, slopes.float(), 0.3)
     results["boundary_index"] = boundary_index_under_interpreter(*BOUNDARY_INDEX_ARGS)
     results["bf16_emulation"] = bf16_cast_and_dot_under_interpreter()
+    results["opcheck"] = triton_opcheck()
     results["builds"] = [triton_builds("grape_ap", "fp32", 16), triton_builds("grape_ap", "fp16", 12, 20),
                          triton_builds("separable", "fp16", 32)]
     # the model calls attention.grape_ap_attention; on CPU tensors "auto" would pick the chunked path

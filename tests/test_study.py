@@ -177,6 +177,17 @@ def test_report_numbers_are_the_runs_own_metrics_and_evaluation_outputs(finished
 
 # ----------------------------------------------------------------------------- resuming
 
+def test_every_table_of_the_report_starts_after_a_blank_line(finished):
+    """Markdown renders a table glued to the paragraph before it as text: each table, the zero-shot ones included,
+    follows an empty line, as the title does."""
+    root, _ = finished
+    lines = (root / "out" / "report.md").read_text().split("\n")
+    assert lines[1] == "" and sum(line.startswith("|---") for line in lines) >= 5
+    for before, line in zip(lines, lines[1:]):
+        if line.startswith("|") and not before.startswith("|"):
+            assert before == "", f"a table glued to the line before it: {before!r} / {line!r}"
+
+
 def test_resuming_a_half_finished_study_redoes_nothing_finished(finished, tmp_path, monkeypatch):
     source, first = finished
     shutil.copytree(source, tmp_path / "copy")  # copy2 keeps the files' mtimes

@@ -901,3 +901,75 @@ def test_the_reach_table_says_when_the_median_head_holds_its_mass_past_what_was_
     assert "| nope | > 256 | – (no additive penalty) | – |" in lines
     assert "| fox | 2 ± 0 | 16 ± 0 | 0.0 ± 0.0 of 16 |" in lines
     assert "| alibi | 91 ± 0 | ≥ 2048 ± 0 | 1.0 ± 0.0 of 16 |" in lines
+
+
+RETRIEVAL_AND_REACH = """
+[eval.retrieval]
+edges = "0,1,2"
+pairs = 1
+sequences = 2
+
+[eval.reach]
+windows = 1
+factor = 2
+"""
+
+
+def test_retrieval_and_reach_added_to_a_finished_study_are_the_runs_own_outputs(ordered, tmp_path, monkeypatch):
+    """Retrieval and reach sections added to a finished study: only they run (no training again), and the report
+    holds each run's own eval/retrieval.json and eval/reach.json: accuracy per bucket over seeds, the paired
+    difference to rope per seed, the setup's sizes, the reach of alibi's heads, each in report.md's tables; every
+    table of report.md starts after a blank line (Markdown renders no table glued to a paragraph)."""
+    from eval.reach import encoding_reach
+    root, _, _ = ordered
+    shutil.copytree(root, tmp_path / "copy")
+    monkeypatch.chdir(tmp_path / "copy")
+    monkeypatch.setattr(train, "run", lambda argv: pytest.fail(f"train.run called: {argv}"))
+    study_path = Path("study.toml")
+    study_path.write_text(study_path.read_text() + RETRIEVAL_AND_REACH)
+    report = study.main([str(study_path)])
+    outputs = {(e, s): {name: json.loads((Path("out") / e / f"seed{s}" / "eval" / f"{name}.json").read_text())
+                        for name in ("retrieval", "reach")} for e in ENCODINGS for s in SEEDS}
+    outputs = {key: {name: o[0] if isinstance(o, list) else o for name, o in value.items()}
+               for key, value in outputs.items()}
+    first = outputs["rope", 1]["retrieval"]
+    assert [b["bucket"] for b in first["buckets"]] == ["(0, L]", "(L, 2L]"] and first["pairs"] == 1
+    assert report["setup"]["retrieval"] == {"pairs": 1, "sequences": 2,
+                                            "queries": [b["queries"] for b in first["buckets"]]}
+    assert report["setup"]["reach"]["windows"] == 1 and report["setup"]["reach"]["factor"] == 2
+    md = (Path("out") / "report.md").read_text()
+    assert f"- Retrieval: 2 test sequences per gap bucket, 1 facts and their queries in each " \
+           f"({first['buckets'][0]['queries']} queries per bucket and run)" in md
+    for encoding in ENCODINGS:
+        rt = report["encodings"][encoding]["retrieval"]
+        for i, bucket in enumerate(rt["buckets"]):
+            accuracies = [outputs[encoding, s]["retrieval"]["buckets"][i]["accuracy"] for s in SEEDS]
+            assert bucket["accuracy"]["values"] == accuracies
+            assert bucket["accuracy"]["mean"] == pytest.approx(sum(accuracies) / 2)
+        row = f"| {encoding} | " + " | ".join(study_report.fmt(b["accuracy"], 3) for b in rt["buckets"]) + " |"
+        assert row in md
+    differences = report["encodings"]["alibi"]["retrieval"]["difference_to_reference"]
+    assert "difference_to_reference" not in report["encodings"]["rope"]["retrieval"] and len(differences) == 2
+    for i, d in enumerate(differences):
+        per_seed = [outputs["alibi", s]["retrieval"]["buckets"][i]["accuracy"]
+                    - outputs["rope", s]["retrieval"]["buckets"][i]["accuracy"] for s in SEEDS]
+        assert d["seeds"] == SEEDS and d["mean"] == pytest.approx(sum(per_seed) / 2, abs=1e-12)
+    assert "| alibi − rope | " in md
+    reach = report["encodings"]["alibi"]["reach"]
+    assert reach["additive"] and reach["reach"]["values"] == [encoding_reach(outputs["alibi", s]["reach"])
+                                                              for s in SEEDS]
+    assert not report["encodings"]["rope"]["reach"]["additive"] and "| rope | " in md.split("## Each head's reach")[1]
+    lines = md.split("\n")
+    assert lines[1] == ""  # after the title
+    for before, line in zip(lines, lines[1:]):
+        if line.startswith("|") and not before.startswith("|"):
+            assert before == "", f"a table glued to the line before it: {before!r} / {line!r}"
+    for encoding in ENCODINGS:  # the final validation loss column is the runs' own
+        loss_table = md.split("## Final validation loss")[1].split("\n\n")[1].split("\n")
+        row, = [x for x in loss_table if x.startswith(f"| {encoding} | {len(SEEDS)} | ")]
+        assert row.split(" | ")[2] == study_report.fmt(report["encodings"][encoding]["final_val_loss"])
+    # an encoding with no finished evaluation (all its runs diverged): the others' passkey rows stay
+    alibi = {k: v for k, v in report["encodings"]["alibi"].items() if k not in ("extrapolation", "retrieval", "reach")}
+    partial = study_report.markdown({**report, "encodings": {**report["encodings"], "alibi": alibi}}, {})
+    passkey = partial.split("## Passkey retrieval accuracy")[1].split("\n\n")[1]
+    assert "| rope | " in passkey and "| alibi | " not in passkey
