@@ -21,6 +21,13 @@ def make_parser(description: str, **kwargs) -> argparse.ArgumentParser:
                                    **kwargs)
 
 
+def check_context(parser: argparse.ArgumentParser, args, least: int = 1) -> None:
+    """--context, where given, is a usable training length (0 would silently mean the checkpoint's own block_size)."""
+    if args.context is not None and args.context < least:
+        parser.error(f"--context must be at least {least} token{'s' if least > 1 else ''} (got {args.context}); leave "
+                     "it out to use the checkpoint's block_size")
+
+
 def default_out(parser: argparse.ArgumentParser, args) -> None:
     """--out defaults to RUN_DIR/eval for one --ckpt; with several it must be given (their results go together)."""
     import os

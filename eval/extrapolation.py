@@ -31,8 +31,8 @@ import torch.nn.functional as F  # noqa: E402
 from checkpoints import load_model  # noqa: E402
 from config import UserError  # noqa: E402
 from eval.runtime import autocast_context, describe_encoding, pick_device  # noqa: E402
-from eval.cli import default_out, make_parser  # noqa: E402
-from eval.outputs import evaluate_and_write, save_figure, write_atomic  # noqa: E402
+from eval.cli import check_context, default_out, make_parser  # noqa: E402
+from eval.outputs import evaluate_and_write, save_figure  # noqa: E402
 from eval.windows import document_windows, plan_windows  # noqa: E402
 from eval import progress as timing  # noqa: E402
 
@@ -446,9 +446,7 @@ def parse_args(argv=None):
         p.error(f"--depths must lie in [0, 1] (got {args.depths})")
     if not 0 < args.stride_fraction <= 1:
         p.error(f"--stride-fraction must be in (0, 1] (got {args.stride_fraction})")
-    if args.context is not None and args.context < 1:  # (0 would silently mean the checkpoint's own block_size)
-        p.error(f"--context must be at least 1 token (got {args.context}); leave it out to use the checkpoint's "
-                "block_size")
+    check_context(p, args)
     default_out(p, args)
     return args
 
@@ -457,16 +455,11 @@ def main(argv=None):
     args = parse_args(argv)
     device = pick_device(args.device)
 
-    def write(results, report):
-        write_atomic(os.path.join(args.out, "extrapolation.json"), json.dumps(results, indent=2) + "\n")
-        write_atomic(os.path.join(args.out, "extrapolation.md"), report)
-        plot_loss_vs_position(results, os.path.join(args.out, "loss_vs_position.png"))
-        for r in results:
-            if "passkey" in r:
-                plot_passkey(r, os.path.join(args.out, f"passkey_{r['name']}.png"))
-    results = evaluate_and_write(args, lambda run: evaluate_checkpoint(run, args, device), markdown_report, write)
-    print(f"wrote {args.out}/extrapolation.json, extrapolation.md, loss_vs_position.png and passkey heat maps")
-    return results
+    def pictures(results):
+        return [("loss_vs_position.png", lambda path: plot_loss_vs_position(results, path))] + [
+            (f"passkey_{r['name']}.png", lambda path, r=r: plot_passkey(r, path)) for r in results if "passkey" in r]
+    return evaluate_and_write(args, lambda run: evaluate_checkpoint(run, args, device), markdown_report,
+                              "extrapolation", pictures)
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ from eval.outputs import check_writable, save_figure, write_atomic  # noqa: E402
 from eval.runtime import describe_encoding  # noqa: E402
 from eval.cli import make_parser  # noqa: E402
 from eval.long_context_tasks import (BABILONG_SPLITS, BABILONG_TASKS, EXPORT_BABILONG_SPLITS,  # noqa: E402
-                                     RULER_TASKS, TASK_DESCRIPTIONS, babilong_split, expand_tasks, missing_files,
+                                     RULER_TASKS, babilong_split, expand_tasks, missing_files,
                                      missing_files_sentence, use_local_nltk_data)
 
 DEFAULT_LENGTHS = "1x,2x,4x,8x"

@@ -73,11 +73,12 @@ def save_figure(fig, path: str, dpi: int = 120) -> None:
         plt.close(fig)
 
 
-def evaluate_and_write(args, evaluate, report_of, write) -> list:
+def evaluate_and_write(args, evaluate, report_of, name: str, pictures) -> list:
     """The body of an evaluation command: its --out checked before any work (whose results would be lost after it),
-    evaluate(run) for every --ckpt (a UserError or DataError is one sentence and exit status 2), then write(results,
-    report) into --out; a write that fails after all prints the report and the results' JSON and says so (exit
-    status 2)."""
+    evaluate(run) for every --ckpt (a UserError or DataError is one sentence and exit status 2), then --out/name.json,
+    name.md (the report) and the pictures: pictures(results) lists (file name, draw) pairs, draw(path) writing one.
+    A write that fails after all prints the report and the results' JSON and says so (exit status 2)."""
+    import json
     import sys
 
     from data.shards import DataError
@@ -88,14 +89,19 @@ def evaluate_and_write(args, evaluate, report_of, write) -> list:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
     report = report_of(results)
+    files = [f"{name}.json", f"{name}.md"]
     try:
         os.makedirs(args.out, exist_ok=True)
-        write(results, report)
+        write_atomic(os.path.join(args.out, files[0]), json.dumps(results, indent=2) + "\n")
+        write_atomic(os.path.join(args.out, files[1]), report)
+        for picture, draw in pictures(results):
+            draw(os.path.join(args.out, picture))
+            files.append(picture)
     except OSError as error:  # (checked writable before): the disk filled; the JSON holds every number computed
-        import json
         print(report)
         print(json.dumps(results, indent=2))
         print(f"error: {unwritten('the results', args.out, error)}", file=sys.stderr)
         sys.exit(2)
     print(report)
+    print(f"wrote {args.out}/{', '.join(files[:-1])} and {files[-1]}")
     return results

@@ -20,8 +20,6 @@ Writes OUT/reach.json, OUT/reach.md and OUT/reach.png (penalty against distance,
 dashed).
 """
 import contextlib
-import json
-import os
 import sys
 from pathlib import Path
 
@@ -36,8 +34,8 @@ from attention import causal_mask  # noqa: E402
 from checkpoints import load_model  # noqa: E402
 from config import UserError  # noqa: E402
 from eval import progress as timing  # noqa: E402
-from eval.cli import default_out, make_parser  # noqa: E402
-from eval.outputs import evaluate_and_write, save_figure, write_atomic  # noqa: E402
+from eval.cli import check_context, default_out, make_parser  # noqa: E402
+from eval.outputs import evaluate_and_write, save_figure  # noqa: E402
 from eval.runtime import describe_encoding, pick_device  # noqa: E402
 from eval.windows import document_windows  # noqa: E402
 
@@ -293,9 +291,7 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.factor < 1 or args.windows < 1:
         p.error(f"--factor and --windows must be at least 1 (got {args.factor}, {args.windows})")
-    if args.context is not None and args.context < 2:
-        p.error(f"--context must be at least 2 tokens (got {args.context}); leave it out to use the checkpoint's "
-                "block_size")
+    check_context(p, args, least=2)
     default_out(p, args)
     return args
 
@@ -303,14 +299,8 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     device = pick_device(args.device)
-
-    def write(results, report):
-        write_atomic(os.path.join(args.out, "reach.json"), json.dumps(results, indent=1) + "\n")
-        write_atomic(os.path.join(args.out, "reach.md"), report)
-        plot_reach(results, os.path.join(args.out, "reach.png"))
-    results = evaluate_and_write(args, lambda run: evaluate_checkpoint(run, args, device), markdown_report, write)
-    print(f"wrote {args.out}/reach.json, reach.md and reach.png")
-    return results
+    return evaluate_and_write(args, lambda run: evaluate_checkpoint(run, args, device), markdown_report, "reach",
+                              lambda results: [("reach.png", lambda path: plot_reach(results, path))])
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ the default edges 0, 1/4, 1/2, 1, 2, 4, 8 give (0, L/4], (L/4, L/2], (L/2, L], (
 Writes OUT/retrieval.json and OUT/retrieval.md, and accuracy_vs_gap.png (one line per checkpoint); progress lines
 go to stderr.
 """
-import json
 import os
 import sys
 from fractions import Fraction
@@ -29,8 +28,8 @@ from checkpoints import load_model  # noqa: E402
 from config import UserError  # noqa: E402
 from data.retrieval import Facts  # noqa: E402
 from eval import progress as timing  # noqa: E402
-from eval.cli import default_out, make_parser  # noqa: E402
-from eval.outputs import evaluate_and_write, save_figure, write_atomic  # noqa: E402
+from eval.cli import check_context, default_out, make_parser  # noqa: E402
+from eval.outputs import evaluate_and_write, save_figure  # noqa: E402
 from eval.runtime import autocast_context, describe_encoding, pick_device  # noqa: E402
 
 DEFAULT_EDGES = "0,1/4,1/2,1,2,4,8"
@@ -255,9 +254,7 @@ def parse_args(argv=None):
     if args.sequences < 1 or args.pairs < 1 or args.batch_tokens < 1:
         p.error(f"--sequences, --pairs and --batch-tokens must be at least 1 (got {args.sequences}, {args.pairs}, "
                 f"{args.batch_tokens})")
-    if args.context is not None and args.context < 1:
-        p.error(f"--context must be at least 1 token (got {args.context}); leave it out to use the checkpoint's "
-                "block_size")
+    check_context(p, args)
     default_out(p, args)
     return args
 
@@ -265,14 +262,8 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     device = pick_device(args.device)
-
-    def write(results, report):
-        write_atomic(os.path.join(args.out, "retrieval.json"), json.dumps(results, indent=2) + "\n")
-        write_atomic(os.path.join(args.out, "retrieval.md"), report)
-        plot_accuracy(results, os.path.join(args.out, "accuracy_vs_gap.png"))
-    results = evaluate_and_write(args, lambda run: evaluate_checkpoint(run, args, device), markdown_report, write)
-    print(f"wrote {args.out}/retrieval.json, retrieval.md and accuracy_vs_gap.png")
-    return results
+    return evaluate_and_write(args, lambda run: evaluate_checkpoint(run, args, device), markdown_report, "retrieval",
+                              lambda results: [("accuracy_vs_gap.png", lambda path: plot_accuracy(results, path))])
 
 
 if __name__ == "__main__":

@@ -74,3 +74,17 @@ def test_an_out_folder_that_is_a_file_is_one_sentence_before_any_evaluation(name
     assert capsys.readouterr().err == f"error: the results folder {out} cannot be made: {blocker} is a file, not a " \
                                       "folder; choose another --out (or move the file)\n"
     assert blocker.read_text() == "mine"
+
+
+@pytest.mark.parametrize("module,least", [("eval.retrieval", 1), ("eval.reach", 2)])
+def test_each_evaluation_refuses_a_context_below_its_least_and_takes_that_least(module, least, tmp_path, capsys):
+    """reach reads the mass over queries in [L/2, L), so it needs 2 tokens; retrieval and extrapolation 1."""
+    import importlib
+    parse_args = importlib.import_module(module).parse_args
+    assert parse_args(["--ckpt", str(tmp_path), "--context", str(least)]).context == least
+    with pytest.raises(SystemExit) as info:
+        parse_args(["--ckpt", str(tmp_path), "--context", str(least - 1)])
+    assert info.value.code == 2
+    unit = "token" if least == 1 else "tokens"
+    assert capsys.readouterr().err.endswith(f"error: --context must be at least {least} {unit} (got {least - 1}); "
+                                            "leave it out to use the checkpoint's block_size\n")

@@ -71,3 +71,33 @@ def test_write_atomic_replaces_whole_and_leaves_no_tmp_when_the_disk_fills(tmp_p
     with pytest.raises(OSError, match="No space left on device"):
         write_atomic(str(path), "newer")
     assert path.read_text() == "new" and sorted(os.listdir(tmp_path)) == ["report.md"]
+
+
+def test_an_evaluation_writes_its_json_its_report_and_each_picture_and_names_them(tmp_path, capsys):
+    import json
+    from types import SimpleNamespace
+
+    from eval.outputs import evaluate_and_write
+    args = SimpleNamespace(out=str(tmp_path / "out"), ckpt=["a", "b"])
+    drawn = []
+
+    def pictures(results):
+        return [(f"{r['run']}.png", lambda path, r=r: drawn.append(path) or open(path, "w").write(r["run"]))
+                for r in results]
+    results = evaluate_and_write(args, lambda run: {"run": run, "value": len(drawn)}, lambda rs: f"table of {len(rs)}",
+                                 "probe", pictures)
+    out = tmp_path / "out"
+    assert results == [{"run": "a", "value": 0}, {"run": "b", "value": 0}]  # every run evaluated before any picture
+    assert json.loads((out / "probe.json").read_text()) == results and (out / "probe.md").read_text() == "table of 2"
+    assert drawn == [str(out / "a.png"), str(out / "b.png")] and (out / "b.png").read_text() == "b"
+    printed = capsys.readouterr().out.splitlines()
+    assert printed == ["table of 2", f"wrote {out}/probe.json, probe.md, a.png and b.png"]
+
+
+def test_an_evaluation_without_pictures_names_its_two_files(tmp_path, capsys):
+    from types import SimpleNamespace
+
+    from eval.outputs import evaluate_and_write
+    args = SimpleNamespace(out=str(tmp_path), ckpt=["a"])
+    evaluate_and_write(args, lambda run: {"run": run}, lambda rs: "t", "probe", lambda results: [])
+    assert capsys.readouterr().out.splitlines()[-1] == f"wrote {tmp_path}/probe.json and probe.md"
