@@ -101,3 +101,41 @@ def test_an_evaluation_without_pictures_names_its_two_files(tmp_path, capsys):
     args = SimpleNamespace(out=str(tmp_path), ckpt=["a"])
     evaluate_and_write(args, lambda run: {"run": run}, lambda rs: "t", "probe", lambda results: [])
     assert capsys.readouterr().out.splitlines()[-1] == f"wrote {tmp_path}/probe.json and probe.md"
+
+
+@pytest.mark.parametrize("module,name,plots", [
+    ("eval.extrapolation", "extrapolation", {"plot_loss_vs_position": "loss_vs_position.png",
+                                             "plot_passkey": "passkey_{name}.png"}),
+    ("eval.retrieval", "retrieval", {"plot_accuracy": "accuracy_vs_gap.png"}),
+    ("eval.reach", "reach", {"plot_reach": "reach.png"})])
+def test_each_evaluation_command_writes_its_own_files_and_each_picture_from_its_own_results(
+        module, name, plots, tmp_path, monkeypatch, capsys):
+    """Every command's main through the shared writer: its own NAME.json and NAME.md, and each picture drawn from
+    the results it belongs to (extrapolation's passkey heat maps one per checkpoint, each from that checkpoint's
+    result), the evaluation itself replaced by a record of the run it was asked for."""
+    import importlib
+    import json
+    command = importlib.import_module(module)
+    runs = [str(tmp_path / "run_a"), str(tmp_path / "run_b")]
+    monkeypatch.setattr(command, "evaluate_checkpoint",
+                        lambda run, args, device: {"name": os.path.basename(run), "passkey": {}})
+    monkeypatch.setattr(command, "markdown_report", lambda results: "report of " + ",".join(r["name"] for r in results))
+    drawn = {}
+    for function, picture in plots.items():
+        def draw(results, path, function=function):
+            drawn[os.path.basename(path)] = (function, results if isinstance(results, list) else results["name"])
+            open(path, "w").close()
+        monkeypatch.setattr(command, function, draw)
+    out = tmp_path / "out"
+    command.main(["--ckpt", *runs, "--out", str(out), "--device", "cpu"])
+    results = [{"name": "run_a", "passkey": {}}, {"name": "run_b", "passkey": {}}]
+    assert json.loads((out / f"{name}.json").read_text()) == results
+    assert (out / f"{name}.md").read_text() == "report of run_a,run_b"
+    expected = {}
+    for function, picture in plots.items():
+        if "{name}" in picture:
+            expected.update({picture.format(name=r["name"]): (function, r["name"]) for r in results})
+        else:
+            expected[picture] = (function, results)
+    assert drawn == expected and sorted(os.listdir(out)) == sorted([f"{name}.json", f"{name}.md", *expected])
+    assert capsys.readouterr().out.splitlines()[-1].startswith(f"wrote {out}/{name}.json, {name}.md")
