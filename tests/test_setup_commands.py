@@ -13,7 +13,7 @@ import pytest
 
 from data import tokenizer
 from data.shards import DataError
-from tools import doc_figures
+from tools import doc_figures, pin_requirements
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -206,3 +206,53 @@ def test_the_suites_time_is_measured_by_running_the_readme_command(tmp_path):
         return subprocess.CompletedProcess(command, 1, "1 failed, 1600 passed in 500.00s\n", "")
     with pytest.raises(doc_figures.FigureError, match="did not pass \\(exit status 1\\): '1 failed, 1600 passed"):
         doc_figures.suite_figure(run=failing, clock=iter([0.0, 1.0]).__next__, version="0123abcdef")
+
+
+def requirements(path: str) -> list:
+    """The requirements of a requirements file, as packaging parses them (comments and blank lines dropped)."""
+    from packaging.requirements import Requirement
+    lines = (line.split("#", 1)[0].strip() for line in open(os.path.join(REPO, path)))
+    return [Requirement(line) for line in lines if line]
+
+
+def pinned_versions() -> dict[str, str]:
+    pins = {}
+    for line in open(os.path.join(REPO, "constraints.txt")):
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, version = line.split("==")
+            pins[pin_requirements.package_name(name)] = version
+    return pins
+
+
+def test_every_requirement_is_pinned_inside_its_range():
+    """A fresh install got pytest 9.2.0 (requirements: pytest>=8) and the README's test command failed: CI now
+    installs the versions in constraints.txt. Each of them must satisfy its range, or the pins and the ranges
+    disagree and a user with the ranges gets something CI never ran."""
+    pins = pinned_versions()
+    checked = []
+    for path in ("requirements.txt", "requirements-dev.txt"):
+        for requirement in requirements(path):
+            name = pin_requirements.package_name(requirement.name)
+            if name in pin_requirements.LEFT_OUT:
+                continue
+            assert name in pins, f"{requirement.name} ({path}) has no pin: run python3 tools/pin_requirements.py"
+            assert requirement.specifier.contains(pins[name], prereleases=True), (
+                f"constraints.txt pins {name}=={pins[name]}, outside {path}'s {requirement}: run python3 "
+                "tools/pin_requirements.py")
+            checked.append(name)
+    assert {"pytest", "lm-eval", "numpy", "transformers"} <= set(checked)
+    assert "torch" not in pins  # the install command pins the CPU build; a GPU user must be able to drop both
+
+
+def test_the_constraints_file_is_a_freeze_without_torch_sorted_by_name():
+    freeze = "torch==2.13.0+cpu\nJinja2==3.1.6\npytest==9.2.0\n-e git+https://x/y#egg=z\nzz @ file:///tmp/zz\nA_b.c==1\n"
+    text = pin_requirements.constraints_text(freeze)
+    pins = [line for line in text.splitlines() if not line.startswith("#")]
+    assert pins == ["A_b.c==1", "Jinja2==3.1.6", "pytest==9.2.0"]
+    assert pin_requirements.package_name("A_b.c==1") == "a-b-c"
+
+
+def test_ci_and_the_readme_install_with_the_constraints():
+    install_and_run, _ = readme_setup_commands()
+    assert "-c constraints.txt torch==2.13.0 -r requirements.txt -r requirements-dev.txt" in install_and_run
