@@ -18,8 +18,8 @@ records the calls made in subprocesses during that run, and they are added to th
 are kept per mutant in mutants/ (mutmut's own .meta files): a stopped run resumes with the mutants it has not
 judged; a function that changed since is judged again. The sample's verdicts and sittings are also committed in
 docs/mutants_results.json, from which a new machine or clone resumes (mutants/ is not committed). This script
-adds the sampling, the cheapest-first test order, the subprocess calls, the record and the report; it depends on
-mutmut's internals and is pinned to mutmut 3.8.
+adds an operator that swaps two arguments of a call (swap_arguments), the sampling, the cheapest-first test order,
+the subprocess calls, the record and the report; it depends on mutmut's internals and is pinned to mutmut 3.8.
 
 Mutants that change only the text of a message (an exception's, a warning's, a printed line's) are left out of
 the population: they are listed as such in the report's counts, not sampled. Every other survivor must be killed
