@@ -247,7 +247,7 @@ def swap_arguments(node):
     positional (f(a, b) -> f(b, a)) or keyword (f(x=a, y=b) -> f(x=b, y=a), where neither is a constant: a default
     swapped with a help text is a type error, not a question of order). It stands for a difference, ratio or
     comparison a caller passes the wrong way round, which only a test whose data makes the order matter catches.
-    None for calls that ignore the order (ORDERLESS_CALLS) or two arguments written the same."""
+    No mutant for a call that ignores the order (ORDERLESS_CALLS) or for two arguments written the same."""
     import libcst as cst
     func = node.func
     called = func.value if isinstance(func, cst.Name) else func.attr.value if isinstance(func, cst.Attribute) else ""
