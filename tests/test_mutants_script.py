@@ -3,6 +3,7 @@ names of mutmut's mutants, and the equivalence entries (mutmut itself is not nee
 import importlib.util
 import json
 import os
+import sys
 import textwrap
 from collections import Counter
 
@@ -439,3 +440,98 @@ def test_the_command_on_a_new_machine_takes_the_records_sittings_and_verdicts(tm
     report = (tmp_path / "docs" / "testing.md").read_text()
     assert "Wall time 10 min in 1 sitting(s)" in report
     assert "| **all** | 1 | 1 | 0 | 0 | 0 | 0 | 0 | 100% |" in report
+
+
+def generate(tmp_path, monkeypatch, source, name="m", swaps=True):
+    """mutmut's mutants of a module's source (written where tools/mutants.py reads mutants, as mutmut writes them),
+    with the argument swaps added or not: {mutant name: (original function, mutant)}, and the mutated file."""
+    from mutmut.mutation import file_mutation
+    monkeypatch.setattr(file_mutation, "mutation_operators", file_mutation.mutation_operators)
+    monkeypatch.setattr(file_mutation, "create_mutations", file_mutation.create_mutations)
+    if swaps:
+        mutants.add_argument_swaps()
+    generated = file_mutation.mutate_file_contents(f"{name}.py", source)
+    path = tmp_path / f"{name}.py"
+    path.write_text(generated.code)
+    compile(generated.code, str(path), "exec")  # every mutant applies: the file holds them all
+    sources = mutants.function_sources(f"{path}.meta")
+    return {n: (sources[n.split("__mutmut_")[0] + "__mutmut_orig"], sources[n]) for n in generated.mutant_names}, path
+
+
+def test_the_argument_swaps_are_one_mutant_a_neighbouring_pair_after_mutmuts_own(tmp_path, monkeypatch):
+    source = textwrap.dedent("""
+        def f(a, b):
+            return g(a, b) + h(x)
+
+
+        def s(a, b, c):
+            return min(a, b) + np.maximum(a, b) + g(a, a) + k(a, b, c) + k(x=a, y=b, z=1, w="w") + m(*a, b)
+    """)
+    own, _ = generate(tmp_path, monkeypatch, source, swaps=False)
+    with_swaps, _ = generate(tmp_path, monkeypatch, source)
+    assert {n: with_swaps[n] for n in own} == own  # mutmut's own mutants: the same names, the same code
+    added = [mutants.changed_lines(*with_swaps[n]) for n in with_swaps if n not in own]
+    assert added == [
+        ("return g(a, b) + h(x)", "return g(b, a) + h(x)"),
+        ("return min(a, b) + np.maximum(a, b) + g(a, a) + k(a, b, c) + k(x=a, y=b, z=1, w=\"w\") + m(*a, b)",
+         "return min(a, b) + np.maximum(a, b) + g(a, a) + k(b, a, c) + k(x=a, y=b, z=1, w=\"w\") + m(*a, b)"),
+        ("return min(a, b) + np.maximum(a, b) + g(a, a) + k(a, b, c) + k(x=a, y=b, z=1, w=\"w\") + m(*a, b)",
+         "return min(a, b) + np.maximum(a, b) + g(a, a) + k(a, c, b) + k(x=a, y=b, z=1, w=\"w\") + m(*a, b)"),
+        ("return min(a, b) + np.maximum(a, b) + g(a, a) + k(a, b, c) + k(x=a, y=b, z=1, w=\"w\") + m(*a, b)",
+         "return min(a, b) + np.maximum(a, b) + g(a, a) + k(a, b, c) + k(x=b, y=a, z=1, w=\"w\") + m(*a, b)"),
+    ]
+    for function in ("x_f__", "x_s__"):  # each function's swaps numbered after its own mutants
+        number = {n: int(n.rsplit("_", 1)[1]) for n in with_swaps if n.startswith(function)}
+        assert min(v for n, v in number.items() if n not in own) > max(v for n, v in number.items() if n in own)
+
+def test_a_swapped_pair_of_arguments_is_caught_by_a_test_of_the_sign_and_missed_by_one_of_the_size(tmp_path,
+                                                                                                   monkeypatch):
+    """The class of bug the swaps stand for, through mutmut's own trampolines: a report's paired difference
+    computed the wrong way round survives every test whose assertion ignores its sign."""
+    source = textwrap.dedent("""
+        def mean(xs):
+            return sum(xs) / len(xs)
+
+
+        def diff(values, reference):
+            return mean(values) - mean(reference)
+
+
+        def summary(mine, reference):
+            return {"gain": diff(mine, reference)}
+    """)
+    sources, path = generate(tmp_path, monkeypatch, source, name="swap_report")
+    swapped = [n for n, pair in sources.items() if mutants.changed_lines(*pair)[1] ==
+               'return {"gain": diff(reference, mine)}']
+    assert len(swapped) == 1
+    (tmp_path / "test_sign.py").write_text(
+        "from swap_report import summary\n\ndef test_sign():\n    assert summary([3, 5], [1, 2])['gain'] == 2.5\n")
+    (tmp_path / "test_size.py").write_text(
+        "from swap_report import summary\n\ndef test_size():\n    assert abs(summary([3, 5], [1, 2])['gain']) == 2.5\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "swap_report", raising=False)
+    exit_codes = {}
+    qualified = "swap_report." + swapped[0]  # as mutmut names it to the trampolines: module.name
+    for mutant in ("", qualified):
+        monkeypatch.setenv("MUTANT_UNDER_TEST", mutant)
+        for test in ("test_sign.py", "test_size.py"):
+            exit_codes[mutant, test] = int(pytest.main(["-q", "-p", "no:cacheprovider", f"--rootdir={tmp_path}",
+                                                        str(tmp_path / test)]))
+    monkeypatch.delitem(sys.modules, "swap_report", raising=False)
+    assert exit_codes == {("", "test_sign.py"): 0, ("", "test_size.py"): 0,
+                          (qualified, "test_sign.py"): 1, (qualified, "test_size.py"): 0}
+
+
+def test_the_mutated_files_are_made_again_once_when_the_added_operators_change(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mutants").mkdir()
+    made = tmp_path / "mutants" / "config.py"
+    made.write_text("x = 1\n")
+    (tmp_path / "mutants" / "config.py.meta").write_text("{}")
+    stamp = tmp_path / mutants.OPERATORS_STAMP
+    for written, dated_back in ((None, True), ("swap_arguments 0", True), (mutants.ADDED_OPERATORS, False)):
+        os.utime(made, (1e9, 1e9))
+        if written is not None:
+            stamp.write_text(written + "\n")
+        mutants.date_back_for_new_operators()
+        assert (made.stat().st_mtime == 0) == dated_back, written

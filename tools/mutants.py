@@ -18,8 +18,8 @@ records the calls made in subprocesses during that run, and they are added to th
 are kept per mutant in mutants/ (mutmut's own .meta files): a stopped run resumes with the mutants it has not
 judged; a function that changed since is judged again. The sample's verdicts and sittings are also committed in
 docs/mutants_results.json, from which a new machine or clone resumes (mutants/ is not committed). This script
-adds the sampling, the cheapest-first test order, the subprocess calls, the record and the report; it depends on
-mutmut's internals and is pinned to mutmut 3.8.
+adds an operator that swaps two arguments of a call (swap_arguments), the sampling, the cheapest-first test order,
+the subprocess calls, the record and the report; it depends on mutmut's internals and is pinned to mutmut 3.8.
 
 Mutants that change only the text of a message (an exception's, a warning's, a printed line's) are left out of
 the population: they are listed as such in the report's counts, not sampled. Every other survivor must be killed
@@ -234,6 +234,84 @@ def draw_sample(rows: dict[str, list[str]], size: int, seed: int) -> list[str]:
     return sorted(chosen)
 
 
+# ----------------------------------------------------------------------------- an operator mutmut lacks
+
+# Calls whose result does not depend on the order of two of their arguments: swapping them makes equivalent mutants.
+ORDERLESS_CALLS = {"min", "max", "minimum", "maximum", "isclose", "hypot", "gcd"}
+ADDED_OPERATORS = "swap_arguments 1"  # a change makes mutmut generate every mutated file again, once
+OPERATORS_STAMP = os.path.join("mutants", "added_operators")  # the ADDED_OPERATORS the files in mutants/ were made with
+
+
+def swap_arguments(node):
+    """mutmut-style operator over a libcst Call: each pair of neighbouring arguments swapped, one mutant a pair,
+    positional (f(a, b) -> f(b, a)) or keyword (f(x=a, y=b) -> f(x=b, y=a), where neither is a constant: a default
+    swapped with a help text is a type error, not a question of order). It stands for a difference, ratio or
+    comparison a caller passes the wrong way round, which only a test whose data makes the order matter catches.
+    No mutant for a call that ignores the order (ORDERLESS_CALLS) or for two arguments written the same."""
+    import libcst as cst
+    func = node.func
+    called = func.value if isinstance(func, cst.Name) else func.attr.value if isinstance(func, cst.Attribute) else ""
+    if called in ORDERLESS_CALLS:
+        return
+    args = node.args
+    for i in range(len(args) - 1):
+        a, b = args[i], args[i + 1]
+        if a.star or b.star or (a.keyword is None) != (b.keyword is None):
+            continue
+        if a.keyword is not None and (is_constant(a.value) or is_constant(b.value)):
+            continue
+        if cst.Module(body=[]).code_for_node(a.value) == cst.Module(body=[]).code_for_node(b.value):
+            continue
+        yield node.with_changes(args=[*args[:i], a.with_changes(value=b.value), b.with_changes(value=a.value),
+                                      *args[i + 2:]])
+
+
+def is_constant(value) -> bool:
+    import libcst as cst
+    return isinstance(value, (cst.BaseNumber, cst.BaseString)) or (
+        isinstance(value, cst.Name) and value.value in ("True", "False", "None")) or (
+        isinstance(value, cst.UnaryOperation) and isinstance(value.expression, cst.BaseNumber))
+
+
+def add_argument_swaps() -> None:
+    """Adds swap_arguments to mutmut's operators, in this process and the ones it forks to generate mutants. Its
+    mutants are numbered after mutmut's own in each function, so mutmut's keep their names, and the verdicts
+    recorded under them (in mutants/ and RECORD) stay theirs."""
+    import libcst as cst
+    from mutmut.mutation import file_mutation, mutators
+    if getattr(file_mutation.create_mutations, "adds_argument_swaps", False):
+        return
+    swapped = {}  # id -> node (held, so that no other node takes its id before the sort)
+
+    def operator(node):
+        for mutant in swap_arguments(node):
+            swapped[id(mutant)] = mutant
+            yield mutant
+    file_mutation.mutation_operators = [*mutators.mutation_operators, (cst.Call, operator)]
+    create = file_mutation.create_mutations
+
+    def swaps_last(*args, **kwargs):
+        swapped.clear()
+        module, found, ignored_classes, ignored_functions = create(*args, **kwargs)
+        found.sort(key=lambda mutation: id(mutation.mutated_node) in swapped)  # stable: each group keeps its order
+        return module, found, ignored_classes, ignored_functions
+    swaps_last.adds_argument_swaps = True
+    file_mutation.create_mutations = swaps_last
+
+
+def date_back_for_new_operators() -> None:
+    """mutmut makes a file's mutants again only when the file is newer than its copy in mutants/: where the copies
+    were made with other added operators (OPERATORS_STAMP), they are dated back so that each is made again (the
+    verdicts of mutmut's own mutants are kept while their function is unchanged)."""
+    if os.path.exists(OPERATORS_STAMP):
+        with open(OPERATORS_STAMP) as f:
+            if f.read().strip() == ADDED_OPERATORS:
+                return
+    for meta_path in mutated_files():
+        if os.path.exists(meta_path[:-len(".meta")]):
+            os.utime(meta_path[:-len(".meta")], (0, 0))
+
+
 # ----------------------------------------------------------------------------- running mutmut
 
 def patch_mutmut(state: dict) -> None:
@@ -245,6 +323,7 @@ def patch_mutmut(state: dict) -> None:
     from mutmut.runners import harness
     from mutmut.state import state as mutmut_state
 
+    add_argument_swaps()  # mutmut's run makes the mutants of a file changed since again
     regular = harness.PytestRunner._pytest_args_regular_run
 
     def cheapest_first(self, tests):
@@ -927,7 +1006,11 @@ def main(argv=None) -> int:
         main_module.set_mutant_under_test("mutant_generation")
         copy_src_dir()
         copy_unmutated_files()
+        add_argument_swaps()
+        date_back_for_new_operators()
         main_module.create_mutants(max(1, args.jobs))
+        with open(OPERATORS_STAMP, "w") as f:
+            f.write(ADDED_OPERATORS + "\n")
         main_module.set_mutant_under_test("")
     sources = mutants_with_sources()
     if not sources:
