@@ -380,3 +380,17 @@ def test_the_cli_inside_documents_writes_every_windows_losses_and_the_datas_erro
     assert f"| {r['name']} | alibi | 64 | 256 | 4 | {r['contexts']['256']['nonoverlapping']['mean']:.4f} | " \
            f"{r['contexts']['256']['nonoverlapping']['mean_beyond_train_context']:.4f} | – |" \
         in (out / "extrapolation.md").read_text()
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_weights_that_are_not_finite_are_one_sentence_and_no_results(tmp_path, capsys, value):
+    """A NaN weight made every score NaN (or 0.000) and was reported as a model's result."""
+    from helpers import run_with_non_finite_weight
+    named = run_with_non_finite_weight(tmp_path / "run", value)
+    with pytest.raises(SystemExit) as exit_info:
+        ex.main(["--ckpt", str(tmp_path / "run"), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1
+    assert err.startswith(f"error: checkpoint {tmp_path / 'run' / 'ckpt.pt'} {named}")
+    assert not (tmp_path / "out").exists()

@@ -157,3 +157,17 @@ def test_the_summary_line_names_the_mass_range_the_heads_beyond_it_and_the_longe
     assert reach.summary_line({**all_held, "heads": [{**h, "reach_penalty": 7} for h in all_held["heads"]]}) == (
         "90% of the attention mass within 3-5 tokens (heads' range, at L = 16); positional penalty reaches the "
         "content margin at 7 tokens in the longest-reaching head")
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_weights_that_are_not_finite_are_one_sentence_and_no_results(tmp_path, capsys, value):
+    """A NaN weight made every score NaN (or 0.000) and was reported as a model's result."""
+    from helpers import run_with_non_finite_weight
+    named = run_with_non_finite_weight(tmp_path / "run", value)
+    with pytest.raises(SystemExit) as exit_info:
+        reach.main(["--ckpt", str(tmp_path / "run"), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1
+    assert err.startswith(f"error: checkpoint {tmp_path / 'run' / 'ckpt.pt'} {named}")
+    assert not (tmp_path / "out").exists()

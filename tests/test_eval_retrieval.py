@@ -118,3 +118,17 @@ def test_no_gap_is_the_buckets_lower_edge():
     edge leaked in), every gap is lo + 1."""
     tokens, queries = retrieval.build_sequences(FILLER, FACTS, 10, 20, 40, 1, np.random.default_rng(2))
     assert {gap for _, _, gap in queries} == {11}
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_weights_that_are_not_finite_are_one_sentence_and_no_results(tmp_path, capsys, value):
+    """A NaN weight made every score NaN (or 0.000) and was reported as a model's result."""
+    from helpers import run_with_non_finite_weight
+    named = run_with_non_finite_weight(tmp_path / "run", value)
+    with pytest.raises(SystemExit) as exit_info:
+        retrieval.main(["--ckpt", str(tmp_path / "run"), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1
+    assert err.startswith(f"error: checkpoint {tmp_path / 'run' / 'ckpt.pt'} {named}")
+    assert not (tmp_path / "out").exists()
