@@ -220,7 +220,15 @@ def resolve_data_dir(run_dir, ckpt, data_dir):
         return data_dir
     config_path = os.path.join(run_dir, "config.json") if os.path.isdir(run_dir) else None
     if config_path and os.path.isfile(config_path):
-        resolved = json.loads(Path(config_path).read_text()).get("data_dir_resolved")
+        try:
+            settings = json.loads(Path(config_path).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as error:  # (ValueError: not JSON, or not UTF-8)
+            settings = str(getattr(error, "strerror", None) or error)
+        if not isinstance(settings, dict):
+            raise UserError(f"{config_path} is not the run's settings as train.py writes them ("
+                            f"{settings if isinstance(settings, str) else 'a JSON ' + type(settings).__name__}); "
+                            "restore it from a backup, or pass --data-dir the prepared data to read")
+        resolved = settings.get("data_dir_resolved")
         if resolved and os.path.isdir(resolved):
             return resolved
     saved = (ckpt.get("train_config") or {}).get("data_dir")

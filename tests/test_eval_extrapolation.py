@@ -419,3 +419,19 @@ def test_several_checkpoints_are_all_checked_before_any_is_evaluated(tmp_path, c
         f"error: the validation split of {data_dir} has 300 tokens, too few for one window of 512, the longest "
         f"context of {long} (--factors); evaluate shorter contexts or prepare more validation text\n")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("text, said", [(b"\xff\xfe{", "'utf-8' codec can't decode"), (b"[1, 2]", "a JSON list"),
+                                        (b'{"data_dir_resolved": ', "Expecting value")])
+def test_a_run_whose_config_json_is_malformed_is_one_sentence(tmp_path, capsys, text, said):
+    """The evaluations read the run's data directory from its config.json: garbage there was a traceback."""
+    save_run(tiny_model("alibi", block_size=16), tmp_path / "run")
+    (tmp_path / "run" / "config.json").write_bytes(text)
+    with pytest.raises(SystemExit) as exit_info:
+        ex.main(["--ckpt", str(tmp_path / "run"), "--out", str(tmp_path / "out"), "--passkey-trials", "0"])
+    err = capsys.readouterr().err
+    config = tmp_path / "run" / "config.json"
+    assert exit_info.value.code == 2 and err.count("\n") == 1 and said in err
+    assert err.startswith(f"error: {config} is not the run's settings as train.py writes them (")
+    assert err.endswith("); restore it from a backup, or pass --data-dir the prepared data to read\n")

@@ -1021,3 +1021,15 @@ def test_retrieval_and_reach_added_to_a_finished_study_are_the_runs_own_outputs(
     partial = study_report.markdown({**report, "encodings": {**report["encodings"], "alibi": alibi}}, {})
     passkey = partial.split("## Passkey retrieval accuracy")[1].split("\n\n")[1]
     assert "| rope | " in passkey and "| alibi | " not in passkey
+
+
+@pytest.mark.fault
+def test_a_run_file_that_is_not_json_or_not_an_object_reads_as_absent(tmp_path):
+    """A run's config.json of binary garbage was a UnicodeDecodeError traceback in the study's report, and one that
+    held a list an AttributeError: each is damaged, read as absent like one that is missing."""
+    path = tmp_path / "config.json"
+    for text, expected, kind in [(b"\xff\xfe{", None, None), (b"[1, 2]", [1, 2], None), (b"[1, 2]", None, dict),
+                                 (b'{"world_size": 2}', {"world_size": 2}, dict), (b'{"cut', None, dict)]:
+        path.write_bytes(text)
+        assert study_launch.read_json(str(path), kind) == expected, text
+    assert study_launch.read_json(str(tmp_path / "missing.json"), dict) is None
