@@ -9,7 +9,8 @@ that the docs cannot drift from the code:
                                                                 # long it took and what it printed last
 
 Each figure sits between <!-- figure:NAME --> and <!-- /figure --> in the docs, and this script rewrites what is
-between them (every file that holds the marker). tests/test_setup_commands.py collects the suite and checks the
+between them (every file that holds the marker); markers that do not pair up (a begin without its end, an end
+without a begin) are refused with the doc and line, before any doc is written. tests/test_setup_commands.py collects the suite and checks the
 written test count, and checks that every copy of a figure is the same text.
 """
 import contextlib
