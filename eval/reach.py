@@ -230,7 +230,10 @@ def evaluate_checkpoint(run, args, device):
     model, tokenizer, ckpt, context, tokens = checked_inputs(run, args, device)
     name = args_name(run)
     progress = timing.Progress(f"reach {name}", 1, "checkpoint")
-    layers = head_reach(model, tokens, tokenizer.eot_token, context, args.factor, args.windows, device)
+    try:
+        layers = head_reach(model, tokens, tokenizer.eot_token, context, args.factor, args.windows, device)
+    except ValueError as error:  # (checked_inputs makes sure of a window; the sentence, should one still lack)
+        raise UserError(str(error)) from None
     progress.advance(1)
     heads = []
     for layer, values in enumerate(layers):

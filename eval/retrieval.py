@@ -170,9 +170,9 @@ def retrieval_accuracy(model, filler, facts, context, edges, sequences, pairs, s
 
 
 def checked_inputs(run, args, device):
-    """(model, tokenizer, checkpoint, context, data directory, validation text) of one --ckpt, or a UserError where they cannot give a
-    result (its buckets cannot hold the facts, or the text is shorter than a test sequence): checked for every
-    checkpoint before any is evaluated."""
+    """(model, tokenizer, checkpoint, context, data directory, validation text) of one --ckpt, or a UserError where
+    they cannot give a result (its buckets cannot hold the facts, or the text is shorter than a test sequence):
+    checked for every checkpoint before any is evaluated."""
     from eval.extrapolation import resolve_data_dir
     from data.loader import load_split_tokens, read_manifest
 
