@@ -35,6 +35,14 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be used; the message names the file and what to do."""
 
 
+class NonFiniteWeights(CheckpointError):
+    """A checkpoint whose weights hold a NaN or an infinity; `tensor` describes the first such (non_finite)."""
+
+    def __init__(self, message: str, tensor: str):
+        super().__init__(message)
+        self.tensor = tensor
+
+
 def payload_checksum(state) -> str:
     digest = hashlib.sha256()
 
@@ -248,7 +256,39 @@ def _load_once(path: str, required, map_location, restore, assemble) -> dict:
                 raise CheckpointError(f"checkpoint {path} is damaged: its shards in {shard_directory(path, ckpt)} "
                                       f"cannot be read ({type(error).__name__}: {str(error)[:160]}); {restore}") \
                     from None
+    problem = non_finite(ckpt["model"]) if isinstance(ckpt.get("model"), dict) else None
+    if problem:  # (the optimizer state only a resume uses, which checks it itself)
+        raise NonFiniteWeights(non_finite_sentence(path, problem, restore), problem)
     return ckpt
+
+
+def non_finite(state, name: str = "") -> str | None:
+    """The first tensor of `state` (a state_dict, or an optimizer's nested one) that holds a NaN or an infinity, as
+    "NAME (3 NaN of 4,096 values)", or None. Such a checkpoint passes its checksum (the bytes are as written) but
+    every result from it is NaN: its weights are as damaged as flipped bytes would make them."""
+    if isinstance(state, dict):
+        for key, value in state.items():
+            found = non_finite(value, f"{name}.{key}" if name else str(key))
+            if found:
+                return found
+    elif isinstance(state, (list, tuple)):
+        for index, value in enumerate(state):
+            found = non_finite(value, f"{name}.{index}")
+            if found:
+                return found
+    elif isinstance(state, torch.Tensor) and (state.is_floating_point() or state.is_complex()):
+        tensor = state.to_local() if hasattr(state, "to_local") else state  # a DTensor: this process's shard
+        if not bool(torch.isfinite(tensor).all()):
+            nan, inf = int(torch.isnan(tensor).sum()), int(torch.isinf(tensor).sum())
+            counts = " and ".join(f"{n:,} {kind}" for n, kind in ((nan, "NaN"), (inf, "infinite")) if n)
+            return f"{name} ({counts} of {tensor.numel():,} value{'s' * (tensor.numel() != 1)})"
+    return None
+
+
+def non_finite_sentence(path: str, problem: str, restore: str) -> str:
+    """The sentence for a checkpoint whose tensor `problem` (non_finite's description) is not finite."""
+    return (f"checkpoint {path} is damaged: its tensor {problem} is not finite (every result from it would be NaN); "
+            f"{restore}")
 
 
 # ----------------------------------------------------------------------------- sharded checkpoints

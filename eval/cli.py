@@ -36,3 +36,12 @@ def default_out(parser: argparse.ArgumentParser, args) -> None:
             parser.error("--out DIR is required when comparing several checkpoints")
         run = args.ckpt[0]
         args.out = os.path.join(run if os.path.isdir(run) else os.path.dirname(run), "eval")
+
+
+def example_key(parser: argparse.ArgumentParser) -> str:
+    """A study file's [eval.NAME] line that this evaluation's parser takes, e.g. "windows = 16": its first option with
+    a whole-number default (a study's keys are the options with _ for -), for the hint after a misspelled key."""
+    for action in parser._actions:
+        if action.option_strings and type(action.default) is int:
+            return f"{action.dest} = {action.default}"
+    return "the option's name = its value"

@@ -220,7 +220,15 @@ def resolve_data_dir(run_dir, ckpt, data_dir):
         return data_dir
     config_path = os.path.join(run_dir, "config.json") if os.path.isdir(run_dir) else None
     if config_path and os.path.isfile(config_path):
-        resolved = json.loads(Path(config_path).read_text()).get("data_dir_resolved")
+        try:
+            settings = json.loads(Path(config_path).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as error:  # (ValueError: not JSON, or not UTF-8)
+            settings = str(getattr(error, "strerror", None) or error)
+        if not isinstance(settings, dict):
+            raise UserError(f"{config_path} is not the run's settings as train.py writes them ("
+                            f"{settings if isinstance(settings, str) else 'a JSON ' + type(settings).__name__}); "
+                            "restore it from a backup, or pass --data-dir the prepared data to read")
+        resolved = settings.get("data_dir_resolved")
         if resolved and os.path.isdir(resolved):
             return resolved
     saved = (ckpt.get("train_config") or {}).get("data_dir")
@@ -231,7 +239,10 @@ def resolve_data_dir(run_dir, ckpt, data_dir):
     return ensure_default_corpus(tokenizer=ckpt["tokenizer"], progress_bar=False)
 
 
-def evaluate_checkpoint(run, args, device):
+def checked_inputs(run, args, device):
+    """(model, tokenizer, checkpoint, training context, data directory, validation tokens) of one --ckpt, or a
+    UserError where they cannot give a result (no window of the longest context fits in the validation text, or,
+    with --documents, in one document): checked for every checkpoint before any is evaluated."""
     model, tokenizer, ckpt = load_model(run, device)
     train_context = args.context or model.config.block_size
     data_dir = resolve_data_dir(run, ckpt, args.data_dir)
@@ -242,6 +253,20 @@ def evaluate_checkpoint(run, args, device):
         raise UserError(f"{data_dir} is tokenized with {data_tokenizer!r} but {run} uses {ckpt['tokenizer']!r}; "
                         f"pass --data-dir a directory prepared with the model's tokenizer")
     tokens = load_split_tokens(data_dir, "val")
+    longest = train_context * max(args.factors)
+    if args.documents and not document_windows(tokens, tokenizer.eot_token, longest, 1):
+        raise UserError(f"no document of the validation split of {data_dir} is longer than {longest} tokens, the "
+                        f"longest context of {run} (--factors); evaluate shorter contexts, leave out --documents, or "
+                        "prepare longer documents")
+    if len(tokens) <= longest:
+        raise UserError(f"the validation split of {data_dir} has {len(tokens):,} tokens, too few for one window of "
+                        f"{longest}, the longest context of {run} (--factors); evaluate shorter contexts or prepare "
+                        "more validation text")
+    return model, tokenizer, ckpt, train_context, data_dir, tokens
+
+
+def evaluate_checkpoint(run, args, device):
+    model, tokenizer, ckpt, train_context, data_dir, tokens = checked_inputs(run, args, device)
     contexts = [train_context * f for f in args.factors]
     result = {"run": run, "name": args_name(run), "encoding": describe_encoding(ckpt["model_config"]),
               "train_context": train_context, "step": ckpt.get("step"), "data_dir": os.path.abspath(data_dir),
@@ -459,7 +484,7 @@ def main(argv=None):
         return [("loss_vs_position.png", lambda path: plot_loss_vs_position(results, path))] + [
             (f"passkey_{r['name']}.png", lambda path, r=r: plot_passkey(r, path)) for r in results if "passkey" in r]
     return evaluate_and_write(args, lambda run: evaluate_checkpoint(run, args, device), markdown_report,
-                              "extrapolation", pictures)
+                              "extrapolation", pictures, check=lambda run: checked_inputs(run, args, "cpu"))
 
 
 if __name__ == "__main__":

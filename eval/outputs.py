@@ -73,17 +73,21 @@ def save_figure(fig, path: str, dpi: int = 120) -> None:
         plt.close(fig)
 
 
-def evaluate_and_write(args, evaluate, report_of, name: str, pictures) -> list:
+def evaluate_and_write(args, evaluate, report_of, name: str, pictures, check=None) -> list:
     """The body of an evaluation command: its --out checked before any work (whose results would be lost after it),
-    evaluate(run) for every --ckpt (a UserError or DataError is one sentence and exit status 2), then --out/name.json,
-    name.md (the report) and the pictures: pictures(results) lists (file name, draw) pairs, draw(path) writing one.
-    A write that fails after all prints the report and the results' JSON and says so (exit status 2)."""
+    with several --ckpt check(run) for each of them before any is evaluated (a later checkpoint that cannot be used
+    would otherwise throw away the earlier ones' finished results), evaluate(run) for every --ckpt (a UserError or
+    DataError is one sentence and exit status 2), then --out/name.json, name.md (the report) and the pictures:
+    pictures(results) lists (file name, draw) pairs, draw(path) writing one. A write that fails after all prints the
+    report and the results' JSON and says so (exit status 2)."""
     import json
     import sys
 
     from data.shards import DataError
     try:
         check_writable(args.out, "the results", folder="the results folder")
+        for run in args.ckpt if check and len(args.ckpt) > 1 else []:  # (one is checked by its own evaluation)
+            check(run)
         results = [evaluate(run) for run in args.ckpt]
     except (UserError, DataError) as error:
         print(f"error: {error}", file=sys.stderr)

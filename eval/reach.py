@@ -40,6 +40,9 @@ from eval.runtime import describe_encoding, pick_device  # noqa: E402
 from eval.windows import document_windows  # noqa: E402
 
 MASS_SHARE = 0.9
+# Queries whose logits are held at once: H x rows x (factor x L) floats a matrix (the medium model's 16 heads at
+# 8 x 1024 keys: 128 MiB), where all factor x L / 2 queries at once took about 34 GiB.
+ROWS_PER_BLOCK = 256
 
 
 @contextlib.contextmanager
@@ -61,39 +64,54 @@ def recorded_attention(record):
         model_module.attend = real
 
 
-def logits_of(q, k, kwargs):
-    """(content logits s·q·k, positional bias b or None), each (H, Tq, Tk) in fp32, and the causal mask."""
+def logits_of(q, k, kwargs, rows: range):
+    """For the queries `rows` (indices among the T queries): (content logits s·q·k, positional bias b or None), each
+    (H, len(rows), Tk) in fp32, and the causal mask (len(rows), Tk). Every row is computed from its own query alone
+    (the features' query axis is their third, (B, H, T, ...)), so a block of rows costs H x rows x Tk floats where
+    all T rows would cost H x T x Tk."""
     H = q.shape[1]
     k = k.repeat_interleave(H // k.shape[1], dim=1)
-    content = kwargs["scale"] * (q[0].float() @ k[0].float().transpose(-1, -2))
+    content = kwargs["scale"] * (q[0, :, rows.start:rows.stop].float() @ k[0].float().transpose(-1, -2))
     bias = kwargs.get("bias")
-    positional = bias.dense(kwargs["qf"], kwargs["kf"])[0].float() if bias is not None else None
-    mask = causal_mask(kwargs["q_pos"], kwargs["k_pos"], kwargs.get("window"))
+    positional = None
+    if bias is not None:
+        query_features = {name: feature[:, :, rows.start:rows.stop] for name, feature in kwargs["qf"].items()}
+        positional = bias.dense(query_features, kwargs["kf"])[0].float()
+    mask = causal_mask(kwargs["q_pos"][rows.start:rows.stop], kwargs["k_pos"], kwargs.get("window"))
     return content, positional, mask
 
 
-def diagonal_band(matrix, queries, distances):
-    """matrix[h, t, t - d] for t in queries, d in distances: (H, len(queries), len(distances))."""
+def diagonal_band(matrix, queries, distances, first_row=0):
+    """matrix[h, t - first_row, t - d] for t in queries, d in distances: (H, len(queries), len(distances)); matrix
+    holds the rows of the queries from first_row on."""
     rows = torch.as_tensor(queries)[:, None]
     cols = rows - torch.as_tensor(distances)[None, :]
-    return matrix[:, rows, cols]
+    return matrix[:, (rows - first_row).to(matrix.device), cols.to(matrix.device)]
+
+
+def query_blocks(queries: range, rows_per_block: int):
+    """`queries` in consecutive ranges of at most rows_per_block."""
+    return [range(start, min(start + rows_per_block, queries.stop))
+            for start in range(queries.start, queries.stop, rows_per_block)]
 
 
 class MassByDistance:
-    """Accumulates each head's attention mass by distance at context L (queries in [L/2, L))."""
+    """Accumulates each head's attention mass by distance at context L (queries in [L/2, L)), rows_per_block queries
+    at a time (the memory of H x rows_per_block x L floats, whatever L)."""
 
-    def __init__(self, n_layer, context):
-        self.n_layer, self.context = n_layer, context
-        self.queries = list(range(context // 2, context))
+    def __init__(self, n_layer, context, rows_per_block=ROWS_PER_BLOCK):
+        self.n_layer, self.context, self.rows_per_block = n_layer, context, rows_per_block
+        self.queries = range(context // 2, context)
         self.distances = list(range(context // 2 + 1))
         self.total, self.count = {}, 0
 
     def __call__(self, layer, q, k, kwargs):
-        content, positional, mask = logits_of(q, k, kwargs)
-        logits = content + (positional if positional is not None else 0)
-        weights = torch.softmax(logits.masked_fill(~mask, float("-inf")), dim=-1)
-        band = diagonal_band(weights, self.queries, self.distances).sum(1)  # (H, D)
-        self.total[layer] = self.total.get(layer, 0) + band
+        for rows in query_blocks(self.queries, self.rows_per_block):
+            content, positional, mask = logits_of(q, k, kwargs, rows)
+            logits = content + (positional if positional is not None else 0)
+            weights = torch.softmax(logits.masked_fill(~mask, float("-inf")), dim=-1)
+            band = diagonal_band(weights, rows, self.distances, rows.start).sum(1).cpu()  # (H, D)
+            self.total[layer] = self.total.get(layer, 0) + band
         if layer == 0:
             self.count += len(self.queries)
 
@@ -108,26 +126,26 @@ class MassByDistance:
 
 
 class PenaltyByDistance:
-    """Accumulates each head's mean positional penalty b(t, t) - b(t, t - d) and its content margins."""
+    """Accumulates each head's mean positional penalty b(t, t) - b(t, t - d) and its content margins, rows_per_block
+    queries at a time."""
 
-    def __init__(self, n_layer, context):
-        self.n_layer, self.context = n_layer, context
-        self.queries = list(range(context // 2, context))
+    def __init__(self, n_layer, context, rows_per_block=ROWS_PER_BLOCK):
+        self.n_layer, self.context, self.rows_per_block = n_layer, context, rows_per_block
+        self.queries = range(context // 2, context)
         self.distances = list(range(context // 2 + 1))
         self.total, self.margins, self.count = {}, {}, 0
 
     def __call__(self, layer, q, k, kwargs):
-        content, positional, mask = logits_of(q, k, kwargs)
-        if positional is None:
+        if kwargs.get("bias") is None:
             return
-        rows = torch.as_tensor(self.queries)
-        own = positional[:, rows, rows][..., None]  # b(t, t)
-        band = own - diagonal_band(positional, self.queries, self.distances)  # (H, Q, D)
-        self.total[layer] = self.total.get(layer, 0) + band.sum(1)
-        visible = content[:, rows].masked_fill(~mask[rows], float("nan"))  # keys j <= t of each query
-        best = torch.from_numpy(np.nanmax(visible.numpy(), axis=-1))
-        median = torch.from_numpy(np.nanmedian(visible.numpy(), axis=-1))
-        self.margins.setdefault(layer, []).append(best - median)  # (H, Q)
+        for rows in query_blocks(self.queries, self.rows_per_block):
+            content, positional, mask = logits_of(q, k, kwargs, rows)
+            own = diagonal_band(positional, rows, [0], rows.start)  # b(t, t), (H, R, 1)
+            band = own - diagonal_band(positional, rows, self.distances, rows.start)  # (H, R, D)
+            self.total[layer] = self.total.get(layer, 0) + band.sum(1).cpu()
+            visible = content.masked_fill(~mask, float("nan")).cpu().numpy()  # keys j <= t of each query
+            best, median = np.nanmax(visible, axis=-1), np.nanmedian(visible, axis=-1)
+            self.margins.setdefault(layer, []).append(torch.from_numpy(best - median))  # (H, R)
         if layer == 0:
             self.count += len(self.queries)
 
@@ -145,23 +163,35 @@ class PenaltyByDistance:
 
 
 def reading_windows(tokens, eot, length, count):
-    """Starts of `count` windows of length + 1 tokens: inside documents first (eval/windows.document_windows), then,
-    if too few documents are long enough, across them."""
+    """Starts of `count` windows of length + 1 tokens (the model reads the first `length`): inside documents first
+    (eval/windows.document_windows), then, if too few documents are long enough, across them, every start whose
+    window fits in the tokens (the last at len(tokens) - length - 1)."""
     starts = [start for start, _ in document_windows(tokens, eot, length, count)]
-    starts += [s for s in range(0, len(tokens) - length - 1, length + 1) if s not in starts]
+    starts += [s for s in range(0, len(tokens) - length, length + 1) if s not in starts]
     return starts[:count]
 
 
+def additive(model) -> bool:
+    """Whether the model's attention has an additive positional penalty (read from the model, not from what a pass
+    happened to record)."""
+    return model.blocks[0].attn.bias is not None
+
+
 @torch.no_grad()
-def head_reach(model, tokens, eot, context, factor, windows, device):
+def head_reach(model, tokens, eot, context, factor, windows, device, rows_per_block=ROWS_PER_BLOCK):
     """Per layer: mass curve and reach_mass of every head at `context`; for an additive encoding, penalty curve,
-    margin and reach_penalty over windows of factor x context."""
+    margin and reach_penalty over windows of factor x context. A ValueError where the tokens hold no window of a
+    pass's length."""
     n_layer = model.config.n_layer
-    mass, penalty = MassByDistance(n_layer, context), PenaltyByDistance(n_layer, factor * context)
-    passes = [(mass, context)] + ([(penalty, factor * context)] if model.blocks[0].attn.bias is not None else [])
+    mass = MassByDistance(n_layer, context, rows_per_block)
+    penalty = PenaltyByDistance(n_layer, factor * context, rows_per_block)
+    passes = [(mass, context)] + ([(penalty, factor * context)] if additive(model) else [])
     for recorder, length in passes:
         recorder.n_layer = n_layer
-        for start in reading_windows(tokens, eot, length, windows):
+        starts = reading_windows(tokens, eot, length, windows)
+        if not starts:
+            raise ValueError(too_short(len(tokens), factor, context))
+        for start in starts:
             x = torch.from_numpy(np.asarray(tokens[start:start + length], dtype=np.int64))[None].to(device)
             with recorded_attention(recorder):
                 model(x, last_logits=0)
@@ -171,9 +201,16 @@ def head_reach(model, tokens, eot, context, factor, windows, device):
     return [layers[i] for i in range(n_layer)]
 
 
-def evaluate_checkpoint(run, args, device):
+def too_short(n_tokens: int, factor: int, context: int, data_dir: str = "the data") -> str:
+    return (f"the validation split of {data_dir} has {n_tokens:,} tokens, too few for one window of {factor} x "
+            f"{context}; lower --factor (or --context)")
+
+
+def checked_inputs(run, args, device):
+    """(model, tokenizer, checkpoint, context, validation tokens) of one --ckpt, or a UserError where they cannot
+    give a result: checked for every checkpoint before any is evaluated."""
     from data.loader import load_split_tokens, read_manifest
-    from eval.extrapolation import args_name, resolve_data_dir
+    from eval.extrapolation import resolve_data_dir
 
     model, tokenizer, ckpt = load_model(run, device)
     context = args.context or model.config.block_size
@@ -183,11 +220,20 @@ def evaluate_checkpoint(run, args, device):
                         "--data-dir a directory prepared with the model's tokenizer")
     tokens = load_split_tokens(data_dir, "val")
     if len(tokens) <= args.factor * context:
-        raise UserError(f"the validation split of {data_dir} has {len(tokens):,} tokens, too few for one window of "
-                        f"{args.factor} x {context}; lower --factor")
+        raise UserError(too_short(len(tokens), args.factor, context, data_dir))
+    return model, tokenizer, ckpt, context, tokens
+
+
+def evaluate_checkpoint(run, args, device):
+    from eval.extrapolation import args_name
+
+    model, tokenizer, ckpt, context, tokens = checked_inputs(run, args, device)
     name = args_name(run)
     progress = timing.Progress(f"reach {name}", 1, "checkpoint")
-    layers = head_reach(model, tokens, tokenizer.eot_token, context, args.factor, args.windows, device)
+    try:
+        layers = head_reach(model, tokens, tokenizer.eot_token, context, args.factor, args.windows, device)
+    except ValueError as error:  # (checked_inputs makes sure of a window; the sentence, should one still lack)
+        raise UserError(str(error)) from None
     progress.advance(1)
     heads = []
     for layer, values in enumerate(layers):
@@ -198,9 +244,8 @@ def evaluate_checkpoint(run, args, device):
                 entry.update(reach_penalty=values["reach_penalty"][h], margin=float(values["margin"][h]),
                              penalty=[round(float(p), 4) for p in values["penalty"][h]])
             heads.append(entry)
-    additive = "penalty" in layers[0]
     result = {"run": run, "name": name, "encoding": describe_encoding(ckpt["model_config"]), "train_context": context,
-              "factor": args.factor, "windows": args.windows, "step": ckpt.get("step"), "additive": additive,
+              "factor": args.factor, "windows": args.windows, "step": ckpt.get("step"), "additive": additive(model),
               "largest_distance": args.factor * context // 2, "heads": heads}
     result["reach"] = encoding_reach(result)
     print(f"{name}: " + summary_line(result), flush=True)
@@ -289,8 +334,9 @@ def build_parser():
 def parse_args(argv=None):
     p = build_parser()
     args = p.parse_args(argv)
-    if args.factor < 1 or args.windows < 1:
-        p.error(f"--factor and --windows must be at least 1 (got {args.factor}, {args.windows})")
+    for option, value in (("--factor", args.factor), ("--windows", args.windows)):
+        if value < 1:
+            p.error(f"{option} must be at least 1 (got {value})")
     check_context(p, args, least=2)
     default_out(p, args)
     return args
@@ -300,7 +346,8 @@ def main(argv=None):
     args = parse_args(argv)
     device = pick_device(args.device)
     return evaluate_and_write(args, lambda run: evaluate_checkpoint(run, args, device), markdown_report, "reach",
-                              lambda results: [("reach.png", lambda path: plot_reach(results, path))])
+                              lambda results: [("reach.png", lambda path: plot_reach(results, path))],
+                              check=lambda run: checked_inputs(run, args, "cpu"))
 
 
 if __name__ == "__main__":

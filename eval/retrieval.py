@@ -169,8 +169,11 @@ def retrieval_accuracy(model, filler, facts, context, edges, sequences, pairs, s
     return buckets, progress.elapsed()
 
 
-def evaluate_checkpoint(run, args, device):
-    from eval.extrapolation import args_name, resolve_data_dir
+def checked_inputs(run, args, device):
+    """(model, tokenizer, checkpoint, context, data directory, validation text) of one --ckpt, or a UserError where
+    they cannot give a result (its buckets cannot hold the facts, or the text is shorter than a test sequence):
+    checked for every checkpoint before any is evaluated."""
+    from eval.extrapolation import resolve_data_dir
     from data.loader import load_split_tokens, read_manifest
 
     model, tokenizer, ckpt = load_model(run, device)
@@ -180,6 +183,24 @@ def evaluate_checkpoint(run, args, device):
         raise UserError(f"{data_dir} is not tokenized with {ckpt['tokenizer']!r}, the tokenizer of {run}; pass "
                         "--data-dir a directory prepared with the model's tokenizer")
     filler = load_split_tokens(data_dir, "val")
+    try:
+        longest = bucket_bounds(args.edges, context)[-1][1]
+        problem = bucket_problem(args.edges, context, args.pairs, Facts(tokenizer))
+    except ValueError as error:
+        raise UserError(f"{run}: {error}") from None
+    if problem:
+        raise UserError(f"{run}: {problem}")
+    if len(filler) < longest:
+        raise UserError(f"the validation split of {data_dir} has {len(filler):,} tokens, fewer than the longest test "
+                        f"sequence of {run} ({longest:,} tokens at L = {context}); prepare more validation text or "
+                        "end --edges lower")
+    return model, tokenizer, ckpt, context, data_dir, filler
+
+
+def evaluate_checkpoint(run, args, device):
+    from eval.extrapolation import args_name
+
+    model, tokenizer, ckpt, context, data_dir, filler = checked_inputs(run, args, device)
     name = args_name(run)
     try:
         buckets, elapsed = retrieval_accuracy(model, filler, Facts(tokenizer), context, args.edges, args.sequences,
@@ -263,7 +284,8 @@ def main(argv=None):
     args = parse_args(argv)
     device = pick_device(args.device)
     return evaluate_and_write(args, lambda run: evaluate_checkpoint(run, args, device), markdown_report, "retrieval",
-                              lambda results: [("accuracy_vs_gap.png", lambda path: plot_accuracy(results, path))])
+                              lambda results: [("accuracy_vs_gap.png", lambda path: plot_accuracy(results, path))],
+                              check=lambda run: checked_inputs(run, args, "cpu"))
 
 
 if __name__ == "__main__":

@@ -34,10 +34,10 @@ def read_curves(run_dir: str) -> dict[str, list[tuple[int, float]]]:
                 continue  # a line cut short by a kill
             if not isinstance(record, dict):
                 continue  # JSON, but not a record train.py writes: damaged too
-            if record.get("type") == "train":
-                curves["train"].append((record["tokens"], record["loss"]))
-            elif record.get("type") == "val":
-                curves["val"].append((record["tokens"], record["val_loss"]))
+            kind, value = record.get("type"), {"train": "loss", "val": "val_loss"}.get(record.get("type"))
+            point = (record.get("tokens"), record.get(value))
+            if value and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in point):
+                curves[kind].append(point)  # (a record without its numbers is damaged too)
     for points in curves.values():
         points.sort()
     return curves

@@ -27,11 +27,14 @@ from studies.spec import Run, Study, StudyInterrupted, evaluation
 REPO = Path(__file__).resolve().parents[1]
 
 
-def read_json(path: str):
+def read_json(path: str, kind: type | None = None):
+    """The JSON in `path`, or None where it is missing, unreadable, not JSON or not UTF-8, or (given `kind`) not of
+    that kind (a run's config.json that is not an object): a damaged file is reported as absent, not a traceback."""
     try:
-        return json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError):
+        value = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # (JSONDecodeError and UnicodeDecodeError are ValueErrors)
         return None
+    return value if kind is None or isinstance(value, kind) else None
 
 
 def read_metrics(run_dir: str) -> tuple[list[dict], list[int]]:
@@ -316,7 +319,7 @@ class Runner:
         try:
             if self.stop.is_set():
                 raise StudyInterrupted
-            diverged = read_json(diverged_marker(run))
+            diverged = read_json(diverged_marker(run), dict)
             if diverged and not run_trained(run):  # it would diverge again from the same checkpoint
                 status.update(status="diverged", errors=[f"training: {diverged['error']}"])
                 print(f"[study] DIVERGED {label} (earlier): {diverged['error']} (delete {diverged_marker(run)} to "

@@ -432,16 +432,26 @@ def check_publish_target(target: str) -> str:
     new files): a study of hours must not end in an error that loses its report. Opening the file for writing
     (without writing) and making a file in its folder are the probes: os.access says yes to root on an immutable
     file's folder, and a mode of 444 is no obstacle to a rename, which would replace the file against its owner's
-    wish."""
+    wish. A symbolic link is written through: the document it points to gets the report. Anything but a regular
+    file (a FIFO, /dev/stdout, a device) is refused before it is read, which would wait for a writer or a reader
+    that never comes."""
+    import stat
     import tempfile
 
     if os.path.isdir(target):
         raise StudyError(f"--publish {target} is a folder; give the Markdown file to write the report into, e.g. "
                          f"{os.path.join(target, 'results.md')}.")
-    if os.path.exists(target):
+    with contextlib.suppress(OSError):  # (a missing file, or a link to one, is made)
+        mode = os.stat(target).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+            raise StudyError(f"--publish {target} is {kind}, not a regular file; give the Markdown file to write the "
+                             "report into (the report is printed and in the study's report.md either way).")
+    path = os.path.realpath(target) if os.path.islink(target) else target
+    if os.path.exists(path):
         try:
-            text = Path(target).read_text(encoding="utf-8")
-            with open(target, "r+b"):
+            text = Path(path).read_text(encoding="utf-8")
+            with open(path, "r+b"):
                 pass
         except UnicodeDecodeError:
             raise StudyError(f"--publish {target} is not UTF-8 text; save it as UTF-8 (or choose another file).") \
@@ -455,7 +465,7 @@ def check_publish_target(target: str) -> str:
     if text.count(REPORT_BEGIN) != 1 or text.count(REPORT_END) != 1 or text.index(REPORT_BEGIN) > text.index(REPORT_END):
         raise StudyError(f"{target} must hold the lines {REPORT_BEGIN} and {REPORT_END} once each, in that order: "
                          "the report goes between them; add them where it belongs.")
-    folder = os.path.dirname(os.path.abspath(target))
+    folder = os.path.dirname(os.path.abspath(path))
     try:
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".publish_probe_"):
             pass
@@ -474,7 +484,9 @@ def publish(study: Study, report: dict, target: str) -> None:
     import shutil
 
     text = check_publish_target(target)
-    folder, stem = os.path.dirname(os.path.abspath(target)), Path(target).stem
+    # a link is written through: the document it points to gets the report, and its plots go beside that document
+    path = os.path.realpath(target) if os.path.islink(target) else target
+    folder, stem = os.path.dirname(os.path.abspath(path)), Path(path).stem
     plots, written = {}, []
     try:
         for key, name in report["plots"].items():
@@ -486,23 +498,24 @@ def publish(study: Study, report: dict, target: str) -> None:
                          for line in markdown(report, plots).splitlines())
         before, rest = text.split(REPORT_BEGIN)
         after = rest.split(REPORT_END)[1]
-        staged = target + ".tmp"
+        staged = path + ".tmp"
         written.append(staged)
         with open(staged, "w", encoding="utf-8") as f:
             f.write(f"{before}{REPORT_BEGIN}\n{body}\n{REPORT_END}{after}")
-        if os.path.exists(target):
-            shutil.copymode(target, staged)
+        if os.path.exists(path):
+            shutil.copymode(path, staged)
         for key in plots:  # every file is whole before any replaces what was there
             picture = os.path.join(folder, plots[key])
             if not os.path.exists(picture):
                 written.append(picture)  # (a new picture goes again if the page cannot take its link)
             os.replace(picture + ".tmp", picture)
-        os.replace(staged, target)
+        os.replace(staged, path)
     except OSError as error:
-        for path in written:
+        for leftover in written:
             with contextlib.suppress(OSError):
-                os.remove(path)
+                os.remove(leftover)
         raise StudyError(f"cannot publish the report into {target} ({error.strerror or error}); it is in "
                          f"{os.path.join(study.out_dir, 'report.md')}: free space or make {target} writable, then run "
                          "the same command again (finished runs are not redone)") from None
-    print(f"[study] wrote the report into {target} and its plots beside it", flush=True)
+    linked = f" (the document {path} it links to)" if path != target else ""
+    print(f"[study] wrote the report into {target}{linked} and its plots beside it", flush=True)

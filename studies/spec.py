@@ -13,6 +13,7 @@ from pathlib import Path
 
 
 from config import MAX_SEED, ConfigError, UserError, closest_hint, resolve
+from eval.cli import example_key
 from model import GPTConfig
 from positional import ENCODINGS, parse_pos
 
@@ -392,7 +393,9 @@ def load_study(path: str) -> Study:
         blamed = [(f"{table} {key}", why) for key, args in by_key.items()
                   if (why := eval_arg_error(eval_name, placeholder + args)) is not None]
         for key, why in blamed or [(table, reason)]:
-            wrong(key, f"{why}; the keys are the options of eval/{eval_name}.py with _ for -, e.g. passkey_trials = 4.")
+            hint = (f"; the keys are the options of eval/{eval_name}.py with _ for -, e.g. "
+                    f"{example_key(evaluation(eval_name).build_parser())}" if "unrecognized arguments" in why else "")
+            wrong(key, f"{why}{hint}.")
 
     runs = []
     mistakes: dict[tuple[str, str], list[str]] = {}  # (key, message) -> the runs (encoding@variant) it holds for

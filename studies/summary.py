@@ -75,8 +75,8 @@ def run_row(run: Run, status: dict) -> dict:
     trains = [r for r in records if r.get("type") == "train"]
     summary = next((r for r in reversed(records) if r.get("type") == "summary"), {})
     finished = run_finished(run)
-    times = read_json(os.path.join(run.run_dir, "study_time.json")) or {}
-    resolved = read_json(os.path.join(run.run_dir, "config.json")) or {}
+    times = read_json(os.path.join(run.run_dir, "study_time.json"), dict) or {}
+    resolved = read_json(os.path.join(run.run_dir, "config.json"), dict) or {}
     on_gpu = str(summary.get("memory_kind", "")).startswith("cuda")
     gpus = resolved.get("world_size", 1) if on_gpu else 0
     wall = sum(times.values())

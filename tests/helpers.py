@@ -322,3 +322,19 @@ def full_disk(monkeypatch, folder):
         opened = real_open(file, mode, *args, **kwargs)
         return FullDisk(opened) if "w" in mode and os.path.abspath(file).startswith(folder + os.sep) else opened
     monkeypatch.setattr(builtins, "open", full_disk_open)
+
+
+def run_with_non_finite_weight(run_dir, value: float, pos="fox", step=7) -> str:
+    """A run directory whose ckpt.pt (a tiny byte model, its checksum valid) holds `value` (NaN or an infinity) in one
+    element of a weight in the middle of the state dict, not the first; returns the sentence that names it, as
+    checkpoints.non_finite describes it."""
+    from eval.tiny import save_run, tiny_model
+
+    model = tiny_model(pos=pos, block_size=32, seed=2)
+    names = [name for name, tensor in model.state_dict().items() if tensor.is_floating_point()]
+    name = names[len(names) // 2]
+    with torch.no_grad():
+        model.state_dict()[name].view(-1)[3] = value
+    save_run(model, run_dir, step=step)
+    kind = "NaN" if math.isnan(value) else "infinite"
+    return f"is damaged: its tensor {name} (1 {kind} of {model.state_dict()[name].numel():,} values) is not finite"

@@ -364,3 +364,65 @@ def test_a_failed_sharded_write_names_a_lost_process_or_the_systems_reason(tmp_p
     assert f"the previous checkpoint {tmp_path / 'ckpt.pt'} is intact" in str(full)
     other = checkpointer.shard_write_failure("D", ValueError("first line\nsecond line"))
     assert str(other).startswith("could not write the sharded checkpoint D (first line); the previous checkpoint")
+
+
+# ----------------------------------------------------------------------------- weights that are not finite
+
+def poisoned(value, where="model"):
+    """trained()'s model and optimizer with `value` in one element of a weight past the first (or of that weight's
+    second Adam moment), and the name non_finite gives it."""
+    model, optimizer, cfg = trained()
+    name, param = list(model.named_parameters())[3]
+    with torch.no_grad():
+        if where == "model":
+            param.view(-1)[2] = value
+        else:
+            optimizer.state[param]["exp_avg_sq"].view(-1)[2] = value
+    if where == "model":
+        return model, optimizer, cfg, name
+    number = [id(p) for group in optimizer.param_groups for p in group["params"]].index(id(param))  # torch's key
+    return model, optimizer, cfg, f"optimizer.state.{number}.exp_avg_sq"
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("where", ["model", "optimizer"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_resume_of_weights_that_are_not_finite_says_the_checkpoint_is_damaged_and_names_no_resume(
+        tmp_path, value, where):
+    """Such a checkpoint resumed, diverged at its first step, and the divergence check called it the last good
+    checkpoint to resume with a lower lr: a loop. The weights (or Adam moments) are checked when it is read."""
+    model, optimizer, cfg, name = poisoned(value, where)
+    save(tmp_path, 9, model, optimizer, cfg)
+    with pytest.raises(TrainError) as info:
+        load_checkpoint(str(tmp_path / "ckpt.pt"))
+    kind = "NaN" if value != value else "infinite"
+    assert str(info.value).startswith(f"checkpoint {tmp_path / 'ckpt.pt'} is damaged: its tensor {name} (1 {kind} "
+                                      "of ")
+    assert str(info.value).endswith(f"; {checkpointing.DAMAGED_WEIGHTS_ADVICE}.")
+
+
+@pytest.mark.fault
+def test_a_sharded_checkpoint_with_a_nan_weight_is_refused_and_an_earlier_complete_one_is_named(tmp_path):
+    model, optimizer, cfg = trained()
+    save(tmp_path, 2, model, optimizer, cfg, parallel="fsdp")
+    kept = checkpoints.shard_directories(str(tmp_path))[0]
+    aside = str(tmp_path.parent / (tmp_path.name + "-aside"))
+    os.rename(kept, aside)  # out of the run directory, so that the next save does not remove it
+    model, optimizer, cfg, name = poisoned(float("nan"))
+    save(tmp_path, 6, model, optimizer, cfg, parallel="fsdp")
+    damaged, = checkpoints.shard_directories(str(tmp_path))
+    path = str(tmp_path / "ckpt.pt")
+    other, other_optimizer, _ = fresh()
+    with pytest.raises(TrainError) as info:
+        restore(load_checkpoint(path), other, other_optimizer, cfg, torch.device("cpu"), path=path)
+    assert str(info.value) == (f"checkpoint {path} is damaged: its tensor {name} (1 NaN of 256 values) is not finite "
+                               f"(every result from it would be NaN); {checkpointing.DAMAGED_WEIGHTS_ADVICE}.")
+    os.rename(aside, kept)
+    with pytest.raises(TrainError) as info:
+        restore(load_checkpoint(path), other, other_optimizer, cfg, torch.device("cpu"), path=path)
+    assert str(info.value).endswith(f"; move {path} and {damaged} out of {tmp_path}, and --resume recovers the complete "
+                                    f"sharded checkpoint {kept} of iteration 2; or "
+                                    f"{checkpointing.DAMAGED_WEIGHTS_ADVICE}.")
+    os.rename(path, str(tmp_path.parent / "damaged-ckpt.pt"))  # as the advice says: the earlier one then resumes
+    os.rename(damaged, str(tmp_path.parent / "damaged-shards"))
+    assert restore(load_checkpoint(path), other, other_optimizer, cfg, torch.device("cpu"), path=path) == 2

@@ -234,3 +234,23 @@ def test_a_shard_directory_is_complete_only_with_every_file_its_metadata_names(t
     assert checkpoints.shard_set_problem(directory) == "its .metadata cannot be read"
     os.remove(os.path.join(directory, ".metadata"))
     assert checkpoints.shard_set_problem(directory) == "it has no .metadata, which is written last: the write was cut short"
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("value", [float("nan"), float("-inf")])
+def test_weights_that_are_not_finite_are_a_damaged_checkpoint_naming_the_first_such_tensor(tmp_path, value):
+    """A NaN or an infinity in a weight passes the checksum (the bytes are as written) but makes every result NaN:
+    load_model (sample.py, the evaluations and the export) refuses it in one sentence naming the tensor."""
+    from helpers import run_with_non_finite_weight
+    named = run_with_non_finite_weight(tmp_path, value)
+    with pytest.raises(checkpoints.UserError) as info:
+        checkpoints.load_model(str(tmp_path))
+    assert str(info.value) == (f"checkpoint {tmp_path / 'ckpt.pt'} {named} (every result from it would be NaN); "
+                               "restore it from a backup, or train again")
+    state = {"a": torch.ones(3), "b": torch.tensor([1.0, value, 2.0, value]), "c": torch.tensor([value]),
+             "steps": torch.arange(3)}
+    kind = "NaN" if value != value else "infinite"
+    assert checkpoints.non_finite(state) == f"b (2 {kind} of 4 values)"  # the first of two, counted
+    assert checkpoints.non_finite({"state": {0: {"exp_avg": state["c"]}}}, "optimizer") == \
+        f"optimizer.state.0.exp_avg (1 {kind} of 1 value)"
+    assert checkpoints.non_finite({"a": state["a"], "steps": state["steps"]}) is None

@@ -384,3 +384,58 @@ def test_the_cli_inside_documents_writes_every_windows_losses_and_the_datas_erro
     assert f"| {r['name']} | alibi | 64 | 256 | 4 | {r['contexts']['256']['nonoverlapping']['mean']:.4f} | " \
            f"{r['contexts']['256']['nonoverlapping']['mean_beyond_train_context']:.4f} | – |" \
         in (out / "extrapolation.md").read_text()
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_weights_that_are_not_finite_are_one_sentence_and_no_results(tmp_path, capsys, value):
+    """A NaN weight made every score NaN (or 0.000) and was reported as a model's result."""
+    from helpers import run_with_non_finite_weight
+    named = run_with_non_finite_weight(tmp_path / "run", value)
+    with pytest.raises(SystemExit) as exit_info:
+        ex.main(["--ckpt", str(tmp_path / "run"), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1
+    assert err.startswith(f"error: checkpoint {tmp_path / 'run' / 'ckpt.pt'} {named}")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("documents", [False, True])
+def test_several_checkpoints_are_all_checked_before_any_is_evaluated(tmp_path, capsys, monkeypatch, documents):
+    """The second checkpoint's longest context does not fit in the validation text (or in one of its documents):
+    refused before the first one's work, which was otherwise done and thrown away."""
+    from helpers import prepare_byte_corpus
+    data_dir = prepare_byte_corpus(tmp_path, ["a fact, then another one. " * 6] * 2, val_tokens=300)
+    save_run(tiny_model("alibi", block_size=16), tmp_path / "short")
+    save_run(tiny_model("alibi", block_size=64), tmp_path / "long")
+    for work in ("nonoverlapping_loss", "document_losses", "with_passkey"):
+        monkeypatch.setattr(ex, work, lambda *a, **k: pytest.fail("no checkpoint may be evaluated"))
+    argv = ["--data-dir", data_dir, "--out", str(tmp_path / "out"), "--factors", "1,8", "--passkey-trials", "0"]
+    with pytest.raises(SystemExit) as exit_info:
+        ex.main(["--ckpt", str(tmp_path / "short"), str(tmp_path / "long"), *argv] + ["--documents"] * documents)
+    assert exit_info.value.code == 2
+    long = tmp_path / "long"
+    assert capsys.readouterr().err == (
+        f"error: no document of the validation split of {data_dir} is longer than 512 tokens, the longest context of "
+        f"{long} (--factors); evaluate shorter contexts, leave out --documents, or prepare longer documents\n"
+        if documents else
+        f"error: the validation split of {data_dir} has 300 tokens, too few for one window of 512, the longest "
+        f"context of {long} (--factors); evaluate shorter contexts or prepare more validation text\n")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("text, said", [(b"\xff\xfe{", "'utf-8' codec can't decode"), (b"[1, 2]", "a JSON list"),
+                                        (b'{"data_dir_resolved": ', "Expecting value")])
+def test_a_run_whose_config_json_is_malformed_is_one_sentence(tmp_path, capsys, text, said):
+    """The evaluations read the run's data directory from its config.json: garbage there was a traceback."""
+    save_run(tiny_model("alibi", block_size=16), tmp_path / "run")
+    (tmp_path / "run" / "config.json").write_bytes(text)
+    with pytest.raises(SystemExit) as exit_info:
+        ex.main(["--ckpt", str(tmp_path / "run"), "--out", str(tmp_path / "out"), "--passkey-trials", "0"])
+    err = capsys.readouterr().err
+    config = tmp_path / "run" / "config.json"
+    assert exit_info.value.code == 2 and err.count("\n") == 1 and said in err
+    assert err.startswith(f"error: {config} is not the run's settings as train.py writes them (")
+    assert err.endswith("); restore it from a backup, or pass --data-dir the prepared data to read\n")

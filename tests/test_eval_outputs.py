@@ -112,13 +112,17 @@ def test_each_evaluation_command_writes_its_own_files_and_each_picture_from_its_
         module, name, plots, tmp_path, monkeypatch, capsys):
     """Every command's main through the shared writer: its own NAME.json and NAME.md, and each picture drawn from
     the results it belongs to (extrapolation's passkey heat maps one per checkpoint, each from that checkpoint's
-    result), the evaluation itself replaced by a record of the run it was asked for."""
+    result), the evaluation itself replaced by a record of the run it was asked for; every checkpoint checked before
+    the first is evaluated."""
     import importlib
     import json
     command = importlib.import_module(module)
     runs = [str(tmp_path / "run_a"), str(tmp_path / "run_b")]
+    order = []
+    monkeypatch.setattr(command, "checked_inputs", lambda run, args, device: order.append(("check", run)))
     monkeypatch.setattr(command, "evaluate_checkpoint",
-                        lambda run, args, device: {"name": os.path.basename(run), "passkey": {}})
+                        lambda run, args, device: order.append(("evaluate", run)) or
+                        {"name": os.path.basename(run), "passkey": {}})
     monkeypatch.setattr(command, "markdown_report", lambda results: "report of " + ",".join(r["name"] for r in results))
     drawn = {}
     for function, picture in plots.items():
@@ -128,6 +132,7 @@ def test_each_evaluation_command_writes_its_own_files_and_each_picture_from_its_
         monkeypatch.setattr(command, function, draw)
     out = tmp_path / "out"
     command.main(["--ckpt", *runs, "--out", str(out), "--device", "cpu"])
+    assert order == [("check", runs[0]), ("check", runs[1]), ("evaluate", runs[0]), ("evaluate", runs[1])]
     results = [{"name": "run_a", "passkey": {}}, {"name": "run_b", "passkey": {}}]
     assert json.loads((out / f"{name}.json").read_text()) == results
     assert (out / f"{name}.md").read_text() == "report of run_a,run_b"

@@ -157,3 +157,78 @@ def test_the_summary_line_names_the_mass_range_the_heads_beyond_it_and_the_longe
     assert reach.summary_line({**all_held, "heads": [{**h, "reach_penalty": 7} for h in all_held["heads"]]}) == (
         "90% of the attention mass within 3-5 tokens (heads' range, at L = 16); positional penalty reaches the "
         "content margin at 7 tokens in the longest-reaching head")
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_weights_that_are_not_finite_are_one_sentence_and_no_results(tmp_path, capsys, value):
+    """A NaN weight made every score NaN (or 0.000) and was reported as a model's result."""
+    from helpers import run_with_non_finite_weight
+    named = run_with_non_finite_weight(tmp_path / "run", value)
+    with pytest.raises(SystemExit) as exit_info:
+        reach.main(["--ckpt", str(tmp_path / "run"), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1
+    assert err.startswith(f"error: checkpoint {tmp_path / 'run' / 'ckpt.pt'} {named}")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("pos", ["fox", "grape_ap"])
+def test_reach_read_in_blocks_of_rows_equals_reach_read_all_at_once(pos, monkeypatch):
+    """Every query's logits are its own (the features' query axis sliced): 3 rows at a time, 11 blocks of the
+    penalty pass's 32 queries, gives what all the queries at once give, holding 3 rows of logits at most."""
+    model, tokens = tiny(pos), text(3000, seed=2)
+    whole = reach.head_reach(model, tokens, EOT, context=16, factor=4, windows=2, device="cpu", rows_per_block=10**6)
+    held, real = [], reach.logits_of
+    monkeypatch.setattr(reach, "logits_of",
+                        lambda q, k, kwargs, rows: held.append(len(rows)) or real(q, k, kwargs, rows))
+    blocked = reach.head_reach(model, tokens, EOT, context=16, factor=4, windows=2, device="cpu", rows_per_block=3)
+    # each pass's last block holds 2 of its queries (8 = 3 + 3 + 2, 32 = 10 x 3 + 2), in each of 2 layers x 2 windows
+    assert max(held) == 3 and held.count(2) == 2 * (2 * 2)
+    for a, b in zip(whole, blocked):
+        np.testing.assert_allclose(a["mass"], b["mass"], rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(a["penalty"], b["penalty"], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(a["margin"], b["margin"], rtol=1e-5, atol=1e-6)
+        assert a["reach_mass"] == b["reach_mass"] and a["reach_penalty"] == b["reach_penalty"]
+    assert any(r is not None for layer in whole for r in layer["reach_penalty"])  # (the reaches were compared)
+
+
+@pytest.mark.fault
+def test_validation_text_just_long_enough_reads_one_window_at_each_length():
+    """Text without documents, one token more than a window: the mass pass at factor 1 was a KeyError, and FoX's
+    penalty pass read no window and the report called FoX an encoding without a positional penalty."""
+    model = tiny("fox")
+    no_documents = torch.randint(1, 40, (4 * 16 + 1,), generator=torch.Generator().manual_seed(5)).numpy()
+    assert reach.reading_windows(no_documents, EOT, 64, 4) == [0]
+    layers = reach.head_reach(model, no_documents, EOT, context=16, factor=4, windows=4, device="cpu")
+    assert all(len(layer["penalty"][0]) == 33 and len(layer["mass"][0]) == 9 for layer in layers)
+    layers = reach.head_reach(model, no_documents[:17], EOT, context=16, factor=1, windows=4, device="cpu")
+    assert all("penalty" in layer for layer in layers)
+    with pytest.raises(ValueError, match="has 16 tokens, too few for one window of 1 x 16"):
+        reach.head_reach(model, no_documents[:16], EOT, context=16, factor=1, windows=4, device="cpu")
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("option, value", [("--factor", "0"), ("--windows", "-1")])
+def test_a_factor_or_window_count_below_1_names_that_option_and_its_value_alone(capsys, option, value):
+    with pytest.raises(SystemExit):
+        reach.parse_args(["--ckpt", "RUN", "--out", "OUT", option, value])
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(f"error: {option} must be at least 1 (got {value})")
+
+
+@pytest.mark.fault
+def test_several_checkpoints_are_all_checked_before_any_is_evaluated(tmp_path, capsys, monkeypatch):
+    """The second checkpoint's longer context needs more validation text than there is: refused before the first
+    one's work, which was otherwise done and thrown away."""
+    from eval.tiny import save_run, tiny_model
+    from helpers import prepare_byte_corpus
+    data_dir = prepare_byte_corpus(tmp_path, ["a fact, then another one. " * 40], val_tokens=300)
+    save_run(tiny_model("alibi", block_size=16), tmp_path / "short")
+    save_run(tiny_model("alibi", block_size=64), tmp_path / "long")
+    monkeypatch.setattr(reach, "head_reach", lambda *a, **k: pytest.fail("no checkpoint may be evaluated"))
+    with pytest.raises(SystemExit) as exit_info:
+        reach.main(["--ckpt", str(tmp_path / "short"), str(tmp_path / "long"), "--data-dir", data_dir, "--out",
+                    str(tmp_path / "out")])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == (f"error: the validation split of {data_dir} has 300 tokens, too few for one "
+                                       "window of 8 x 64; lower --factor (or --context)\n")

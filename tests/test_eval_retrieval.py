@@ -118,3 +118,37 @@ def test_no_gap_is_the_buckets_lower_edge():
     edge leaked in), every gap is lo + 1."""
     tokens, queries = retrieval.build_sequences(FILLER, FACTS, 10, 20, 40, 1, np.random.default_rng(2))
     assert {gap for _, _, gap in queries} == {11}
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_weights_that_are_not_finite_are_one_sentence_and_no_results(tmp_path, capsys, value):
+    """A NaN weight made every score NaN (or 0.000) and was reported as a model's result."""
+    from helpers import run_with_non_finite_weight
+    named = run_with_non_finite_weight(tmp_path / "run", value)
+    with pytest.raises(SystemExit) as exit_info:
+        retrieval.main(["--ckpt", str(tmp_path / "run"), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1
+    assert err.startswith(f"error: checkpoint {tmp_path / 'run' / 'ckpt.pt'} {named}")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.fault
+def test_several_checkpoints_are_all_checked_before_any_is_evaluated(tmp_path, capsys, monkeypatch):
+    """The second checkpoint's longer context needs longer test sequences than the validation text holds: refused
+    before the first one's work, which was otherwise done and thrown away."""
+    from eval.tiny import save_run, tiny_model
+    from helpers import prepare_byte_corpus
+    data_dir = prepare_byte_corpus(tmp_path, ["a fact, then another one. " * 40], val_tokens=300)
+    save_run(tiny_model("alibi", block_size=16), tmp_path / "short")
+    save_run(tiny_model("alibi", block_size=64), tmp_path / "long")
+    monkeypatch.setattr(retrieval, "retrieval_accuracy", lambda *a, **k: pytest.fail("no checkpoint may be evaluated"))
+    argv = ["--data-dir", data_dir, "--out", str(tmp_path / "out"), "--edges", "0,4,8", "--pairs", "1"]
+    with pytest.raises(SystemExit) as exit_info:
+        retrieval.main(["--ckpt", str(tmp_path / "short"), str(tmp_path / "long"), *argv])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == (
+        f"error: the validation split of {data_dir} has 300 tokens, fewer than the longest test sequence of "
+        f"{tmp_path / 'long'} (512 tokens at L = 64); prepare more validation text or end --edges lower\n")
+    assert not (tmp_path / "out").exists()

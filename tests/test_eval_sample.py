@@ -148,3 +148,15 @@ def test_a_run_whose_ckpt_pt_is_a_text_file_is_not_told_to_pass_its_own_director
     assert err == (f"error: checkpoint {tmp_path / 'ckpt.pt'} is corrupt or was not written by torch.save (it does "
                    "not begin as a torch.save file does); restore it from a backup, or pass another run directory "
                    "or checkpoint file as --ckpt")
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_weights_that_are_not_finite_are_one_sentence_not_a_sampler_traceback(tmp_path, capsys, value):
+    from helpers import run_with_non_finite_weight
+    named = run_with_non_finite_weight(tmp_path, value)
+    with pytest.raises(SystemExit) as exit_info:
+        sample.main(["--ckpt", str(tmp_path), "--max-new-tokens", "3"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1
+    assert err.startswith(f"error: checkpoint {tmp_path / 'ckpt.pt'} {named}") and "restore it from a backup" in err

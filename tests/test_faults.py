@@ -672,6 +672,26 @@ def test_nan_advice_works_when_followed(config_file, tmp_path, monkeypatch):
     assert checkpoints.load(str(run_dir / "ckpt.pt"))["changes"] == history
 
 
+@pytest.mark.fault
+def test_a_resume_of_a_checkpoint_with_a_nan_weight_says_it_is_damaged_and_its_advice_works(config_file, tmp_path):
+    """Such a checkpoint (its checksum valid) resumed, diverged at once, and the divergence check called it the last
+    good checkpoint to resume with a lower lr, which diverged again: a loop. Now the resume refuses it, naming the
+    tensor, and the advice it gives (start afresh with --start_over) trains."""
+    run_dir = tmp_path / "run"
+    train.run([config_file, "--ckpt_interval=0", f"--out_dir={run_dir}"])
+    ckpt = checkpoints.load(str(run_dir / "ckpt.pt"))
+    name = list(ckpt["model"])[4]
+    ckpt["model"][name].view(-1)[1] = float("nan")
+    checkpoints.save(str(run_dir / "ckpt.pt"), ckpt)
+    with pytest.raises(train.TrainError) as info:
+        train.run([config_file, "--ckpt_interval=0", f"--out_dir={run_dir}", "--resume"])
+    said = str(info.value)
+    assert said.startswith(f"checkpoint {run_dir / 'ckpt.pt'} is damaged: its tensor {name} (1 NaN of ")
+    assert said.endswith("restore ckpt.pt from a backup, or start the run afresh with --start_over in place of "
+                         "--resume (which moves this one aside).") and "last good" not in said
+    assert train.run([config_file, "--ckpt_interval=0", f"--out_dir={run_dir}", "--start_over"])["step"] == 6
+
+
 @pytest.mark.parametrize("override,message", [
     ("--beta1=2", "beta1 and beta2 must be in \\[0, 1\\)"),
     ("--seed=-1", "seed must be between 0 and 18446744073709551615 \\(2\\*\\*64 - 1, .*\\), not -1"),

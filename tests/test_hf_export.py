@@ -620,3 +620,21 @@ def test_format_remote_exports_even_a_native_model_as_remote_code_with_its_step(
     ids = torch.randint(0, BYTE_VOCAB, (2, 24), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         assert relative_error(model(ids)[0], hf(ids).logits) <= 1e-5
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_weights_that_are_not_finite_are_not_exported(tmp_path, capsys, value):
+    from helpers import run_with_non_finite_weight
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+    try:
+        import export_hf
+    finally:
+        sys.path.pop(0)
+    named = run_with_non_finite_weight(tmp_path / "run", value)
+    with pytest.raises(SystemExit) as exit_info:
+        export_hf.main([str(tmp_path / "run"), str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1
+    assert err.startswith(f"error: checkpoint {tmp_path / 'run' / 'ckpt.pt'} {named}")
+    assert sorted(os.listdir(tmp_path)) == ["run"]  # nothing written beside it

@@ -86,6 +86,19 @@ def test_init_from_names_the_settings_to_change(tmp_path, data_dir):
         train.run([str(config), f"--out_dir={tmp_path / 'run'}", f"--init_from={tmp_path / 'nothing'}"])
 
 
+@pytest.mark.fault
+def test_init_from_a_checkpoint_whose_weights_are_not_finite_is_one_sentence(tmp_path, data_dir):
+    from tests.helpers import run_with_non_finite_weight
+    named = run_with_non_finite_weight(tmp_path / "nan_run", float("nan"))
+    config = tmp_path / "tiny.toml"
+    same_shape = {"pos": "fox", "n_embd": 64, "n_head": 4, "head_dim": 16}  # (eval.tiny's: only the NaN is wrong)
+    config.write_text(tiny_config(data_dir, model=same_shape, init_from=str(tmp_path / "nan_run")))
+    with pytest.raises(ConfigError) as info:
+        train.run([str(config), f"--out_dir={tmp_path / 'run'}"])
+    assert str(info.value).startswith(f"init_from: checkpoint {tmp_path / 'nan_run' / 'ckpt.pt'} {named}")
+    assert not (tmp_path / "run" / "ckpt.pt").exists()
+
+
 @pytest.mark.parametrize("weights,message", [
     # a clone made without git-lfs holds the pointer text in place of the weights
     (b"version https://git-lfs.github.com/spec/v1\noid sha256:abcd\nsize 3285752\n",

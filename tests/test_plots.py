@@ -187,6 +187,20 @@ def test_plot_runs_names_the_runs_without_readable_metrics_and_fails_when_none_h
 
 
 @pytest.mark.fault
+def test_plot_runs_skips_records_without_their_numbers_as_damaged_lines(tmp_path, saved_figures, capsys):
+    """A train record without its tokens (or a val record whose tokens are text) was a KeyError traceback (or a
+    sort of str against int): each is a damaged line, left out like one cut short."""
+    from studies import curves as plot_runs
+    records = [{"type": "train", "iter": 1, "tokens": 100, "loss": 4.0}, {"type": "train", "iter": 2, "loss": 3.0},
+               {"type": "train", "iter": 3, "tokens": 300, "loss": True}, {"type": "val", "iter": 2, "tokens": "200",
+                                                                            "val_loss": 3.5},
+               {"type": "val", "iter": 4, "tokens": 400, "val_loss": 2.5}]
+    run = logged_run(tmp_path / "run", "".join(json.dumps(r) + "\n" for r in records))
+    assert plot_runs.read_curves(run) == {"train": [(100, 4.0)], "val": [(400, 2.5)]}
+    assert plot_runs.main([run, "--out", str(tmp_path / "loss.png")]) == 0 and capsys.readouterr().err == ""
+
+
+@pytest.mark.fault
 def test_plot_runs_leaves_no_partial_file_when_the_disk_fills(tmp_path, monkeypatch, capsys):
     """Checked writable before drawing, the folder may still fill: one sentence, no OUT.tmp.png left behind."""
     import errno

@@ -256,3 +256,53 @@ def test_the_constraints_file_is_a_freeze_without_torch_sorted_by_name():
 def test_ci_and_the_readme_install_with_the_constraints():
     install_and_run, _ = readme_setup_commands()
     assert "-c constraints.txt torch==2.13.0 -r requirements.txt -r requirements-dev.txt" in install_and_run
+
+
+@pytest.mark.fault
+def test_a_figure_whose_end_marker_is_missing_or_stray_is_refused_with_its_doc_and_line(tmp_path):
+    """Without its end marker, the suite figure ran on to the tests figure's end (the prose between and that
+    figure's begin marker replaced, exit 0); README.md's quickstart figure was left unwritten without a word."""
+    def without_end(name):
+        return lambda text: re.sub(rf"(<!-- figure:{name} -->.*?)<!-- /figure -->", r"\1", text, count=1, flags=re.S)
+    setup = os.path.join("docs", "setup.md")
+    for doc, name, change, said in [
+            (setup, "suite", without_end("suite"),
+             "figure 'suite' has no <!-- /figure --> before the next figure's marker on line {next}"),
+            ("README.md", "quickstart", without_end("quickstart"), "figure 'quickstart' has no <!-- /figure --> after it"),
+            ("README.md", "quickstart", lambda text: text.replace("## Set up", "<!-- /figure -->\n## Set up", 1),
+             "<!-- /figure --> ends no figure")]:
+        repo, before = copied_docs(tmp_path / f"{name}{len(said)}")
+        text = change(before[doc].decode())
+        assert text != before[doc].decode()
+        (repo / doc).write_text(text, encoding="utf-8")
+        lines = text.splitlines()
+        begin = next((n for n, line in enumerate(lines, 1) if f"<!-- figure:{name} -->" in line), None)
+        stray = next(n for n, line in enumerate(lines, 1) if line.startswith("<!-- /figure -->")) \
+            if "ends no" in said else None
+        following = next(n for n, line in enumerate(lines, 1) if n > begin and "<!-- figure:" in line) \
+            if "{next}" in said else None
+        with pytest.raises(doc_figures.FigureError) as info:
+            doc_figures.write(name, "1,234 passed in 1 min 2 s (2 cores, commit abcdef0)", str(repo))
+        assert str(info.value).startswith(f"{doc} line {stray or begin}: {said.format(next=following)}")
+        assert (repo / doc).read_text(encoding="utf-8") == text  # nothing replaced
+        other = next(d for d in doc_figures.DOCS if d != doc)
+        assert (repo / other).read_bytes() == before[other]
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("config, metrics, said", [
+    (b"[1, 2]", None, "config.json holds a JSON list, not the run's settings that train.py writes"),
+    (b"\xff\xfe{", None, "is not a readable run directory"),
+    (None, '{"type": "val", "iter": 0}', "metrics.jsonl line 6 is not a record as train.py writes it"),
+    (None, '{"type": "summary", "iter": 200, "stopped": "done", "peak_memory_gb": "0.83", "memory_kind": "rss"}',
+     "metrics.jsonl line 6 is not a record as train.py writes it"),
+    (None, "[3]", "metrics.jsonl line 6 is not a record as train.py writes it")])
+def test_a_run_whose_config_or_metrics_lines_are_malformed_is_one_sentence(tmp_path, config, metrics, said):
+    fake_quickstart_run(tmp_path / "run")
+    if config is not None:
+        (tmp_path / "run" / "config.json").write_bytes(config)
+    if metrics is not None:
+        with open(tmp_path / "run" / "metrics.jsonl", "a") as f:
+            f.write(metrics + "\n")
+    with pytest.raises(doc_figures.FigureError, match=re.escape(said)):
+        doc_figures.quickstart_figure(str(tmp_path / "run"))

@@ -724,7 +724,7 @@ def test_every_mistake_of_a_study_file_is_in_one_error_before_any_run(workspace,
     said = sorted(line.strip() for line in lines[1:])  # ([ sorts before e)
     assert len(said) == 3 and all(line.startswith(f"{path} ") for line in said)
     assert said[0] == (f"{path} [eval.extrapolation] windowz: unrecognized arguments: --windowz=2; the keys are the "
-                       "options of eval/extrapolation.py with _ for -, e.g. passkey_trials = 4.")
+                       "options of eval/extrapolation.py with _ for -, e.g. windows = 16.")
     assert said[1].startswith(f"{path} [overrides] warmup_iters: warmup_iters (-5) must be between 0 and max_iters")
     assert said[2].startswith(f'{path} encodings "fxo": unknown positional encoding \'fxo\'')
     assert said[2].endswith("did you mean 'fox'?")
@@ -741,6 +741,23 @@ def test_an_override_error_names_the_study_file_not_the_command_line(workspace, 
     assert str(error.value) == (f"{path} [overrides] n_head: model config given in the study file: GPTConfig.n_head "
                                 "must be positive (got 0)")
     assert "command line" not in str(error.value)
+
+
+@pytest.mark.fault
+def test_a_bad_evaluation_value_is_named_alone_and_a_misspelled_key_gets_one_of_that_evaluations_own(workspace,
+                                                                                                  tmp_path):
+    """[eval.reach] factor = 0 said "--factor and --windows must be at least 1 (got 0, 4)" (the good windows as if
+    wrong) and suggested passkey_trials, a key reach does not have."""
+    shutil.copy(workspace / "base.toml", tmp_path / "base.toml")
+    path = study_file(tmp_path, encodings=["fox"], evals="[eval.reach]\nfactor = 0\n")
+    with pytest.raises(study_spec.StudyError) as error:
+        study_spec.load_study(path)
+    assert str(error.value) == f"{path} [eval.reach] factor: --factor must be at least 1 (got 0)."
+    path = study_file(tmp_path, encodings=["fox"], evals="[eval.reach]\nfactors = 2\n")
+    with pytest.raises(study_spec.StudyError) as error:
+        study_spec.load_study(path)
+    assert str(error.value) == (f"{path} [eval.reach] factors: unrecognized arguments: --factors=2; the keys are the "
+                                "options of eval/reach.py with _ for -, e.g. factor = 8.")
 
 
 def test_override_values_that_need_each_other_are_not_blamed(workspace, tmp_path):

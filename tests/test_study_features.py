@@ -826,6 +826,54 @@ def test_publish_targets_that_cannot_take_the_report_are_refused_before_any_run(
 
 
 @pytest.mark.fault
+def test_publish_onto_a_symbolic_link_writes_the_document_it_points_to(finished_copy):
+    """The link was replaced by a file, and the document it pointed to never got the report."""
+    Path("docs").mkdir()
+    document = Path("docs", "real.md")
+    document.write_text(BEFORE + study_report.REPORT_BEGIN + "\nan older report\n" + study_report.REPORT_END + AFTER)
+    os.symlink(os.path.join("docs", "real.md"), "results.md")
+    study.main(["study.toml", "--publish", "results.md"])
+    assert os.readlink("results.md") == os.path.join("docs", "real.md")  # still the link
+    body = expected_body(Path("out/report.md").read_text(), "real")  # its plots beside the document, named after it
+    assert document.read_text() == f"{BEFORE}{study_report.REPORT_BEGIN}\n{body}\n{study_report.REPORT_END}{AFTER}"
+    for plot in PLOTS:
+        assert Path("docs", f"real_{plot}").read_bytes() == Path("out", plot).read_bytes()
+    assert not list(Path(".").glob("results_*"))
+
+
+@pytest.mark.fault
+def test_a_publish_target_that_is_not_a_regular_file_is_refused_before_it_is_read(workspace, tmp_path,  # noqa: F811
+                                                                                 monkeypatch, capsys):
+    """Onto a FIFO (or /dev/stdout, a pipe) the study hung before any run, reading a file no one writes."""
+    import signal
+
+    def hung(*_):
+        raise TimeoutError("the check waited on the FIFO")
+    shutil.copy(workspace / "base.toml", tmp_path / "base.toml")
+    path = study_file(tmp_path, encodings=ENCODINGS, seeds=SEEDS, evals="")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(train, "run", lambda argv: pytest.fail("train.run called before the target was checked"))
+    fifo = tmp_path / "pipe.md"
+    os.mkfifo(fifo)
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(20)
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            study.main([path, "--publish", str(fifo)])
+        with pytest.raises(study_spec.StudyError) as device:
+            study_report.check_publish_target(os.devnull)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == (f"error: --publish {fifo} is a FIFO (named pipe), not a regular file; give the "
+                                       "Markdown file to write the report into (the report is printed and in the "
+                                       "study's report.md either way).\n")
+    assert str(device.value).startswith(f"--publish {os.devnull} is a device, not a regular file")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.fault
 def test_a_publish_that_fails_at_the_end_leaves_the_file_and_its_folder_as_they_were(finished_copy, monkeypatch):
     import errno
     target = Path("results.md")
@@ -973,3 +1021,15 @@ def test_retrieval_and_reach_added_to_a_finished_study_are_the_runs_own_outputs(
     partial = study_report.markdown({**report, "encodings": {**report["encodings"], "alibi": alibi}}, {})
     passkey = partial.split("## Passkey retrieval accuracy")[1].split("\n\n")[1]
     assert "| rope | " in passkey and "| alibi | " not in passkey
+
+
+@pytest.mark.fault
+def test_a_run_file_that_is_not_json_or_not_an_object_reads_as_absent(tmp_path):
+    """A run's config.json of binary garbage was a UnicodeDecodeError traceback in the study's report, and one that
+    held a list an AttributeError: each is damaged, read as absent like one that is missing."""
+    path = tmp_path / "config.json"
+    for text, expected, kind in [(b"\xff\xfe{", None, None), (b"[1, 2]", [1, 2], None), (b"[1, 2]", None, dict),
+                                 (b'{"world_size": 2}', {"world_size": 2}, dict), (b'{"cut', None, dict)]:
+        path.write_bytes(text)
+        assert study_launch.read_json(str(path), kind) == expected, text
+    assert study_launch.read_json(str(tmp_path / "missing.json"), dict) is None

@@ -9,7 +9,8 @@ that the docs cannot drift from the code:
                                                                 # long it took and what it printed last
 
 Each figure sits between <!-- figure:NAME --> and <!-- /figure --> in the docs, and this script rewrites what is
-between them (every file that holds the marker). tests/test_setup_commands.py collects the suite and checks the
+between them (every file that holds the marker); markers that do not pair up (a begin without its end, an end
+without a begin) are refused with the doc and line, before any doc is written. tests/test_setup_commands.py collects the suite and checks the
 written test count, and checks that every copy of a figure is the same text.
 """
 import contextlib
@@ -33,13 +34,37 @@ def marker(name: str) -> re.Pattern:
     return re.compile(rf"(<!-- figure:{re.escape(name)} -->)(.*?)(<!-- /figure -->)", re.S)
 
 
+ANY_MARKER = re.compile(r"<!-- figure:([^ ]*) -->|<!-- /figure -->")
+
+
+def read_doc(doc: str, repo: str = REPO) -> str:
+    """The text of `doc`, refused with its line where its figure markers do not pair up: a begin marker whose end
+    marker is missing would make the figure run on to the next figure's end (the prose between replaced), or, with
+    no end after it, leave the figure unwritten without a word."""
+    with open(os.path.join(repo, doc), encoding="utf-8") as f:
+        text = f.read()
+    open_figure = None  # (name, line) of the begin marker not yet closed
+    for found in ANY_MARKER.finditer(text):
+        line = text.count("\n", 0, found.start()) + 1
+        if found.group(1) is None and open_figure is None:
+            raise FigureError(f"{doc} line {line}: <!-- /figure --> ends no figure (no <!-- figure:NAME --> before "
+                              "it); remove it or add the figure's begin marker")
+        if found.group(1) is not None and open_figure is not None:
+            raise FigureError(f"{doc} line {open_figure[1]}: figure {open_figure[0]!r} has no <!-- /figure --> before "
+                              f"the next figure's marker on line {line}; add it where the figure ends")
+        open_figure = (found.group(1), line) if found.group(1) is not None else None
+    if open_figure is not None:
+        raise FigureError(f"{doc} line {open_figure[1]}: figure {open_figure[0]!r} has no <!-- /figure --> after it; "
+                          "add it where the figure ends")
+    return text
+
+
 def written(name: str, repo: str = REPO) -> dict[str, str]:
     """{doc path: the text of figure `name` in it, its line breaks read as spaces} for every doc that holds it."""
     found = {}
     for doc in DOCS:
-        with open(os.path.join(repo, doc)) as f:
-            for match in marker(name).finditer(f.read()):
-                found[doc] = " ".join(match.group(2).split())
+        for match in marker(name).finditer(read_doc(doc, repo)):
+            found[doc] = " ".join(match.group(2).split())
     return found
 
 
@@ -68,8 +93,7 @@ def write(name: str, text: str, repo: str = REPO) -> list[str]:
     updates = {}
     for doc in DOCS:
         path = os.path.join(repo, doc)
-        with open(path, encoding="utf-8") as f:
-            before = f.read()
+        before = read_doc(doc, repo)
 
         def replaced(m):
             line_start = before.rfind("\n", 0, m.start()) + 1
@@ -161,17 +185,47 @@ def tests_figure(repo: str = REPO) -> str:
     return f"{collected_tests(repo):,}"
 
 
+# The fields of metrics.jsonl's records that the quickstart figure reads, with their kinds.
+FIGURE_FIELDS = {"val": {"iter": int, "val_loss": (int, float)},
+                 "summary": {"peak_memory_gb": (int, float), "memory_kind": str}}
+
+
+def run_files(run_dir: str) -> tuple[dict, list[dict]]:
+    """(config.json, the records of metrics.jsonl) of a run directory; a FigureError names the file (and line) that
+    is not as train.py writes it."""
+    again = f"train the quickstart again (python3 train.py {QUICKSTART})"
+    try:
+        with open(os.path.join(run_dir, "config.json"), encoding="utf-8") as f:
+            config = json.load(f)
+        with open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except (OSError, ValueError) as error:  # (ValueError: not JSON, or not UTF-8)
+        raise FigureError(f"{run_dir} is not a readable run directory ({error}); run python3 train.py "
+                          f"{QUICKSTART} first") from None
+    if not isinstance(config, dict):
+        raise FigureError(f"{os.path.join(run_dir, 'config.json')} holds a JSON {type(config).__name__}, not the "
+                          f"run's settings that train.py writes; {again}")
+    records = []
+    for number, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line) if line.strip() else None
+        except ValueError:
+            record = "damaged"
+        fields = FIGURE_FIELDS.get(record.get("type"), {}) if isinstance(record, dict) else {}
+        if line.strip() and (not isinstance(record, dict) or any(
+                not isinstance(record.get(key), kind) or isinstance(record.get(key), bool)
+                for key, kind in fields.items())):
+            raise FigureError(f"{os.path.join(run_dir, 'metrics.jsonl')} line {number} is not a record as train.py "
+                              f"writes it ({line[:60]!r}); {again}")
+        if record is not None:
+            records.append(record)
+    return config, records
+
+
 def quickstart_figure(run_dir: str) -> str:
     """The validation losses and the peak memory of a finished, unresumed run of the quickstart as the README gives
     it (no override but --out_dir), from committed code; refused otherwise, since the docs claim those."""
-    try:
-        with open(os.path.join(run_dir, "config.json")) as f:
-            config = json.load(f)
-        with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-            records = [json.loads(line) for line in f if line.strip()]
-    except (OSError, ValueError) as error:
-        raise FigureError(f"{run_dir} is not a readable run directory ({error}); run python3 train.py "
-                          f"{QUICKSTART} first") from None
+    config, records = run_files(run_dir)
     extra = [o for o in config.get("overrides", []) if not o.startswith("--out_dir=")]
     if not config.get("config_file", "").endswith(QUICKSTART) or extra:
         raise FigureError(f"{run_dir} is not a run of `python3 train.py {QUICKSTART}` as the README gives it "

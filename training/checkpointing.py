@@ -51,6 +51,10 @@ CHECKPOINT_KEYS = ("model", "model_config", "tokenizer", "train_config", "step",
 
 
 RESTORE_ADVICE = "restore it from a backup, or delete the run directory and start again"
+# Weights that are not finite: resuming them only diverges again, and the divergence check would call this very
+# checkpoint the last good one, so the advice names no resume of it.
+DAMAGED_WEIGHTS_ADVICE = ("restore ckpt.pt from a backup, or start the run afresh with --start_over in place of "
+                          "--resume (which moves this one aside)")
 
 
 def load_checkpoint(path: str) -> dict:
@@ -64,12 +68,35 @@ def load_checkpoint(path: str) -> dict:
                          "or point --out_dir at the run directory to continue.")
     try:
         ckpt = checkpoints.load(path, required=CHECKPOINT_KEYS, restore=RESTORE_ADVICE, assemble=False)
+    except checkpoints.NonFiniteWeights as error:
+        advice = damaged_weights_advice(path, {})  # (its weights were in the file: not a sharded checkpoint)
+        raise TrainError(f"{checkpoints.non_finite_sentence(path, error.tensor, advice)}.") from None
     except checkpoints.CheckpointError as error:
         raise TrainError(f"{error}.") from None
+    problem = checkpoints.non_finite(ckpt["optimizer"], "optimizer") if "optimizer" in ckpt else None
+    if problem:  # NaN moments make NaN weights at the first step, which the divergence check would blame on the lr
+        raise TrainError(f"{checkpoints.non_finite_sentence(path, problem, damaged_weights_advice(path, ckpt))}.")
     if "shards" in ckpt and not os.path.isdir(checkpoints.shard_directory(path, ckpt)):
         raise TrainError(f"checkpoint {path} is sharded, but its shard directory {checkpoints.shard_directory(path, ckpt)} "
                          f"is missing; {RESTORE_ADVICE}.")
     return ckpt
+
+
+def damaged_weights_advice(path: str, ckpt: dict) -> str:
+    """What to do about the checkpoint at `path` (ckpt.pt, or the shards `ckpt` was recovered from) whose weights are
+    not finite: move it aside where an earlier complete sharded checkpoint is beside it (which --resume then
+    recovers), else restore it or start over. Never a resume of the same weights, which would only diverge again."""
+    run_dir = os.path.dirname(os.path.abspath(path))
+    damaged = checkpoints.shard_directory(path, ckpt) if "shards" in ckpt else None
+    others = [directory for directory in checkpoints.shard_directories(run_dir)
+              if directory != damaged and checkpoints.SHARD_DIRECTORY_NAME.fullmatch(os.path.basename(directory))
+              and checkpoints.shard_set_problem(directory) is None]
+    if not others:
+        return DAMAGED_WEIGHTS_ADVICE
+    earlier = max(others, key=os.path.basename)  # the one recover_from_shards would take once these are gone
+    aside = " and ".join(p for p in (path if os.path.exists(path) else None, damaged) if p)
+    return (f"move {aside} out of {run_dir}, and --resume recovers the complete sharded checkpoint {earlier} of "
+            f"iteration {int(os.path.basename(earlier).split('-')[0])}; or {DAMAGED_WEIGHTS_ADVICE}")
 
 
 def recover_from_shards(path: str) -> dict:
@@ -266,6 +293,14 @@ def restore_from_shards(ckpt: dict, model, optimizer, ddp, path: str) -> None:
         if alone:
             warnings.simplefilter("ignore", UserWarning)
         dcp.load(state, checkpoint_id=checkpoints.shard_directory(path, ckpt), no_dist=alone)
+    problem = checkpoints.non_finite(state["model"]) or checkpoints.non_finite(state["optimizer"], "optimizer")
+    if world > 1:  # (each process has read its own shard of every tensor)
+        found = [None] * world
+        dist.all_gather_object(found, problem)
+        problem = next((p for p in found if p), None)
+    if problem:
+        name = checkpoints.shard_directory(path, ckpt) if "recovered" in ckpt else path
+        raise TrainError(f"{checkpoints.non_finite_sentence(name, problem, damaged_weights_advice(path, ckpt))}.")
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
 
