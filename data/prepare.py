@@ -8,14 +8,19 @@
 Every document is tokenised with <|endoftext|> in front of it. The input is read in pieces, one per file of
 the source (the hub dataset's parquet files, or the local files, in sorted order). Each worker process takes
 whole pieces: it reads its piece itself and writes that piece's tokens as shards of at most --shard-tokens to
-OUT/parts/, then a record of them. A last step that reads almost nothing names the shards in input order: the
+the scratch folder's parts/, then a record of them. A last step that reads almost nothing names the shards in input order: the
 first --val-tokens tokens of the stream are the validation split (val_000000.bin, ...), the rest the train
 split (train_NNNNNN.bin, numbered on from the validation shards); the shard that straddles the split, and with
 --max-tokens the one in which the stream stops, is cut in two. So the output depends only on the arguments and
 the input, never on the number of workers, and a re-run of an interrupted run with the same arguments keeps the
 finished pieces, redoes the others and ends with byte-identical files. manifest.json marks the end.
 
-Preparations of one OUT take turns: each holds an exclusive lock on the file .NAME.lock beside OUT (flock), so a
+Everything but the named shards and manifest.json is written in a scratch folder OUT/.prepare-XXXXXXXX made fresh
+by mkdtemp, whose journal (progress.json, written before anything else) carries SCRATCH_MARK: a re-run finds it
+by that mark, and a preparation only ever deletes inside it, or shards whose header carries the mark of shards it
+writes. A user's files in OUT are never touched, whatever their names; an input inside OUT is refused.
+
+Preparations of one OUT take turns: each holds an exclusive lock on the file .NAME.lock beside OUT's real path (flock), so a
 second one started meanwhile (two runs of a study on a fresh clone) says that it waits, then finds the first one's
 result and uses it.
 """
@@ -31,6 +36,7 @@ import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlparse
@@ -50,7 +56,10 @@ DEFAULT_SHARD_TOKENS = 100_000_000  # 200 MB per shard, as in nanoGPT-speedrun
 DEFAULT_HUB_VAL_TOKENS = 100_000_000  # the paper's 0.1B validation tokens
 DEFAULT_FILES_VAL_TOKENS = 1_000_000
 DOCS_PER_BATCH = 64  # documents tokenised together: fewer Python-level steps per token
-PARTS = "parts"  # OUT/parts/: the pieces' shards and records until the last step names them
+PARTS = "parts"  # SCRATCH/parts/: the pieces' shards and records until the last step names them
+SCRATCH_PREFIX = ".prepare-"  # OUT/.prepare-XXXXXXXX (mkdtemp): a preparation's own folder for its scratch files
+JOURNAL = "progress.json"  # in the scratch folder, written first: the proof that the folder is a preparation's
+SCRATCH_MARK = "python -m data.prepare: scratch folder, removed when the preparation ends"
 LOCAL_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text"}
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FORMAT_NAMES = {"json": "JSON", "parquet": "parquet", "text": "UTF-8 text"}  # what LOCAL_BUILDERS read
@@ -169,7 +178,7 @@ def describe(source, threads=1):
     return {**source.description, "files": files}
 
 
-# ---- worker side: one piece of the input into OUT/parts/ --------------------------------------------------------
+# ---- worker side: one piece of the input into the scratch folder's parts/ ----------------------------------------
 
 _worker = {"source": None, "dataset": None, "counter": None}
 
@@ -228,15 +237,15 @@ def _document_batches(rows, description, file=None, empty=None):
         yield texts
 
 
-def _piece_path(out_dir, index, part=None, parts=PARTS):
+def _piece_path(parts, index, part=None):
     name = f"piece_{index:06d}.json" if part is None else f"piece_{index:06d}_{part:06d}.bin"
-    return os.path.join(out_dir, parts, name)
+    return os.path.join(parts, name)
 
 
 def _tokenize_piece(task):
-    """Tokenise piece `index` of the source (its first `budget` tokens) into shards of at most shard_tokens under
-    OUT/<parts>/, then write the piece's record (the marker that it is complete) and return it."""
-    index, n_pieces, out_dir, shard_tokens, budget, parts = task
+    """Tokenise piece `index` of the source (its first `budget` tokens) into shards of at most shard_tokens in the
+    folder `parts`, then write the piece's record (the marker that it is complete) and return it."""
+    index, n_pieces, parts, shard_tokens, budget = task
     source = _worker["source"]
     if _worker["dataset"] is None:  # opened once per worker: the hub resolves its file list here
         _worker["dataset"] = source.open_dataset()
@@ -246,9 +255,9 @@ def _tokenize_piece(task):
     shards, fill, total = [], 0, 0
 
     def flush():
-        name = os.path.relpath(_piece_path(out_dir, index, len(shards), parts), out_dir)
-        sha = write_shard(os.path.join(out_dir, name), buffer[:fill], prepared=True)
-        shards.append({"file": name, "tokens": fill, "sha256": sha,
+        path = _piece_path(parts, index, len(shards))
+        sha = write_shard(path, buffer[:fill], prepared=True)
+        shards.append({"file": os.path.basename(path), "tokens": fill, "sha256": sha,
                        "documents": int(np.count_nonzero(buffer[:fill] == eot))})
 
     # a --files source has one piece per file, in sorted order (files_source)
@@ -270,7 +279,7 @@ def _tokenize_piece(task):
     if fill:
         flush()
     record = {"piece": index, "tokens": total, "shards": shards, "empty_documents": empty[0]}
-    _write_json(_piece_path(out_dir, index, parts=parts), record)
+    _write_json(_piece_path(parts, index), record)
     return record
 
 
@@ -288,13 +297,21 @@ def _report(tokens):
 # ---- main side ---------------------------------------------------------------------------------------------------
 
 def _write_json(path, data):
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())  # a crash right after the rename must not leave an empty record
-    os.replace(tmp, path)
+    """Write data to path atomically, through a temp file of a name no other file has (mkstemp), removed if the
+    write fails."""
+    handle, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=f".{os.path.basename(path)}.",
+                                   suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w") as f:
+            json.dump(data, f, indent=1)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())  # a crash right after the rename must not leave an empty record
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
 
 
 def _read_json(path):
@@ -306,24 +323,23 @@ def _read_json(path):
         raise DataError(f"{path} is damaged ({error}); delete {out_dir} and prepare again") from None
 
 
-def _finished_pieces(out_dir):
+def _finished_pieces(parts):
     """The records of the pieces an earlier run completed, each checked on disk (header and size: the shards were
-    fsynced before their record, so a kill cannot leave a recorded shard partial); everything else in
-    OUT/parts/ (a piece cut off by a kill) is deleted."""
-    parts = os.path.join(out_dir, PARTS)
+    fsynced before their record, so a kill cannot leave a recorded shard partial); everything else in the folder
+    `parts` (the scratch folder's own: a piece cut off by a kill) is deleted."""
     os.makedirs(parts, exist_ok=True)
     done = {}
     for name in sorted(os.listdir(parts)):
         if name.endswith(".json"):
             record = _read_json(os.path.join(parts, name))
             try:
-                intact = all(read_header(os.path.join(out_dir, s["file"])) == s["tokens"] for s in record["shards"])
+                intact = all(read_header(os.path.join(parts, s["file"])) == s["tokens"] for s in record["shards"])
             except (OSError, DataError):
                 intact = False
             if intact:
                 done[record["piece"]] = record
     keep = {os.path.basename(s["file"]) for r in done.values() for s in r["shards"]}
-    keep |= {os.path.basename(_piece_path(out_dir, i)) for i in done}
+    keep |= {os.path.basename(_piece_path(parts, i)) for i in done}
     for name in os.listdir(parts):
         if name not in keep:
             os.remove(os.path.join(parts, name))
@@ -343,11 +359,11 @@ def _enough(done, max_tokens):
     return None
 
 
-def _tokenize_pieces(source, out_dir, tokenizer, n_pieces, workers, config, done, bar, stop_after_pieces):
+def _tokenize_pieces(source, parts, tokenizer, n_pieces, workers, config, done, bar, stop_after_pieces):
     """Tokenise the pieces not yet done, in order, with `workers` processes, until the stream has all it needs."""
     todo = [i for i in range(n_pieces) if i not in done]
     budget = config["max_tokens"]
-    tasks = [(i, n_pieces, out_dir, config["shard_tokens"], budget, PARTS) for i in todo]
+    tasks = [(i, n_pieces, parts, config["shard_tokens"], budget) for i in todo]
     finished = 0
 
     def take(record):
@@ -408,14 +424,15 @@ def _plan(done, n_used, val_tokens, max_tokens):
     return plan
 
 
-def _name_shards(out_dir, plan, eot):
-    """Carry out the plan: rename whole piece shards, write the cut ones. Every step can be repeated, so a run
-    killed half-way through re-runs the plan from finalize.json."""
+def _name_shards(out_dir, parts, plan, eot):
+    """Carry out the plan: move whole piece shards from `parts` into out_dir, write the cut ones (in `parts`, then
+    moved, so out_dir only ever gains whole files). Every step can be repeated, so a run killed half-way through
+    re-runs the plan from finalize.json."""
     by_source = {}
     for entry in plan:
         by_source.setdefault(entry["from"], []).append(entry)
     for source, entries in by_source.items():
-        src = os.path.join(out_dir, source)
+        src = os.path.join(parts, source)
         if os.path.exists(src):
             if len(entries) == 1 and entries[0]["sha256"] is not None:
                 os.replace(src, os.path.join(out_dir, entries[0]["file"]))
@@ -423,7 +440,9 @@ def _name_shards(out_dir, plan, eot):
             tokens = open_shard(src)
             for entry in entries:
                 piece = tokens[entry["start"]:entry["start"] + entry["tokens"]]
-                entry["sha256"] = write_shard(os.path.join(out_dir, entry["file"]), piece, prepared=True)
+                cut = os.path.join(parts, entry["file"])
+                entry["sha256"] = write_shard(cut, piece, prepared=True)
+                os.replace(cut, os.path.join(out_dir, entry["file"]))
                 entry["documents"] = int(np.count_nonzero(piece == eot))
             del tokens
             os.remove(src)
@@ -438,12 +457,39 @@ def _name_shards(out_dir, plan, eot):
                 entry["documents"] = int(np.count_nonzero(open_shard(dst) == eot))
 
 
-def _remove_unfinished(out_dir, created):
-    """After a preparation that cannot succeed: remove what it wrote, so nothing looks prepared or resumable."""
-    shutil.rmtree(os.path.join(out_dir, PARTS), ignore_errors=True)
+def _scratch_folders(out_dir):
+    """[(folder, journal)] for out_dir's scratch folders: a name starting with SCRATCH_PREFIX, and a journal that
+    carries SCRATCH_MARK. Nothing else in out_dir is taken for a preparation's own."""
+    found = []
+    for name in sorted(os.listdir(out_dir)):
+        folder = os.path.join(out_dir, name)
+        journal_path = os.path.join(folder, JOURNAL)
+        if name.startswith(SCRATCH_PREFIX) and not os.path.islink(folder) and os.path.isfile(journal_path):
+            journal = _read_json(journal_path)
+            if isinstance(journal, dict) and journal.get("written_by") == SCRATCH_MARK:
+                found.append((folder, journal))
+    return found
+
+
+def _new_scratch(out_dir, journal):
+    """A fresh scratch folder in out_dir (a name mkdtemp made up) with its journal; returns the folder."""
+    folder = tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=out_dir)
+    _write_json(os.path.join(folder, JOURNAL), {"written_by": SCRATCH_MARK, **journal})
+    return folder
+
+
+def _remove_our_shards(out_dir):
+    """Remove the shards in out_dir that carry the mark of a preparation's (an earlier one's, whose manifest.json
+    was deleted): no other file of out_dir is a preparation's to remove."""
     for name in os.listdir(out_dir):
-        if name in ("progress.json", "finalize.json") or name.endswith((".bin", ".tmp")):
+        if name.endswith(".bin") and is_prepared_shard(os.path.join(out_dir, name)):
             os.remove(os.path.join(out_dir, name))
+
+
+def _remove_unfinished(out_dir, scratch, created):
+    """After a preparation that cannot succeed: remove its scratch folder, so nothing looks resumable, and out_dir
+    if this run created it and nothing else is in it."""
+    shutil.rmtree(scratch, ignore_errors=True)
     if created and not os.listdir(out_dir):
         os.rmdir(out_dir)
 
@@ -470,23 +516,24 @@ def _repair_shards(source, out_dir, manifest, tok, workers, progress_bar):
                         "prepare it again")
     pieces = sorted({shard["piece"] for shard in damaged})
     n_pieces = manifest["pieces"]
-    scratch = "repair"
-    shutil.rmtree(os.path.join(out_dir, scratch), ignore_errors=True)
-    os.makedirs(os.path.join(out_dir, scratch))
+    scratch = _new_scratch(out_dir, {"repair": True})
     _init_worker(source, config["tokenizer"], None)
     try:
-        records = {i: _tokenize_piece((i, n_pieces, out_dir, config["shard_tokens"], config["max_tokens"], scratch))
+        records = {i: _tokenize_piece((i, n_pieces, scratch, config["shard_tokens"], config["max_tokens"]))
                    for i in pieces}
     finally:
         _worker.update(source=None, dataset=None, counter=None)
     for shard in damaged:
-        part = open_shard(os.path.join(out_dir, records[shard["piece"]]["shards"][shard["part"]]["file"]))
-        sha = write_shard(os.path.join(out_dir, shard["file"]), part[shard["start"]:shard["start"] + shard["tokens"]], prepared=True)
+        part = open_shard(os.path.join(scratch, records[shard["piece"]]["shards"][shard["part"]]["file"]))
+        rewritten = os.path.join(scratch, shard["file"])
+        sha = write_shard(rewritten, part[shard["start"]:shard["start"] + shard["tokens"]], prepared=True)
         del part
         if sha != shard["sha256"]:
+            shutil.rmtree(scratch)
             raise DataError(f"rewriting {shard['file']} gave other tokens than when {out_dir} was prepared: the "
                             f"source has changed since; delete {out_dir} and prepare it again")
-    shutil.rmtree(os.path.join(out_dir, scratch))
+        os.replace(rewritten, os.path.join(out_dir, shard["file"]))
+    shutil.rmtree(scratch)
     if progress_bar:
         print(f"rewrote {len(damaged)} damaged or missing shard(s) of {out_dir}: "
               + ", ".join(shard["file"] for shard in damaged), file=sys.stderr)
@@ -497,8 +544,9 @@ _held_locks = {}  # lock file -> how many preparation_lock blocks of this proces
 
 def lock_path(out_dir):
     """The lock file of out_dir: beside it, not in it, so that removing or rebuilding the directory (an old cache
-    of the embedded corpus) never removes a lock another process waits on."""
-    out_dir = os.path.abspath(out_dir)
+    of the embedded corpus) never removes a lock another process waits on; named from the real path, so that a
+    preparation through a symlink and one through the real path take turns."""
+    out_dir = os.path.realpath(out_dir)
     return os.path.join(os.path.dirname(out_dir), f".{os.path.basename(out_dir)}.lock")
 
 
@@ -562,6 +610,7 @@ def prepare(source, out_dir, tokenizer="gpt2", val_tokens=DEFAULT_FILES_VAL_TOKE
     stop_after_pieces (for tests) raises KeyboardInterrupt after that many pieces, as Ctrl-C would."""
     if shard_tokens < 1 or val_tokens < 0 or (max_tokens is not None and max_tokens < 1):
         raise DataError("--shard-tokens and --max-tokens must be positive and --val-tokens non-negative")
+    _refuse_input_inside(source, out_dir)
     workers = available_cores() if workers is None else workers
     source.check()
     tok = get_tokenizer(tokenizer)
@@ -577,14 +626,27 @@ def prepare(source, out_dir, tokenizer="gpt2", val_tokens=DEFAULT_FILES_VAL_TOKE
         raise _write_error(out_dir, error) from None
 
 
+def _refuse_input_inside(source, out_dir):
+    """A DataError if an input file lies inside out_dir: the preparation would write beside its own input (and an
+    earlier version deleted it there)."""
+    root = os.path.realpath(out_dir) + os.sep
+    inside = [path for path in source.files if os.path.realpath(path).startswith(root)]
+    if inside:
+        raise DataError(f"the input {inside[0]} lies inside --out {out_dir}; give --out a folder that holds none of "
+                        "the input files")
+
+
 def _write_error(out_dir, error):
-    """The DataError for an OSError while preparing out_dir, after removing the temporary files it left. A file of
-    out_dir that vanished (or the directory itself) was removed by someone else, not by a full disk."""
-    for folder in (out_dir, os.path.join(out_dir, PARTS)):
-        for name in os.listdir(folder) if os.path.isdir(folder) else ():
-            if name.endswith(".tmp"):
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(os.path.join(folder, name))
+    """The DataError for an OSError while preparing out_dir, after removing the temporary files it left in its
+    scratch folders. A file of out_dir that vanished (or the directory itself) was removed by someone else, not by
+    a full disk."""
+    with contextlib.suppress(OSError, DataError):
+        for scratch, _ in _scratch_folders(out_dir):
+            for folder in (scratch, os.path.join(scratch, PARTS)):
+                for name in os.listdir(folder) if os.path.isdir(folder) else ():
+                    if name.endswith(".tmp"):
+                        with contextlib.suppress(FileNotFoundError):
+                            os.remove(os.path.join(folder, name))
     blocker = _file_in_the_way(out_dir)
     if blocker is not None:  # not a full disk or a permission: no re-run can make a folder where a file is
         return DataError(f"cannot prepare into {out_dir}: {blocker} is a file, not a folder; give --out another path "
@@ -613,82 +675,35 @@ def _file_in_the_way(out_dir):
 def _prepare(source, out_dir, tok, config, workers, progress_bar, stop_after_pieces, created):
     os.makedirs(out_dir, exist_ok=True)
     manifest_path = os.path.join(out_dir, "manifest.json")
+    scratches = _scratch_folders(out_dir)
+    for folder, journal in scratches:  # a repair cut short is redone whole
+        if journal.get("repair"):
+            shutil.rmtree(folder)
+    scratches = [(folder, journal) for folder, journal in scratches if not journal.get("repair")]
     if os.path.exists(manifest_path):
         manifest = read_manifest(out_dir)  # a DataError if it is damaged
         if manifest.get("config") == config:
-            for leftover in ("progress.json", "finalize.json"):  # a run killed after writing the manifest
-                if os.path.exists(os.path.join(out_dir, leftover)):
-                    os.remove(os.path.join(out_dir, leftover))
-            shutil.rmtree(os.path.join(out_dir, PARTS), ignore_errors=True)
+            for folder, _ in scratches:  # a run killed after writing the manifest
+                shutil.rmtree(folder)
             _repair_shards(source, out_dir, manifest, tok, workers, progress_bar)
             if progress_bar:
                 print(f"{out_dir} is already prepared ({manifest['tokens']['total']:,} tokens)", file=sys.stderr)
             return manifest
         raise DataError(f"{out_dir} already holds data prepared with other arguments; use another --out or delete it")
-
-    progress_path = os.path.join(out_dir, "progress.json")
-    progress = _read_json(progress_path) if os.path.exists(progress_path) else None
-    if progress is not None and progress.get("config") != config:
-        raise DataError(f"{out_dir} holds a preparation with other arguments; use the same arguments to resume it, "
-                        f"or another --out (or delete {out_dir}) to start a new one")
-    if progress is None:  # a preparation writes progress.json before any shard: other .bin files are not ours,
-        # except our own marked shards (a finished preparation whose damaged manifest.json the user deleted, as its
-        # error message advises, to prepare the folder afresh); a name alone proves nothing
-        foreign = sorted(name for name in os.listdir(out_dir)
-                         if name.endswith(".bin") and not is_prepared_shard(os.path.join(out_dir, name)))
-        if foreign:
-            raise DataError(f"{out_dir} already holds {len(foreign)} .bin file(s) that no preparation made "
-                            f"({foreign[0]}, ...), which preparing there would delete; give --out a new folder, or "
-                            f"record shards made elsewhere with `{adopt_command(out_dir)}`")
-    if progress is None or "pieces" not in progress:  # nothing yet, or a run of an older version: start afresh
-        _remove_unfinished(out_dir, False)
-        progress = {"config": config, "pieces": source.pieces or _count_pieces(source)}
-        _write_json(progress_path, progress)
-    n_pieces = progress["pieces"]
-
+    scratch = _resume_or_start(source, out_dir, config, scratches)
     started = time.time()
-    finalize_path = os.path.join(out_dir, "finalize.json")
+    parts, finalize_path = os.path.join(scratch, PARTS), os.path.join(scratch, "finalize.json")
     if not os.path.exists(finalize_path):
-        for name in os.listdir(out_dir):  # only the last step writes here: anything else is left from a kill
-            if name.endswith((".bin", ".tmp")):
-                os.remove(os.path.join(out_dir, name))
-        done = _finished_pieces(out_dir)
-        bar = None
-        if progress_bar:
-            from tqdm import tqdm
-
-            bar = tqdm(total=config["max_tokens"], initial=sum(r["tokens"] for r in done.values()), unit="tok",
-                       unit_scale=True, dynamic_ncols=True, mininterval=1.0,
-                       desc=f"tokenizing {n_pieces} piece(s) ({workers} worker{'s' * (workers > 1)})")
-        try:
-            _tokenize_pieces(source, out_dir, config["tokenizer"], n_pieces, workers, config, done, bar,
-                             stop_after_pieces)
-        except BadInput:
-            _remove_unfinished(out_dir, created)  # the fixed input is another source: nothing here could resume
-            raise
-        finally:
-            if bar is not None:
-                bar.close()
-        n_used = _enough(done, config["max_tokens"]) or n_pieces
-        plan = _plan(done, n_used, config["val_tokens"], config["max_tokens"])
-        counts = {split: sum(e["tokens"] for e in plan if e["split"] == split) for split in ("val", "train")}
-        if counts["train"] == 0:
-            _remove_unfinished(out_dir, created)  # the same command would fail the same way: leave nothing behind
-            documents = sum(s["documents"] for i in range(n_used) for s in done[i]["shards"])
-            if sum(done[i]["tokens"] for i in range(n_used)) <= documents:  # each document gave only its eot token
-                raise DataError(f"the source holds no text ({documents:,} document(s), all empty); check --files "
-                                f"(and the 'text' field), then prepare again")
-            raise DataError(f"the source has only {counts['val']:,} tokens and all went to validation "
-                            f"(--val-tokens {config['val_tokens']:,}); prepare it again with a smaller --val-tokens")
+        plan = _tokenize_and_plan(source, out_dir, scratch, config, workers, progress_bar, stop_after_pieces, created)
         _write_json(finalize_path, plan)
     plan = _read_json(finalize_path)
-    _name_shards(out_dir, plan, tok.eot_token)
+    _name_shards(out_dir, parts, plan, tok.eot_token)
     counts = {split: sum(e["tokens"] for e in plan if e["split"] == split) for split in ("val", "train")}
     counts["total"] = counts["val"] + counts["train"]
-    empty = 0  # each piece's record knows its documents without text (read before OUT/parts/ goes)
+    empty = 0  # each piece's record knows its documents without text (read before the scratch folder goes)
     for piece in sorted({e["piece"] for e in plan}):
         with contextlib.suppress(OSError, DataError):  # (a record of an older version has no count)
-            empty += _read_json(_piece_path(out_dir, piece)).get("empty_documents", 0)
+            empty += _read_json(_piece_path(parts, piece)).get("empty_documents", 0)
     manifest = {
         "format": "llm.c uint16 token shards: 256 x int32 header (magic 20240520, version 1, token count), "
                   "then uint16 tokens",
@@ -696,12 +711,11 @@ def _prepare(source, out_dir, tok, config, workers, progress_bar, stop_after_pie
         "eot_token": tok.eot_token, "documents": sum(e["documents"] for e in plan), "tokens": counts,
         "shards": [{"file": e["file"], "split": e["split"], "tokens": e["tokens"], "sha256": e["sha256"],
                     "piece": e["piece"], "part": e["part"], "start": e["start"]} for e in plan],
-        "pieces": n_pieces, "config": config, "empty_documents": empty,
+        "pieces": _read_json(os.path.join(scratch, JOURNAL))["pieces"], "config": config, "empty_documents": empty,
     }
-    _write_json(manifest_path, manifest)
-    shutil.rmtree(os.path.join(out_dir, PARTS), ignore_errors=True)
-    os.remove(finalize_path)
-    os.remove(progress_path)
+    _write_json(os.path.join(scratch, "manifest.json"), manifest)
+    os.replace(os.path.join(scratch, "manifest.json"), manifest_path)
+    shutil.rmtree(scratch)
     if progress_bar:
         print(f"wrote {len(plan)} shards to {out_dir}: {counts['val']:,} val + {counts['train']:,} train tokens "
               f"from {manifest['documents']:,} documents ({time.time() - started:.1f} s this run)", file=sys.stderr)
@@ -710,6 +724,63 @@ def _prepare(source, out_dir, tok, config, workers, progress_bar, stop_after_pie
               "field among rows that have one, or an empty string); each is an <|endoftext|> token alone in the "
               "shards", file=sys.stderr)
     return manifest
+
+
+def _resume_or_start(source, out_dir, config, scratches):
+    """The scratch folder of an unfinished preparation of out_dir with this config, or a new one (after refusing
+    .bin files in out_dir that no preparation made, and removing those an earlier one did)."""
+    for folder, journal in scratches:
+        if journal.get("config") == config:
+            return folder
+    if scratches:
+        raise DataError(f"{out_dir} holds an unfinished preparation with other arguments (in {scratches[0][0]}); use "
+                        f"the same arguments to resume it, or another --out (or delete {scratches[0][0]}) to start a "
+                        "new one")
+    # Only our own marked shards may be replaced (a finished preparation whose damaged manifest.json the user
+    # deleted, as its error message advises, to prepare the folder afresh); a name alone proves nothing.
+    foreign = sorted(name for name in os.listdir(out_dir)
+                     if name.endswith(".bin") and not is_prepared_shard(os.path.join(out_dir, name)))
+    if foreign:
+        raise DataError(f"{out_dir} already holds {len(foreign)} .bin file(s) that no preparation made "
+                        f"({foreign[0]}, ...), which preparing there would delete; give --out a new folder, or "
+                        f"record shards made elsewhere with `{adopt_command(out_dir)}`")
+    _remove_our_shards(out_dir)
+    return _new_scratch(out_dir, {"config": config, "pieces": source.pieces or _count_pieces(source)})
+
+
+def _tokenize_and_plan(source, out_dir, scratch, config, workers, progress_bar, stop_after_pieces, created):
+    """Tokenise the pieces not yet done into the scratch folder and return the plan of the final shards; a
+    preparation that cannot succeed removes its scratch folder before it says why."""
+    n_pieces = _read_json(os.path.join(scratch, JOURNAL))["pieces"]
+    done = _finished_pieces(os.path.join(scratch, PARTS))
+    bar = None
+    if progress_bar:
+        from tqdm import tqdm
+
+        bar = tqdm(total=config["max_tokens"], initial=sum(r["tokens"] for r in done.values()), unit="tok",
+                   unit_scale=True, dynamic_ncols=True, mininterval=1.0,
+                   desc=f"tokenizing {n_pieces} piece(s) ({workers} worker{'s' * (workers > 1)})")
+    try:
+        _tokenize_pieces(source, os.path.join(scratch, PARTS), config["tokenizer"], n_pieces, workers, config, done,
+                         bar, stop_after_pieces)
+    except BadInput:
+        _remove_unfinished(out_dir, scratch, created)  # the fixed input is another source: nothing could resume
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+    n_used = _enough(done, config["max_tokens"]) or n_pieces
+    plan = _plan(done, n_used, config["val_tokens"], config["max_tokens"])
+    counts = {split: sum(e["tokens"] for e in plan if e["split"] == split) for split in ("val", "train")}
+    if counts["train"] == 0:
+        _remove_unfinished(out_dir, scratch, created)  # the same command would fail the same way: leave nothing
+        documents = sum(s["documents"] for i in range(n_used) for s in done[i]["shards"])
+        if sum(done[i]["tokens"] for i in range(n_used)) <= documents:  # each document gave only its eot token
+            raise DataError(f"the source holds no text ({documents:,} document(s), all empty); check --files "
+                            f"(and the 'text' field), then prepare again")
+        raise DataError(f"the source has only {counts['val']:,} tokens and all went to validation "
+                        f"(--val-tokens {config['val_tokens']:,}); prepare it again with a smaller --val-tokens")
+    return plan
 
 
 def _count_pieces(source):
@@ -750,12 +821,35 @@ def _open_default(unpacked):
     import lzma
 
     if not os.path.exists(unpacked):
-        tmp = f"{unpacked}.{os.getpid()}.part"  # not .tmp: prepare() removes those
+        tmp = f"{unpacked}.{os.getpid()}.part"
         with open(DEFAULT_CORPUS_FILE, "rb") as f, open(tmp, "wb") as out:
             out.write(lzma.decompress(f.read()))
         os.replace(tmp, unpacked)
     datasets = _quiet_datasets()
     return datasets.load_dataset("json", data_files=[unpacked], split="train", streaming=True)
+
+
+def _drop_outdated_cache(out_dir, expected):
+    """Remove out_dir's manifest.json and the shards it lists when they are a cache of another version of the
+    embedded corpus (e.g. after a git pull), or a damaged manifest (then prepare() replaces the marked shards it
+    finds); any other file of out_dir is left as it is."""
+    manifest_path = os.path.join(out_dir, "manifest.json")
+    try:
+        with open(manifest_path) as f:
+            manifest = json.load(f)
+        # another tool's manifest (a list, say) is no cache of ours: prepare() then says what it is
+        config = manifest.get("config") if isinstance(manifest, dict) else None
+        config = config if isinstance(config, dict) else {}
+    except ValueError:  # a damaged manifest of this cache: rebuild it
+        manifest, config = {}, {"source": {"kind": "default"}}
+    if config == expected or config.get("source", {}).get("kind") != "default":
+        return
+    listed = [os.path.join(out_dir, os.path.basename(str(shard.get("file", ""))))
+              for shard in manifest.get("shards", []) if isinstance(shard, dict)]
+    for path in listed:
+        if path.endswith(".bin") and os.path.isfile(path):
+            os.remove(path)
+    os.remove(manifest_path)
 
 
 def ensure_default_corpus(out_dir=None, tokenizer="gpt2", progress_bar=True):
@@ -771,17 +865,7 @@ def ensure_default_corpus(out_dir=None, tokenizer="gpt2", progress_bar=True):
     try:
         with preparation_lock(out_dir):  # the check and the rebuild too: another process may be preparing it now
             if os.path.exists(manifest_path):
-                try:
-                    with open(manifest_path) as f:
-                        manifest = json.load(f)
-                    # another tool's manifest (a list, say) is no cache of ours: prepare() then says what it is
-                    config = manifest.get("config") if isinstance(manifest, dict) else None
-                    config = config if isinstance(config, dict) else {}
-                except ValueError:  # a damaged manifest of this cache: rebuild it
-                    config = {"source": {"kind": "default"}}
-                if config != expected and config.get("source", {}).get("kind") == "default":
-                    # A cache of another version of the embedded corpus (e.g. after a git pull): rebuild it.
-                    shutil.rmtree(out_dir)
+                _drop_outdated_cache(out_dir, expected)
             os.makedirs(out_dir, exist_ok=True)
             prepare(source, out_dir, tokenizer=tokenizer, val_tokens=expected["val_tokens"],
                     shard_tokens=expected["shard_tokens"], progress_bar=progress_bar)
@@ -811,8 +895,9 @@ def parse_args(argv=None):
     parser.add_argument("--val-tokens", type=int, default=None,
                         help=f"validation tokens, taken from the start of the stream (default {DEFAULT_HUB_VAL_TOKENS:,}"
                              f" for the hub, {DEFAULT_FILES_VAL_TOKENS:,} for --files)")
-    parser.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS,
-                        help="most tokens per shard (each input file starts a new one)")
+    parser.add_argument("--shard-tokens", type=int, default=None,
+                        help=f"most tokens per shard (default {DEFAULT_SHARD_TOKENS:,}; each input file starts a new "
+                             "one)")
     parser.add_argument("--max-tokens", type=int, default=None, help="stop after this many tokens in all")
     parser.add_argument("--workers", type=int, default=None,
                         help="processes, each tokenising whole input files (default: the available cores; 1 "
@@ -828,6 +913,17 @@ def parse_args(argv=None):
     if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     return args
+
+
+def _refuse_fixed_layout_flags(args):
+    """--default prepares the embedded corpus with its own fixed split and shard size (what the quickstart's cache
+    holds): a DataError naming the flags given with it, which it would otherwise ignore."""
+    given = [flag for flag in ("--val-tokens", "--max-tokens", "--shard-tokens")
+             if getattr(args, flag[2:].replace("-", "_")) is not None]
+    if given:
+        raise DataError(f"--default prepares the embedded corpus with its fixed split and shard size, so it does not "
+                        f"take {', '.join(given)}; prepare the corpus file {DEFAULT_CORPUS_FILE} with --files (after "
+                        "unpacking it with xz -dk) to choose those")
 
 
 def verify_command(data_dir, workers=None):
@@ -906,6 +1002,7 @@ def main(argv=None):
                   "tokens, in manifest.json; training now checks them against it")
             return 0
         if args.default:
+            _refuse_fixed_layout_flags(args)
             out = ensure_default_corpus(args.out, tokenizer=args.tokenizer, progress_bar=not args.quiet)
             print(out)
             return 0
@@ -919,7 +1016,8 @@ def main(argv=None):
                 raise DataError("--files needs --out DIR, the directory for the shards")
             out = args.out
             val_tokens = DEFAULT_FILES_VAL_TOKENS if args.val_tokens is None else args.val_tokens
-        prepare(source, out, tokenizer=args.tokenizer, val_tokens=val_tokens, shard_tokens=args.shard_tokens,
+        shard_tokens = DEFAULT_SHARD_TOKENS if args.shard_tokens is None else args.shard_tokens
+        prepare(source, out, tokenizer=args.tokenizer, val_tokens=val_tokens, shard_tokens=shard_tokens,
                 max_tokens=args.max_tokens, workers=args.workers, progress_bar=not args.quiet)
         print(out)
         return 0

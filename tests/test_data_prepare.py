@@ -242,12 +242,12 @@ def test_interrupted_preparation_resumes_to_identical_shards(tmp_path, stop_afte
     out = tmp_path / "resumed"
     with pytest.raises(KeyboardInterrupt):
         run_prepare(source, out, stop_after_pieces=stop_after, **LAYOUT)
-    # What a kill leaves behind: a piece's partial temp file and a shard of a piece without its record.
-    (out / "parts" / "piece_000003_000000.bin.tmp").write_bytes(b"partial")
-    (out / "parts" / "piece_000003_000000.bin").write_bytes(b"garbage")
-    # and, killed while writing the plan, its temp file and a stray shard in the output folder itself
-    (out / "finalize.json.tmp").write_bytes(b'[{"file": ')
-    (out / "train_999999.bin").write_bytes(b"garbage")
+    # What a kill leaves behind, all in the preparation's scratch folder: a piece's partial temp file, a shard of a
+    # piece without its record, and, killed while writing the plan, its temp file.
+    [scratch] = out.glob(".prepare-*")
+    (scratch / "parts" / "piece_000003_000000.bin.tmp").write_bytes(b"partial")
+    (scratch / "parts" / "piece_000003_000000.bin").write_bytes(b"garbage")
+    (scratch / ".finalize.json.x1y2z3.tmp").write_bytes(b'[{"file": ')
     with pytest.raises(KeyboardInterrupt):
         run_prepare(source, out, stop_after_pieces=1, workers=2, **LAYOUT)
     assert not (out / "manifest.json").exists()
@@ -277,11 +277,11 @@ def test_killed_while_naming_the_shards_resumes_to_identical_shards(tmp_path, mo
     run_prepare(source, tmp_path / "full", **LAYOUT)
     real = prep._name_shards
 
-    def killed_half_way(out_dir, plan, eot):
+    def killed_half_way(out_dir, parts, plan, eot):
         sources = list(dict.fromkeys(entry["from"] for entry in plan))
         done = set(sources[:len(sources) // 2])
         assert sum(entry["from"] in done and entry["sha256"] is None for entry in plan) >= 1  # a cut piece among them
-        real(out_dir, [entry for entry in plan if entry["from"] in done], eot)
+        real(out_dir, parts, [entry for entry in plan if entry["from"] in done], eot)
         raise KeyboardInterrupt
     monkeypatch.setattr(prep, "_name_shards", killed_half_way)
     with pytest.raises(KeyboardInterrupt):
@@ -364,9 +364,10 @@ def test_default_corpus_is_the_embedded_text(tmp_path):
 
 def test_damaged_progress_file_is_one_clear_error(tmp_path):
     write_jsonl(tmp_path / "a.jsonl", DOCS)
-    (tmp_path / "out").mkdir()
-    (tmp_path / "out" / "progress.json").write_text('{"config": {"a": 1}, "pieces": [')  # cut off mid-write
-    with pytest.raises(DataError, match="progress.json is damaged"):
+    scratch = tmp_path / "out" / ".prepare-k3x9q2aa"
+    scratch.mkdir(parents=True)
+    (scratch / "progress.json").write_text('{"config": {"a": 1}, "pieces": [')  # (a disk that lost its end)
+    with pytest.raises(DataError, match=f"{scratch}/progress.json is damaged .*; delete {scratch} and prepare again"):
         run_prepare(prep.files_source(str(tmp_path / "a.jsonl")), tmp_path / "out")
 
 
@@ -475,18 +476,26 @@ def test_the_default_corpus_folder_is_named_by_its_tokenizer(no_preparation, mon
     assert no_preparation == [str(tmp_path / "data_cache" / folder)]
 
 
-@pytest.mark.parametrize("manifest,rebuilt", [
-    ("{damaged", True),                                                          # a damaged manifest of the cache
-    (json.dumps({"config": {"source": {"kind": "default", "sha256": "older"}}}), True),  # another corpus version
-    (json.dumps({"config": {"source": {"kind": "files"}}}), False),              # not a default-corpus folder
+OLD_DEFAULT = {"config": {"source": {"kind": "default", "sha256": "older"}}, "shards": [{"file": "train_000001.bin"}]}
+
+
+@pytest.mark.parametrize("manifest,rebuilt,shard_removed", [
+    ("{damaged", True, False),                      # a damaged manifest of the cache: prepare() then judges the .bin
+    (json.dumps(OLD_DEFAULT), True, True),          # another corpus version: the shards it lists go with it
+    (json.dumps({"config": {"source": {"kind": "files"}}, "shards": [{"file": "train_000001.bin"}]}), False, False),
 ])
-def test_a_damaged_or_outdated_default_corpus_cache_is_rebuilt(no_preparation, tmp_path, manifest, rebuilt):
+def test_a_damaged_or_outdated_default_corpus_cache_is_rebuilt(no_preparation, tmp_path, manifest, rebuilt,
+                                                               shard_removed):
+    """Rebuilding a cache removes its manifest.json and the shards that manifest lists, nothing else (it removed the
+    whole folder, a user's README.txt in it too)."""
     out = tmp_path / "cache"
     out.mkdir()
     (out / "manifest.json").write_text(manifest)
     (out / "train_000001.bin").write_bytes(b"old shard")
+    (out / "README.txt").write_text("my notes")
     prep.ensure_default_corpus(out_dir=str(out), tokenizer="byte")
-    assert (out / "train_000001.bin").exists() == (not rebuilt)
+    assert (out / "train_000001.bin").exists() == (not shard_removed)
+    assert (out / "README.txt").read_text() == "my notes"
     assert no_preparation == [str(out)]
     if rebuilt:  # and a current cache is kept as it is
         prep.ensure_default_corpus(out_dir=str(out), tokenizer="byte")
@@ -818,3 +827,86 @@ def test_a_damaged_manifest_deleted_as_advised_then_prepares_the_folder_afresh(t
     (out / "manifest.json").unlink()
     assert prep.main(command) == 0, capsys.readouterr().err
     assert {p.name: p.read_bytes() for p in out.glob("*.bin")} == shards and (out / "manifest.json").exists()
+
+
+# ------------------------------------------------------------------ a preparation deletes only what it wrote
+
+def tree_bytes(folder):
+    """Every file under folder (hidden ones too), by relative path, with its bytes."""
+    return {os.path.relpath(os.path.join(root, name), folder): open(os.path.join(root, name), "rb").read()
+            for root, _, names in os.walk(folder) for name in names}
+
+
+@pytest.mark.fault
+def test_an_input_inside_out_is_refused_before_any_work_and_kept(tmp_path, capsys):
+    """`--files 'DIR/parts/*.jsonl' --out DIR` removed DIR/parts/ (the input itself and a README.txt beside it),
+    then said the input "is not JSON"; refused now in one sentence, every file as it was."""
+    folder = tmp_path / "DIR"
+    (folder / "parts").mkdir(parents=True)
+    write_jsonl(folder / "parts" / "a.jsonl", DOCS)
+    (folder / "parts" / "README.txt").write_text("where these documents come from")
+    before = tree_bytes(folder)
+    code = prep.main(["--files", str(folder / "parts" / "*.jsonl"), "--out", str(folder), "--tokenizer", "byte",
+                      "--quiet"])
+    assert code == 2
+    assert capsys.readouterr().err == (f"error: the input {folder}/parts/a.jsonl lies inside --out {folder}; give "
+                                       "--out a folder that holds none of the input files\n")
+    assert tree_bytes(folder) == before
+    assert not os.path.exists(prep.lock_path(str(folder)))  # refused before any work: not even the lock was taken
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("stop_after", [None, 1])
+def test_a_users_files_in_out_are_left_byte_for_byte_whatever_their_names(tmp_path, capsys, stop_after):
+    """With the input elsewhere, a user's DIR/parts/*, DIR/*.tmp and DIR/README.txt were deleted silently with exit
+    0 (the preparation's scratch names were OUT/parts and *.tmp). They are kept now, through an interrupted run and
+    its resume too, and the shards are those of a preparation into an empty folder."""
+    source = write_files(tmp_path / "in")
+    run_prepare(source, tmp_path / "clean", **LAYOUT)
+    folder = tmp_path / "DIR"
+    (folder / "parts").mkdir(parents=True)
+    users = {"parts/piece_000000.json": b'{"mine": 1}', "parts/notes.md": b"# notes", "x.tmp": b"half an edit",
+             "manifest.json.tmp": b"draft", "finalize.json": b"[]", "README.txt": b"what this folder is for"}
+    for name, content in users.items():
+        (folder / name).write_bytes(content)
+    if stop_after is not None:
+        with pytest.raises(KeyboardInterrupt):
+            run_prepare(source, folder, stop_after_pieces=stop_after, **LAYOUT)
+    run_prepare(source, folder, **LAYOUT)
+    after = tree_bytes(folder)
+    assert {name: after.get(name) for name in users} == users
+    assert {name: data for name, data in after.items() if name not in users} == tree_bytes(tmp_path / "clean")
+
+
+@pytest.mark.fault
+def test_a_preparation_through_a_symlink_and_one_through_the_real_path_take_turns(tmp_path):
+    """The lock file was named from the path as given, so two preparations of one folder, one through a symlink,
+    did not wait for each other."""
+    real = tmp_path / "real" / "corpus"
+    real.mkdir(parents=True)
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    link = tmp_path / "link" / "corpus"
+    assert prep.lock_path(str(link)) == prep.lock_path(str(real)) == str(tmp_path / "real" / ".corpus.lock")
+    script = (f"from data import prepare as p\nwith p.preparation_lock({str(link)!r}):\n    print('got it', flush=True)")
+    with prep.preparation_lock(str(real)):
+        other = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+        waiting = other.stderr.readline()
+        assert waiting.startswith(f"waiting for another process to finish preparing {link}"), waiting
+        assert other.poll() is None
+    assert other.communicate(timeout=60)[0] == "got it\n" and other.returncode == 0
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("flags", [["--val-tokens", "1000"], ["--max-tokens=5000"], ["--shard-tokens", "700"],
+                                   ["--val-tokens", "0", "--shard-tokens", "700"]])
+def test_default_refuses_the_layout_flags_it_does_not_honour(tmp_path, capsys, flags):
+    """--default silently ignored --val-tokens, --max-tokens and --shard-tokens (and --val-tokens 0 too)."""
+    out = tmp_path / "default"
+    assert prep.main(["--default", "--out", str(out), "--tokenizer", "byte", "--quiet", *flags]) == 2
+    named = ", ".join(flag.split("=")[0] for flag in flags if flag.startswith("--"))
+    assert capsys.readouterr().err == (
+        f"error: --default prepares the embedded corpus with its fixed split and shard size, so it does not take "
+        f"{named}; prepare the corpus file {prep.DEFAULT_CORPUS_FILE} with --files (after unpacking it with xz -dk) "
+        "to choose those\n")
+    assert not out.exists()
