@@ -266,13 +266,13 @@ def evaluate_checkpoint(run, args, device):
     model, tokenizer, ckpt = load_model(run, device)
     train_context = args.context or model.config.block_size
     data_dir = resolve_data_dir(run, ckpt, args.data_dir)
-    from data.loader import load_split_tokens, read_manifest
+    from data.loader import PreparedData, load_split_tokens
 
-    data_tokenizer = read_manifest(data_dir).get("tokenizer")
-    if data_tokenizer != ckpt["tokenizer"]:
-        raise UserError(f"{data_dir} is tokenized with {data_tokenizer!r} but {run} uses {ckpt['tokenizer']!r}; "
+    data = PreparedData(data_dir)  # opened once: its manifest read here, its shards checked by load_split_tokens
+    if data.tokenizer != ckpt["tokenizer"]:
+        raise UserError(f"{data_dir} is tokenized with {data.tokenizer!r} but {run} uses {ckpt['tokenizer']!r}; "
                         f"pass --data-dir a directory prepared with the model's tokenizer")
-    tokens = load_split_tokens(data_dir, "val")
+    tokens = load_split_tokens(data, "val")
     contexts = [train_context * f for f in args.factors]
     result = {"run": run, "name": args_name(run), "encoding": describe_encoding(ckpt["model_config"]),
               "train_context": train_context, "step": ckpt.get("step"), "data_dir": os.path.abspath(data_dir),

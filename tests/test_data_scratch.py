@@ -4,6 +4,7 @@ path."""
 import errno
 import os
 import re
+import shlex
 import subprocess
 import sys
 
@@ -183,3 +184,21 @@ def test_a_preparation_through_a_symlink_and_one_through_the_real_path_take_turn
         assert waiting.startswith(f"waiting for another process to finish preparing {link}"), waiting
         assert other.poll() is None
     assert other.communicate(timeout=60)[0] == "got it\n" and other.returncode == 0
+
+
+@pytest.mark.fault
+def test_an_unfinished_preparation_is_named_as_such_with_the_command_that_resumes_it(tmp_path):
+    """The journal of an unfinished preparation lives in its scratch folder now: a reader of the folder still says
+    that the preparation did not finish, and the repair hint still names the command that made it."""
+    from data.loader import PreparedData
+    from data.manifest import prepare_command
+    source = write_files(tmp_path / "in")
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        run_prepare(source, out, stop_after_pieces=1, **LAYOUT)
+    with pytest.raises(DataError, match=f"the preparation of {out} did not finish; run the same data.prepare command "
+                                        "again to complete it"):
+        PreparedData(str(out))
+    pattern = shlex.quote(str(tmp_path / "in" / "part*.jsonl"))
+    assert prepare_command(out) == (f"python -m data.prepare --files {pattern} --out {out} --tokenizer byte "
+                                    "--val-tokens 900 --shard-tokens 333 --max-tokens 3000")
