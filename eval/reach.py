@@ -172,16 +172,17 @@ def head_reach(model, tokens, eot, context, factor, windows, device):
 
 
 def evaluate_checkpoint(run, args, device):
-    from data.loader import load_split_tokens, read_manifest
+    from data.loader import PreparedData, load_split_tokens
     from eval.extrapolation import args_name, resolve_data_dir
 
     model, tokenizer, ckpt = load_model(run, device)
     context = args.context or model.config.block_size
     data_dir = resolve_data_dir(run, ckpt, args.data_dir)
-    if read_manifest(data_dir).get("tokenizer") != ckpt["tokenizer"]:
+    data = PreparedData(data_dir)  # opened once: the manifest read here, the shards checked by load_split_tokens
+    if data.tokenizer != ckpt["tokenizer"]:
         raise UserError(f"{data_dir} is not tokenized with {ckpt['tokenizer']!r}, the tokenizer of {run}; pass "
                         "--data-dir a directory prepared with the model's tokenizer")
-    tokens = load_split_tokens(data_dir, "val")
+    tokens = load_split_tokens(data, "val")
     if len(tokens) <= args.factor * context:
         raise UserError(f"the validation split of {data_dir} has {len(tokens):,} tokens, too few for one window of "
                         f"{args.factor} x {context}; lower --factor")

@@ -171,15 +171,16 @@ def retrieval_accuracy(model, filler, facts, context, edges, sequences, pairs, s
 
 def evaluate_checkpoint(run, args, device):
     from eval.extrapolation import args_name, resolve_data_dir
-    from data.loader import load_split_tokens, read_manifest
+    from data.loader import PreparedData, load_split_tokens
 
     model, tokenizer, ckpt = load_model(run, device)
     context = args.context or model.config.block_size
     data_dir = resolve_data_dir(run, ckpt, args.data_dir)
-    if read_manifest(data_dir).get("tokenizer") != ckpt["tokenizer"]:
+    data = PreparedData(data_dir)  # opened once: the manifest read here, the shards checked by load_split_tokens
+    if data.tokenizer != ckpt["tokenizer"]:
         raise UserError(f"{data_dir} is not tokenized with {ckpt['tokenizer']!r}, the tokenizer of {run}; pass "
                         "--data-dir a directory prepared with the model's tokenizer")
-    filler = load_split_tokens(data_dir, "val")
+    filler = load_split_tokens(data, "val")
     name = args_name(run)
     try:
         buckets, elapsed = retrieval_accuracy(model, filler, Facts(tokenizer), context, args.edges, args.sequences,
