@@ -90,6 +90,7 @@ OWN_TEST_FILES = {
     "data.shards": ["tests/test_data_prepare.py"], "data.prepare": ["tests/test_data_prepare.py"],
     "data.sources": ["tests/test_data_sources.py"], "data.pipeline": ["tests/test_data_pipeline.py"],
     "data.scratch": ["tests/test_data_scratch.py"], "data.assemble": ["tests/test_data_assemble.py"],
+    "data.prepared": ["tests/test_data_prepared.py"],
     "hf.export": ["tests/test_hf_export.py"], "hf.init_from": ["tests/test_hf_init_from.py"],
     "hf.qwen3": ["tests/test_hf_qwen3.py"], "hf.remote_code": ["tests/test_hf_remote_code.py"],
     "hf.tokenizer_files": ["tests/test_hf_tokenizer_files.py"],
