@@ -59,8 +59,9 @@ from data.shards import DataError
 from hf.init_from import initial_state
 from attention_kernels.triton_probe import probe_summary
 from lm_loss import describe_loss
-from training.checkpointing import (FIXED_FOR_A_RUN, TRAJECTORY_KEYS, Checkpointer, check_resume_compatible,
-                                    load_checkpoint, refuse_earlier_checkpoint, restore, set_aside_earlier_run)
+from training.checkpointing import (DATA_CHANGE, FIXED_FOR_A_RUN, TRAJECTORY_KEYS, Checkpointer,
+                                    check_resume_compatible, check_resume_data, load_checkpoint,
+                                    refuse_earlier_checkpoint, restore, set_aside_earlier_run)
 from training.distributed import Distributed, is_collective_failure
 from training.metrics import (Metrics, Throughput, atomic_write_text, code_version, duration, gpu_peak_flops,
                               peak_memory, provenance, start_wandb, trim_metrics)
@@ -82,7 +83,9 @@ options:
                           loss sequence must be the checkpoint's (without ckpt.pt: the latest complete sharded
                           checkpoint in RUN_DIR/ckpt.shards/, with the settings of RUN_DIR/config.json)
   --allow_changes=K1,K2   with --resume: let these of those settings change on purpose (recorded in the run): """ \
-    + ", ".join(k for k in TRAJECTORY_KEYS if k not in FIXED_FOR_A_RUN) + """
+    + ", ".join(k for k in TRAJECTORY_KEYS if k not in FIXED_FOR_A_RUN) + """, or
+                          data (the data folder was prepared again since: its manifest differs from the
+                          checkpoint's, which a resume otherwise refuses)
   --start_over            a new run in a RUN_DIR that holds an earlier run's checkpoint (ckpt.pt, or shards in
                           ckpt.shards/ without it), which a new run otherwise refuses: the earlier run's files are
                           moved into RUN_DIR/earlier-<UTC time>-*/ first; nothing is deleted
@@ -109,10 +112,11 @@ def parse_args(argv: list[str]) -> Arguments:
             start_over = True
         elif arg.split("=")[0] in ("--allow_changes", "--allow-changes"):
             allowed += [key.strip() for key in arg.partition("=")[2].split(",") if key.strip()]
-            unknown = [key for key in allowed if key not in TRAJECTORY_KEYS]
+            unknown = [key for key in allowed if key not in (*TRAJECTORY_KEYS, DATA_CHANGE)]
             if unknown or not allowed:
                 raise ConfigError(f"--allow_changes takes a comma-separated list of the settings a resume may change "
-                                  f"({', '.join(k for k in TRAJECTORY_KEYS if k not in FIXED_FOR_A_RUN)}), "
+                                  f"({', '.join(k for k in TRAJECTORY_KEYS if k not in FIXED_FOR_A_RUN)}, "
+                                  f"{DATA_CHANGE}), "
                                   f"not {arg.partition('=')[2]!r}.")
             fixed = [key for key in allowed if key in FIXED_FOR_A_RUN]
             if fixed:
@@ -202,8 +206,9 @@ EMBEDDED_CORPORA = {"default": "gpt2", "default-byte": "byte"}
 
 
 def training_data(cfg: TrainConfig, vocab_size: int, block_size: int, ddp: Distributed):
-    """(data directory, its tokenizer's name, the batch source), every shard checked."""
-    from data.loader import RandomOffsetBatches, TrainBatches, data_description, verify_shards
+    """(the data folder, opened once and every shard checked: a data.prepared.PreparedData, which the batch sources
+    and the validation read; its tokenizer's name; the batch source)."""
+    from data.loader import PreparedData, RandomOffsetBatches, TrainBatches, verify_shards
     from data.manifest import adopt_command
     from data.prefetch import PrefetchedBatches
     if cfg.data_dir in EMBEDDED_CORPORA:  # the main process prepares it once; the others wait and use it
@@ -215,26 +220,26 @@ def training_data(cfg: TrainConfig, vocab_size: int, block_size: int, ddp: Distr
     if not os.path.exists(data_dir):
         raise DataError(f"data directory {data_dir} does not exist; prepare it with `{prepare_command_for(data_dir)}`, "
                         "or point --data_dir at a prepared directory.")
-    manifest = data_description(data_dir)  # a DataError that says how to prepare the directory
-    tokenizer_name = manifest["tokenizer"]
-    if manifest["shards"] is None:
+    data = PreparedData(data_dir)  # a DataError that says how to prepare the directory
+    tokenizer_name = data.tokenizer
+    if data.manifest is None:
         raise DataError(f"{data_dir} has no manifest.json, so its shards cannot be checked for damage (a changed byte "
                         f"would be trained on without notice); record their checksums once with "
                         f"`{adopt_command(data_dir)}` (it reads every shard once and takes them as GPT-2 tokens), "
                         "then train.")
-    n_vocab = manifest.get("n_vocab") or manifest.get("vocab_size")
+    n_vocab = data.vocab_size
     if n_vocab is not None and n_vocab > vocab_size:
         raise ConfigError(f"the data's tokenizer {tokenizer_name!r} has {n_vocab} tokens but model.vocab_size is "
                           f"{vocab_size}; set --vocab_size={n_vocab} or more.")
     # Headers and sizes now; each shard's content (sha256, token ids) once per version of the file, the reading
     # shared out over the processes; then every batch's ids as it is read (data/verify.py, data/prefetch.py).
-    verify_shards(data_dir, vocab_size=vocab_size, rank=ddp.rank, world_size=ddp.world_size)
+    verify_shards(data, vocab_size=vocab_size, rank=ddp.rank, world_size=ddp.world_size)
     if cfg.sampler == "random_offsets":
-        batches = RandomOffsetBatches(data_dir, batch_size=cfg.batch_size, block_size=block_size, seed=cfg.seed,
+        batches = RandomOffsetBatches(data, batch_size=cfg.batch_size, block_size=block_size, seed=cfg.seed,
                                       global_batch_size=cfg.global_batch_size,
                                       layout=cfg.reference_processes_and_micro_steps())
     else:
-        batches = TrainBatches(data_dir, batch_size=cfg.batch_size, block_size=block_size, seed=cfg.seed)
+        batches = TrainBatches(data, batch_size=cfg.batch_size, block_size=block_size, seed=cfg.seed)
     if cfg.retrieval_fraction:
         from data.retrieval import RetrievalMix
         from data.tokenizer import get_tokenizer
@@ -245,7 +250,7 @@ def training_data(cfg: TrainConfig, vocab_size: int, block_size: int, ddp: Distr
     # this process's next micro-batches are read in the background (their numbering strides by the world size)
     batches = PrefetchedBatches(batches, stride=ddp.world_size, vocab_size=vocab_size,
                                 pin_memory=ddp.device.type == "cuda")
-    return data_dir, tokenizer_name, batches
+    return data, tokenizer_name, batches
 
 
 def prepare_command_for(data_dir: str) -> str:
@@ -439,10 +444,10 @@ def describe(raw_model, cfg: TrainConfig, ddp: Distributed, use_bf16: bool, grad
 
 # ----------------------------------------------------------------------------- the loop's records
 
-def validate(model, data_dir: str, cfg: TrainConfig, block_size: int, ddp: Distributed, autocast, metrics: Metrics,
+def validate(model, data, cfg: TrainConfig, block_size: int, ddp: Distributed, autocast, metrics: Metrics,
              step: int, stops: StopSignals, val_losses: list) -> None:
     """The validation loss, recorded and appended to val_losses; nothing if a stop request cut it short."""
-    val_loss = evaluate(model, data_dir, cfg, block_size, ddp, autocast, stops)
+    val_loss = evaluate(model, data, cfg, block_size, ddp, autocast, stops)
     if val_loss is not None:
         metrics.write({"type": "val", "iter": step, "tokens": step * cfg.global_batch_size * block_size,
                        "val_loss": val_loss}, f"iter {step:>6} | val loss {val_loss:.4f}")
@@ -510,10 +515,14 @@ def train(args: Arguments, model_cfg, cfg: TrainConfig, ckpt: dict | None, chang
     use_bf16, autocast = precision(cfg, ddp.device)
     check_model_fits(model_cfg, cfg, ddp, use_bf16, grad_accum)
     T = model_cfg.block_size
-    data_dir, tokenizer_name, batches = training_data(cfg, model_cfg.vocab_size, T, ddp)
+    data, tokenizer_name, batches = training_data(cfg, model_cfg.vocab_size, T, ddp)
+    data_dir = data.path
+    if ckpt is not None:  # a data folder prepared again since the checkpoint: refused, or recorded as a change
+        changes = changes + check_resume_data(ckpt, data, os.path.join(cfg.out_dir, "ckpt.pt"), args.allowed_changes)
     raw_model, optimizer, step, monitor = build_model(model_cfg, cfg, ddp, ckpt, init_state, grad_accum, use_bf16)
     resolved = resolved_config(args, model_cfg, dataclasses.replace(cfg, batch_size=configured_batch_size), ckpt,
                                changes, ddp, grad_accum, data_dir, tokenizer_name, micro)
+    resolved["data_identity"] = data.identity  # (kept in config.json and every checkpoint)
     wandb_id = ckpt.get("wandb_id") if ckpt else None
     recovered = bool(ckpt and ckpt.get("recovered"))  # resumed from shards whose ckpt.pt is gone
     metrics = open_run_directory(cfg, resolved, step, ckpt is not None, changes, ddp, wandb_id, args.start_over)
@@ -533,7 +542,7 @@ def train(args: Arguments, model_cfg, cfg: TrainConfig, ckpt: dict | None, chang
             save = functools.partial(save_checked, checkpointer, monitor, raw_model, optimizer, batches,
                                      grad_accum=grad_accum, ddp=ddp, autocast=autocast, stops=stops)
             if step == 0 and cfg.eval_interval:
-                validate(model, data_dir, cfg, T, ddp, autocast, metrics, step, stops, val_losses)
+                validate(model, data, cfg, T, ddp, autocast, metrics, step, stops, val_losses)
             stop = stops.any_process(ddp)  # asked during the first validation; later, voted with each step
             model.train()
             while step < end_iter and not stop:
@@ -554,7 +563,7 @@ def train(args: Arguments, model_cfg, cfg: TrainConfig, ckpt: dict | None, chang
                     log_train(metrics, throughput, step, end_iter, lr, result, cfg, tokens_per_step)
                 evaluated = bool(cfg.eval_interval) and (step % cfg.eval_interval == 0 or step == cfg.num_steps)
                 if evaluated:
-                    validate(model, data_dir, cfg, T, ddp, autocast, metrics, step, stops, val_losses)
+                    validate(model, data, cfg, T, ddp, autocast, metrics, step, stops, val_losses)
                 stop = result.stop or evaluated and stops.any_process(ddp)
                 saved = not stop and (step == end_iter or cfg.ckpt_interval > 0 and step % cfg.ckpt_interval == 0)
                 if saved:

@@ -19,15 +19,16 @@ import os
 import numpy as np
 import torch
 
-from data.manifest import read_manifest, split_files  # noqa: F401 (part of this module's interface)
-from data.shards import DataError, open_shard
+from data.manifest import journals, read_manifest, split_files  # noqa: F401 (part of this module's interface)
+from data.prepared import PreparedData, open_data  # noqa: F401 (part of this module's interface)
+from data.shards import DataError
 from data.verify import verify_shards  # noqa: F401 (part of this module's interface)
 
 
 def data_description(data_dir):
     """The manifest, or for a manifest-free llm.c-style directory (which holds GPT-2 token shards) a stand-in
     {"tokenizer": "gpt2", "shards": None}; a DataError that says how to prepare the directory otherwise."""
-    marked = any(os.path.exists(os.path.join(data_dir, name)) for name in ("manifest.json", "progress.json"))
+    marked = os.path.exists(os.path.join(data_dir, "manifest.json")) or journals(data_dir)
     if os.path.isdir(data_dir) and not marked and glob.glob(os.path.join(data_dir, "*.bin")):
         split_files(data_dir, "train")  # a DataError if it has no train shards
         return {"tokenizer": "gpt2", "shards": None}
@@ -114,18 +115,19 @@ class TrainBatches:
     train.py uses index = (step * grad_accum + micro_step) * world_size + rank, so that runs with different
     rank / accumulation layouts see the same windows, and resuming needs only the step."""
 
-    def __init__(self, data_dir, batch_size, block_size, seed=0):
+    def __init__(self, data, batch_size, block_size, seed=0):
+        """data: a PreparedData (data/prepared.py), or a prepared folder's path."""
         if batch_size < 1 or block_size < 1:
             raise DataError(f"batch_size and block_size must be positive (got {batch_size}, {block_size})")
-        self.data_dir, self.batch_size, self.block_size, self.seed = data_dir, batch_size, block_size, seed
-        verify_shards(data_dir, ("train",))
-        self.paths = split_files(data_dir, "train")
-        self.shards = [open_shard(p) for p in self.paths]
+        self.data = data = open_data(data)
+        self.data_dir, self.batch_size, self.block_size, self.seed = data.path, batch_size, block_size, seed
+        verify_shards(data, ("train",))
+        self.paths, self.shards = data.split_paths("train"), data.shards("train")
         self.tokens = sum(len(s) for s in self.shards)
         self.window_counts, self.offsets = _windows(self.shards, block_size)
         self.windows_per_epoch = int(self.offsets[-1])
         if self.windows_per_epoch == 0:
-            raise DataError(f"the train shards of {data_dir} ({self.tokens:,} tokens) hold no window of block_size+1 "
+            raise DataError(f"the train shards of {data.path} ({self.tokens:,} tokens) hold no window of block_size+1 "
                             f"= {block_size + 1} tokens; use a smaller block_size or more data")
 
     def batch(self, index):
@@ -145,16 +147,18 @@ class TrainBatches:
         return index * self.batch_size // self.windows_per_epoch
 
 
-def validation_batches(data_dir, batch_size, block_size, max_windows=None):
+def validation_batches(data, batch_size, block_size, max_windows=None):
     """Yield (x, y) batches of the fixed validation windows, in order: all of them, or the first max_windows.
+    data: a PreparedData, or a prepared folder's path.
 
     The last batch may be smaller, so the windows scored are the same whatever the batch size."""
-    verify_shards(data_dir, ("val",))
-    shards = [open_shard(p) for p in split_files(data_dir, "val")]
+    data = open_data(data)
+    verify_shards(data, ("val",))
+    shards = data.shards("val")
     _, offsets = _windows(shards, block_size)
     total = int(offsets[-1])
     if total == 0:
-        raise DataError(f"the validation shards of {data_dir} hold no window of block_size+1 = {block_size + 1} "
+        raise DataError(f"the validation shards of {data.path} hold no window of block_size+1 = {block_size + 1} "
                         f"tokens; use a smaller block_size or prepare with a larger --val-tokens")
     if max_windows is not None:
         total = min(total, max_windows)
@@ -163,10 +167,12 @@ def validation_batches(data_dir, batch_size, block_size, max_windows=None):
         yield _gather(shards, offsets, windows, block_size)
 
 
-def load_split_tokens(data_dir, split="val"):
-    """All tokens of a split as one 1-D uint16 array (memory-mapped when the split is a single shard)."""
-    verify_shards(data_dir, (split,))
-    shards = [open_shard(p) for p in split_files(data_dir, split)]
+def load_split_tokens(data, split="val"):
+    """All tokens of a split as one 1-D uint16 array (memory-mapped when the split is a single shard). data: a
+    PreparedData, or a prepared folder's path."""
+    data = open_data(data)
+    verify_shards(data, (split,))
+    shards = data.shards(split)
     return shards[0] if len(shards) == 1 else np.concatenate(shards)
 
 
@@ -198,14 +204,14 @@ class RandomOffsetBatches:
     the run, as TrainBatches does: any split into processes and micro-batches reads exactly the sequences theirs
     read, and a resume needs only the step."""
 
-    def __init__(self, data_dir, batch_size, block_size, seed, global_batch_size, layout):
-        self.data_dir, self.batch_size, self.block_size, self.seed = data_dir, batch_size, block_size, seed
+    def __init__(self, data, batch_size, block_size, seed, global_batch_size, layout):
+        self.data = data = open_data(data)
+        self.data_dir, self.batch_size, self.block_size, self.seed = data.path, batch_size, block_size, seed
         self.global_batch_size = global_batch_size
         self.processes, self.micro_steps = layout
         self.rows = global_batch_size // (self.processes * self.micro_steps)
-        verify_shards(data_dir, ("train",))
-        self.paths = split_files(data_dir, "train")
-        self.shards = [open_shard(p) for p in self.paths]
+        verify_shards(data, ("train",))
+        self.paths, self.shards = data.split_paths("train"), data.shards("train")
         short = [(p, len(s)) for p, s in zip(self.paths, self.shards) if len(s) <= block_size]
         if short:
             raise DataError(f"train shard {short[0][0]} holds {short[0][1]} tokens, not more than "

@@ -4,10 +4,12 @@ Both data/prepare.py (which writes directories) and data/loader.py / data/verify
 module, so neither needs the other.
 """
 import glob
+import hashlib
 import json
 import os
 import shlex
 
+from data.scratch import JOURNAL, SCRATCH_PREFIX
 from data.shards import DataError
 
 FINEWEB_EDU_REPO = "HuggingFaceFW/fineweb-edu"
@@ -16,7 +18,7 @@ GPT2_VOCAB_SIZE = 50257
 PREPARE_HINT = "prepare one with `python -m data.prepare --default` (or --files / --dataset, see README)"
 
 
-def _require_folder(data_dir):
+def require_folder(data_dir):
     if os.path.isdir(data_dir):
         return
     if os.path.exists(data_dir):  # e.g. its manifest.json or a shard given instead of the folder
@@ -42,18 +44,32 @@ def _shape_problem(manifest):
     return None
 
 
+def journals(data_dir):
+    """The journals of unfinished preparations of data_dir: in its scratch folders, or (older versions) beside the
+    shards."""
+    return (sorted(glob.glob(os.path.join(glob.escape(data_dir), SCRATCH_PREFIX + "*", JOURNAL)))
+            + [p for p in [os.path.join(data_dir, "progress.json")] if os.path.exists(p)])
+
+
 def read_manifest(data_dir):
     """The manifest.json that data/prepare.py wrote, as a dict (has "tokenizer", "tokens", "shards", ...)."""
+    return read_manifest_and_identity(data_dir)[0]
+
+
+def read_manifest_and_identity(data_dir):
+    """(the manifest, the sha256 of its bytes: what identifies the data, since it lists every shard's sha256),
+    from one read of the file."""
     path = os.path.join(data_dir, "manifest.json")
-    _require_folder(data_dir)
+    require_folder(data_dir)
     if not os.path.exists(path):
-        if os.path.exists(os.path.join(data_dir, "progress.json")):
+        if journals(data_dir):
             raise DataError(f"the preparation of {data_dir} did not finish; run the same data.prepare command again "
                             f"to complete it")
         raise DataError(f"{data_dir} has no manifest.json, so it is not a prepared data directory; {PREPARE_HINT}")
     try:
-        with open(path) as f:
-            manifest = json.load(f)
+        with open(path, "rb") as f:
+            raw = f.read()
+        manifest = json.loads(raw)
     except ValueError as error:
         raise DataError(f"{path} is damaged ({error}); delete it and run the data.prepare command that made "
                         f"{data_dir} again, which prepares it afresh") from None
@@ -63,16 +79,22 @@ def read_manifest(data_dir):
                         f"`python -m data.prepare` (--files, --dataset or --default) into a new --out folder, or for "
                         f"llm.c-style shards made elsewhere move that file aside and record them with "
                         f"`{adopt_command(data_dir)}`")
-    return manifest
+    return manifest, hashlib.sha256(raw).hexdigest()
 
 
 def split_files(data_dir, split):
     """Shard paths of a split, in order: from the manifest, or for llm.c-style folders without one, by name."""
+    require_folder(data_dir)
+    marked = os.path.exists(os.path.join(data_dir, "manifest.json")) or journals(data_dir)
+    return shard_paths(data_dir, read_manifest(data_dir) if marked else None, split)
+
+
+def shard_paths(data_dir, manifest, split):
+    """Shard paths of a split of data_dir, in order: from its manifest (already read), or with None for an
+    llm.c-style folder without one, by name."""
     if split not in ("train", "val"):
         raise DataError(f"unknown split {split!r}; use 'train' or 'val'")
-    _require_folder(data_dir)
-    if os.path.exists(os.path.join(data_dir, "manifest.json")) or os.path.exists(os.path.join(data_dir, "progress.json")):
-        manifest = read_manifest(data_dir)
+    if manifest is not None:
         paths = [os.path.join(data_dir, s["file"]) for s in manifest["shards"] if s["split"] == split]
     else:  # e.g. llm.c's fineweb_val_000000.bin, fineweb_train_000001.bin
         paths = sorted(set(glob.glob(os.path.join(data_dir, f"{split}_*.bin")))
@@ -85,14 +107,19 @@ def split_files(data_dir, split):
 def prepare_command(out_dir):
     """The `python -m data.prepare ...` command that made (or resumes, or repairs) out_dir, from its manifest."""
     out_dir = os.fspath(out_dir)
-    for name in ("manifest.json", "progress.json"):
+    for path in [os.path.join(out_dir, "manifest.json")] + journals(out_dir):
         try:
-            with open(os.path.join(out_dir, name)) as f:
+            with open(path) as f:
                 config = json.load(f)["config"]
             break
         except (OSError, ValueError, KeyError, TypeError):  # TypeError: valid JSON of another shape
             config = None
-    if config is None:
+    return command_of(out_dir, config)
+
+
+def command_of(out_dir, config):
+    """The `python -m data.prepare ...` command of a preparation's config (its manifest's "config"; None: unknown)."""
+    if not isinstance(config, dict):
         return f"python -m data.prepare ... --out {shlex.quote(out_dir)}"
     source = config["source"]
     if source["kind"] == "default":
@@ -111,14 +138,16 @@ def prepare_command(out_dir):
     return "python -m data.prepare " + " ".join(shlex.quote(w) for w in words)
 
 
-def repair_hint(data_dir):
-    """What to run when a shard of data_dir is damaged or missing."""
-    if not os.path.exists(os.path.join(data_dir, "manifest.json")):
+def repair_hint(data_dir, manifest=None):
+    """What to run when a shard of data_dir is damaged or missing; from its manifest when given (already read),
+    else from its files."""
+    if manifest is None and not os.path.exists(os.path.join(data_dir, "manifest.json")):
         return "replace it with an intact copy (this directory has no manifest.json to rebuild it from)"
-    if adopted(data_dir):
+    if adopted(data_dir) if manifest is None else manifest.get("source", {}).get("kind") == "adopted":
         return ("replace it with an intact copy (this directory was adopted with --adopt: there is no source to "
                 "rebuild it from)")
-    return f"run `{prepare_command(data_dir)}` (the command that prepared it): it finds and rewrites the damaged shards"
+    command = prepare_command(data_dir) if manifest is None else command_of(os.fspath(data_dir), manifest.get("config"))
+    return f"run `{command}` (the command that prepared it): it finds and rewrites the damaged shards"
 
 
 def adopted(data_dir):

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from data.manifest import data_vocab_size, read_manifest, repair_hint, split_files
+from data.prepared import open_data
 from data.shards import HEADER_BYTES, DataError, read_header
 
 CACHE_ENV = "GRAPE_CACHE_DIR"
@@ -98,12 +98,6 @@ def _all_gather(results, world_size):
     return {path: result for part in gathered for path, result in part.items()}
 
 
-def _expected_sha256(data_dir):
-    if not os.path.exists(os.path.join(data_dir, "manifest.json")):
-        return {}
-    return {os.path.join(data_dir, s["file"]): s.get("sha256") for s in read_manifest(data_dir)["shards"]}
-
-
 def _judge(data_dir, results, expected, record, largest):
     """Take freshly read shards into `largest`, the process memo and `record`; return the problems found, in order."""
     problems = []
@@ -122,18 +116,28 @@ def _judge(data_dir, results, expected, record, largest):
     return problems
 
 
-def verify_shards(data_dir, splits=("train", "val"), vocab_size=None, rank=0, world_size=1):
-    """Check the shards of `splits` before use: headers and sizes every time; content (the sha256 recorded in
-    manifest.json, or for directories without one only the token ids) once per version of each file, the reading
-    split over the world_size processes of a torch.distributed job (all of them must call this). Given vocab_size,
-    every token id must be below it. A DataError names the shard and the command that repairs it."""
+def verify_shards(data, splits=("train", "val"), vocab_size=None, rank=0, world_size=1):
+    """Check the shards of `splits` of data (a data.prepared.PreparedData, or a folder's path) before use: headers
+    and sizes every time; content (the sha256 recorded in manifest.json, or for directories without one only the
+    token ids) once per version of each file, the reading split over the world_size processes of a
+    torch.distributed job (all of them must call this). Given vocab_size, every token id must be below it. A
+    DataError names the shard and the command that repairs it. A PreparedData is checked once per split."""
+    data = open_data(data)
+    splits = tuple(split for split in splits if not data.verified(split, vocab_size))
+    if not splits:
+        return
+    _verify(data, splits, vocab_size, rank, world_size)
+    data.mark_verified(splits, vocab_size)
+
+
+def _verify(data, splits, vocab_size, rank, world_size):
     say = (lambda text: print(text, file=sys.stderr, flush=True)) if rank == 0 else (lambda text: None)
-    expected = _expected_sha256(data_dir)
-    paths = [p for split in splits for p in split_files(data_dir, split)]
+    data_dir, expected, hint = data.path, data.expected_sha256(), data.repair_hint()
+    paths = [p for split in splits for p in data.split_paths(split)]
     for path in paths:
         if not os.path.exists(path):
-            raise DataError(f"shard {path} listed in manifest.json is missing; {repair_hint(data_dir)}")
-        read_header(path, redo=repair_hint(data_dir))
+            raise DataError(f"shard {path} listed in manifest.json is missing; {hint}")
+        read_header(path, redo=hint)
 
     record_file = record_path(data_dir)
     record = _load_record(record_file)
@@ -159,13 +163,13 @@ def verify_shards(data_dir, splits=("train", "val"), vocab_size=None, rank=0, wo
         problems = _judge(data_dir, {path: results[path] for path in unread}, expected, record, largest)
         _save_record(record_file, data_dir, record, say)
         if problems:
-            raise DataError(f"{problems[0]}; {repair_hint(data_dir)}")
+            raise DataError(f"{problems[0]}; {hint}")
     if vocab_size is not None:
-        tokenizer_ids = data_vocab_size(data_dir)
+        tokenizer_ids = data.vocab_size
         for path in paths:
             if tokenizer_ids is not None and largest[path] >= tokenizer_ids:  # no tokenizer of this data makes it
                 raise DataError(f"shard {path} holds token id {largest[path]}, which its tokenizer ({tokenizer_ids} "
-                                f"ids) never produces: the shard is damaged; {repair_hint(data_dir)}")
+                                f"ids) never produces: the shard is damaged; {hint}")
             if largest[path] >= vocab_size:
                 raise DataError(f"shard {path} holds token id {largest[path]}, but the model's vocab_size is "
                                 f"{vocab_size}: the data was made with a larger tokenizer; set "
@@ -177,8 +181,9 @@ def verify_all(data_dir, workers=1):
     """Read every shard of data_dir in full now, whatever is recorded, with `workers` threads (hashing and numpy
     release the GIL); record the intact ones. Token ids must be below the manifest's vocab_size (manifest-free
     directories: GPT-2's 50257). Returns (number of shards, bytes read, the problems found as sentences)."""
-    expected = _expected_sha256(data_dir)
-    paths = [p for split in ("val", "train") for p in split_files(data_dir, split)]
+    data = open_data(data_dir)
+    expected = data.expected_sha256()
+    paths = [p for split in ("val", "train") for p in data.split_paths(split)]
     problems, readable = [], []
     for path in paths:
         try:
@@ -194,7 +199,7 @@ def verify_all(data_dir, workers=1):
     record, largest = _load_record(record_file), {}
     problems += _judge(data_dir, dict(zip(readable, contents)), expected, record, largest)
     _save_record(record_file, data_dir, record, lambda text: print(text, file=sys.stderr))
-    vocab_size = data_vocab_size(data_dir)
+    vocab_size = data.vocab_size
     problems += [f"shard {path} holds token id {top}, but its tokenizer has only {vocab_size} ids"
                  for path, top in largest.items() if vocab_size and top >= vocab_size]
     return len(paths), sum(os.path.getsize(p) for p in readable), problems

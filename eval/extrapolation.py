@@ -215,10 +215,13 @@ def cached_greedy_generate(model, tokenizer, device, batch_tokens=16384):
 # ---------------------------------------------------------------------------------------------- reports
 
 def resolve_data_dir(run_dir, ckpt, data_dir):
-    """--data-dir, else the run's resolved data directory, else the embedded corpus for its tokenizer."""
+    """--data-dir, else the run's resolved data directory, else the embedded corpus for its tokenizer. The run's
+    own folder must hold the data the checkpoint was trained on (its recorded identity); a run whose folder is
+    gone says so before the embedded corpus is read."""
     if data_dir:
         return data_dir
     config_path = os.path.join(run_dir, "config.json") if os.path.isdir(run_dir) else None
+    resolved = None
     if config_path and os.path.isfile(config_path):
         try:
             settings = json.loads(Path(config_path).read_text(encoding="utf-8"))
@@ -229,14 +232,42 @@ def resolve_data_dir(run_dir, ckpt, data_dir):
                             f"{settings if isinstance(settings, str) else 'a JSON ' + type(settings).__name__}); "
                             "restore it from a backup, or pass --data-dir the prepared data to read")
         resolved = settings.get("data_dir_resolved")
-        if resolved and os.path.isdir(resolved):
-            return resolved
     saved = (ckpt.get("train_config") or {}).get("data_dir")
-    if saved and saved != "default" and os.path.isdir(saved):
-        return saved
+    own = [path for path in (resolved, saved if saved not in EMBEDDED_DATA_NAMES else None) if path]
+    for path in own:
+        if os.path.isdir(path):
+            return checked_run_data(path, ckpt, run_dir)
     from data.prepare import ensure_default_corpus
 
+    if own and not (resolved and is_embedded_corpus(resolved)):
+        print(f"note: the data folder of {run_dir}, {own[0]}, is gone; reading the validation split of the embedded "
+              f"corpus ({ckpt['tokenizer']} tokens) instead (pass --data-dir to read another folder)", file=sys.stderr)
     return ensure_default_corpus(tokenizer=ckpt["tokenizer"], progress_bar=False)
+
+
+EMBEDDED_DATA_NAMES = ("default", "default-byte")  # train.py's data_dir names of the embedded corpus
+
+
+def is_embedded_corpus(path):
+    """Whether path is a cache of the embedded corpus (data_cache/default...), which ensure_default_corpus rebuilds."""
+    return os.path.basename(os.path.normpath(path)) in EMBEDDED_DATA_NAMES \
+        and os.path.basename(os.path.dirname(os.path.normpath(path))) == "data_cache"
+
+
+def checked_run_data(path, ckpt, run_dir):
+    """path, the run's own data folder, once its identity is the checkpoint's (or either is unknown)."""
+    from data.prepared import PreparedData, other_data_problem
+    from data.shards import DataError
+    if not ckpt.get("data_identity"):  # a checkpoint from before identities were recorded
+        return path
+    try:
+        problem = other_data_problem(ckpt.get("data_identity"), PreparedData(path))
+    except DataError as error:
+        raise UserError(f"the data folder of {run_dir}: {error}") from None
+    if problem:
+        raise UserError(f"{problem}, so {run_dir} would be evaluated on data it was not trained on; pass --data-dir "
+                        f"{path} to evaluate on it as it is now, or put back the data the run was trained on")
+    return path
 
 
 def checked_inputs(run, args, device):
@@ -246,13 +277,13 @@ def checked_inputs(run, args, device):
     model, tokenizer, ckpt = load_model(run, device)
     train_context = args.context or model.config.block_size
     data_dir = resolve_data_dir(run, ckpt, args.data_dir)
-    from data.loader import load_split_tokens, read_manifest
+    from data.loader import PreparedData, load_split_tokens
 
-    data_tokenizer = read_manifest(data_dir).get("tokenizer")
-    if data_tokenizer != ckpt["tokenizer"]:
-        raise UserError(f"{data_dir} is tokenized with {data_tokenizer!r} but {run} uses {ckpt['tokenizer']!r}; "
+    data = PreparedData(data_dir)  # opened once: its manifest read here, its shards checked by load_split_tokens
+    if data.tokenizer != ckpt["tokenizer"]:
+        raise UserError(f"{data_dir} is tokenized with {data.tokenizer!r} but {run} uses {ckpt['tokenizer']!r}; "
                         f"pass --data-dir a directory prepared with the model's tokenizer")
-    tokens = load_split_tokens(data_dir, "val")
+    tokens = load_split_tokens(data, "val")
     longest = train_context * max(args.factors)
     if args.documents and not document_windows(tokens, tokenizer.eot_token, longest, 1):
         raise UserError(f"no document of the validation split of {data_dir} is longer than {longest} tokens, the "

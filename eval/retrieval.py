@@ -174,15 +174,16 @@ def checked_inputs(run, args, device):
     they cannot give a result (its buckets cannot hold the facts, or the text is shorter than a test sequence):
     checked for every checkpoint before any is evaluated."""
     from eval.extrapolation import resolve_data_dir
-    from data.loader import load_split_tokens, read_manifest
+    from data.loader import PreparedData, load_split_tokens
 
     model, tokenizer, ckpt = load_model(run, device)
     context = args.context or model.config.block_size
     data_dir = resolve_data_dir(run, ckpt, args.data_dir)
-    if read_manifest(data_dir).get("tokenizer") != ckpt["tokenizer"]:
+    data = PreparedData(data_dir)  # opened once: the manifest read here, the shards checked by load_split_tokens
+    if data.tokenizer != ckpt["tokenizer"]:
         raise UserError(f"{data_dir} is not tokenized with {ckpt['tokenizer']!r}, the tokenizer of {run}; pass "
                         "--data-dir a directory prepared with the model's tokenizer")
-    filler = load_split_tokens(data_dir, "val")
+    filler = load_split_tokens(data, "val")
     try:
         longest = bucket_bounds(args.edges, context)[-1][1]
         problem = bucket_problem(args.edges, context, args.pairs, Facts(tokenizer))

@@ -26,6 +26,7 @@ import train
 from training.checkpointing import load_checkpoint
 from training.distributed import is_collective_failure
 from config import ConfigError
+from data import pipeline
 from data import prepare as prep
 from data.loader import verify_shards
 from data.shards import DataError, HEADER_BYTES, write_shard
@@ -312,10 +313,11 @@ def test_second_ctrl_c_while_a_checkpoint_is_written_keeps_it(config_file, tmp_p
 KILL_DURING_PREPARE = """
     import os, signal, sys
     import numpy as np
+    from data import pipeline
     from data import prepare as prep
     which, point = int(sys.argv[1]), sys.argv[2]
     calls = {"shards": 0, "named": 0}
-    real_write_shard, real_write_json, real_replace = prep.write_shard, prep._write_json, os.replace
+    real_write_shard, real_write_json, real_replace = pipeline.write_shard, pipeline.write_json, os.replace
     die = lambda: os.kill(os.getpid(), signal.SIGKILL)
 
     def write_shard(path, tokens, **kwargs):
@@ -338,7 +340,7 @@ KILL_DURING_PREPARE = """
             if calls["named"] == which:
                 die()
 
-    prep.write_shard, prep._write_json, os.replace = write_shard, write_json, replace
+    pipeline.write_shard, pipeline.write_json, os.replace = write_shard, write_json, replace
     sys.exit(prep.main(sys.argv[3:]))
 """
 
@@ -508,9 +510,10 @@ def test_a_full_disk_while_preparing_is_one_sentence_and_resumable(corpus, data_
 # the two are sure to overlap.
 PREPARE_AT_ONCE = """
     import os, sys, time
+    from data import pipeline
     from data import prepare as prep
     record = sys.argv[1]
-    real_tokenize = prep._tokenize_piece
+    real_tokenize = pipeline.tokenize_piece
 
     def tokenize(task):
         with open(record, "a") as f:
@@ -518,7 +521,7 @@ PREPARE_AT_ONCE = """
         time.sleep(0.5)
         return real_tokenize(task)
 
-    prep._tokenize_piece = tokenize
+    pipeline.tokenize_piece = tokenize
     open(f"{record}.{os.getpid()}.started", "w").close()
     folder = os.path.dirname(record)
     while sum(name.endswith(".started") for name in os.listdir(folder)) < 2:
@@ -570,7 +573,7 @@ def test_an_output_directory_removed_by_another_process_is_named_as_the_cause(co
     interferes the same command prepares it."""
     import shutil
     out = tmp_path / "out"
-    real_write_shard = prep.write_shard
+    real_write_shard = pipeline.write_shard
     calls = {"n": 0}
 
     def write_shard(path, tokens, **kwargs):
@@ -579,15 +582,16 @@ def test_an_output_directory_removed_by_another_process_is_named_as_the_cause(co
             shutil.rmtree(out)
         return real_write_shard(path, tokens, **kwargs)
 
-    monkeypatch.setattr(prep, "write_shard", write_shard)
+    monkeypatch.setattr(pipeline, "write_shard", write_shard)
     with pytest.raises(DataError) as info:
         prep.prepare(prep.files_source(corpus), str(out), progress_bar=False, **PREPARE_SETTINGS)
     message = str(info.value)
-    assert message.startswith(f"{out}/parts/piece_000000_000001.bin.tmp vanished while this process was writing it: "
-                              f"another process removed or replaced {out} meanwhile"), message
+    assert re.match(rf"{re.escape(str(out))}/\.prepare-\w{{8}}/parts/piece_000000_000001\.bin\.tmp vanished while this "
+                    rf"process was writing it: another process removed or replaced {re.escape(str(out))} meanwhile",
+                    message), message
     assert "free space" not in message and "\n" not in message
     assert message.endswith(f"let nothing else write to or delete {out}, then run the same command again to continue")
-    monkeypatch.setattr(prep, "write_shard", real_write_shard)
+    monkeypatch.setattr(pipeline, "write_shard", real_write_shard)
     prep.prepare(prep.files_source(corpus), str(out), progress_bar=False, **PREPARE_SETTINGS)
     assert prep.main(["--verify", str(out)]) == 0
 

@@ -200,8 +200,8 @@ BREAKS = [
     ("hf_init_from_not_loaded", "train.py", "        raw_model.load_state_dict(init_state)", "        pass",
      ["tests/test_hf_init_from.py"]),
     # data at scale: preparation, recorded shard checks, the per-batch check, several nodes
-    ("validation_split_not_cut", "data/prepare.py", '(("val", lo, min(hi, val_tokens, limit))',
-     '(("val", lo, min(hi, limit))', ["tests/test_data_prepare.py"]),
+    ("validation_split_not_cut", "data/assemble.py", '(("val", lo, min(hi, val_tokens, limit))',
+     '(("val", lo, min(hi, limit))', ["tests/test_data_assemble.py"]),
     ("shard_record_ignores_ctime", "data/verify.py", "return [stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns]",
      "return [stat.st_size, stat.st_mtime_ns]", ["tests/test_data_verify.py"]),
     ("first_read_not_shared_out", "data/verify.py", "for path in unread[rank::world_size]}",

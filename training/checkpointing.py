@@ -48,6 +48,9 @@ FIXED_FOR_A_RUN = {
     "decay_params": "the optimizer's parameter groups, and the Adam moments saved with them, are built from it",
 }
 CHECKPOINT_KEYS = ("model", "model_config", "tokenizer", "train_config", "step", "optimizer", "rng")
+# What --allow_changes names to let a resume go on with data that differ from the checkpoint's (the data folder
+# prepared again at the same path: another manifest sha256, the checkpoint's "data_identity").
+DATA_CHANGE = "data"
 
 
 RESTORE_ADVICE = "restore it from a backup, or delete the run directory and start again"
@@ -117,7 +120,8 @@ def recover_from_shards(path: str) -> dict:
     try:
         with open(os.path.join(run_dir, "config.json")) as f:
             run = json.load(f)
-        settings = {"model_config": run["model"], "train_config": run["train"], "tokenizer": run["tokenizer"]}
+        settings = {"model_config": run["model"], "train_config": run["train"], "tokenizer": run["tokenizer"],
+                    "data_identity": run.get("data_identity")}
     except (OSError, ValueError, KeyError, TypeError):
         raise TrainError(f"cannot resume {run_dir} from the shards in {directory}: its ckpt.pt is missing, and so is a "
                          "readable config.json, without which the shards do not say which model and settings they "
@@ -221,6 +225,20 @@ def check_resume_compatible(ckpt: dict, model_cfg: dict, train_cfg: TrainConfig,
                          f"or add --allow_changes={','.join(refused)} to change {them} on purpose (recorded in the "
                          "run), or start a new run in another --out_dir.")
     return [{"key": key, "from": saved[key], "to": current[key]} for key in changed]
+
+
+def check_resume_data(ckpt: dict, data, path: str, allowed: tuple[str, ...] | list[str] = ()) -> list[dict]:
+    """Refuse a resume on a data folder (a data.prepared.PreparedData) whose identity differs from the one the
+    checkpoint recorded, unless `allowed` names DATA_CHANGE; return that deliberate change as [{"key", "from",
+    "to"}] (none when they agree, or either is unknown)."""
+    from data.prepared import other_data_problem
+    problem = other_data_problem(ckpt.get("data_identity"), data)
+    if problem is None:
+        return []
+    if DATA_CHANGE not in allowed:
+        raise TrainError(f"cannot resume {path}: {problem}; resume with --allow_changes={DATA_CHANGE} to go on "
+                         "training on it (recorded in the run), or put back the data it was trained on.")
+    return [{"key": DATA_CHANGE, "from": ckpt["data_identity"], "to": data.identity}]
 
 
 def differences(keys, here: dict, saved: dict, prefix: str) -> str:
@@ -335,7 +353,7 @@ class Checkpointer:
                 "windows_seen": step * run["train"]["global_batch_size"],
                 "tokens_seen": step * run["train"]["global_batch_size"] * run["model"]["block_size"],
                 "code_version": run["code_version"], "wandb_id": self.wandb_id, "changes": run["resume_changes"],
-                "divergence": divergence}
+                "divergence": divergence, "data_identity": run.get("data_identity")}
 
     def write(self, state: dict) -> None:
         try:

@@ -133,8 +133,9 @@ def votes_each_micro_batch(grad_accum: int, ddp) -> bool:
 
 
 @torch.no_grad()
-def evaluate(model, data_dir: str, cfg: TrainConfig, block_size: int, ddp, autocast, stops=None) -> float | None:
-    """Mean loss over the first eval_windows fixed validation windows, the batches shared out over the processes.
+def evaluate(model, data, cfg: TrainConfig, block_size: int, ddp, autocast, stops=None) -> float | None:
+    """Mean loss over the first eval_windows fixed validation windows of data (a data.prepared.PreparedData, opened
+    and checked once by train.py, or a folder's path), the batches shared out over the processes.
     Each batch's mean loss is weighted by its number of windows (the last batch may be smaller). None when a stop
     request cut it short (checked between batches, so a stop never waits for a whole validation)."""
     from data.loader import validation_batches
@@ -142,7 +143,7 @@ def evaluate(model, data_dir: str, cfg: TrainConfig, block_size: int, ddp, autoc
     model.eval()
     total = torch.zeros(3, dtype=torch.float64, device=ddp.device)  # loss x windows, windows, stopped
     started = last_said = time.perf_counter()
-    batches = validation_batches(data_dir, batch_size=cfg.batch_size, block_size=block_size,
+    batches = validation_batches(data, batch_size=cfg.batch_size, block_size=block_size,
                                  max_windows=cfg.eval_windows)
     # (x, y, whether it counts): under FSDP every forward gathers weights from all processes, so all of them run
     # the same number of forwards (the last round padded with uncounted repeats) and stop at the same round
@@ -172,8 +173,8 @@ def evaluate(model, data_dir: str, cfg: TrainConfig, block_size: int, ddp, autoc
     if total[2].item() > 0:
         return None
     if total[1].item() == 0:
-        raise TrainError(f"{data_dir} has no validation windows of length {block_size}; prepare a larger "
-                         "validation split or lower block_size.")
+        raise TrainError(f"{getattr(data, 'path', data)} has no validation windows of length {block_size}; prepare a "
+                         "larger validation split or lower block_size.")
     return (total[0] / total[1]).item()
 
 
