@@ -31,7 +31,7 @@ import signal
 import sys
 import time
 
-from training.errors import LostProcess, TrainError, exit_interrupted, how_to_continue
+from training.errors import LostProcess, TrainError, exit_interrupted, how_to_continue, process_rank
 
 if __name__ == "__main__":  # a Ctrl-C while torch and the rest import (seconds) ends as a later one does
     signal.signal(signal.SIGINT, exit_interrupted)
@@ -46,7 +46,7 @@ def leave_quietly(signum=None, frame=None) -> None:
     os._exit(0)  # (not sys.exit: no clean-up that could wait on the process that failed)
 
 
-if __name__ == "__main__" and "TORCHELASTIC_ERROR_FILE" in os.environ and os.environ.get("RANK", "0") != "0":
+if __name__ == "__main__" and "TORCHELASTIC_ERROR_FILE" in os.environ and process_rank() != 0:
     signal.signal(signal.SIGTERM, leave_quietly)  # from the start: the failure may come while this one imports
 
 import torch
@@ -67,7 +67,7 @@ from training.metrics import (Metrics, Throughput, atomic_write_text, code_versi
 from training.layout import bf16_parameters, describe_compile, lay_out, wrapped_for_training
 from training.divergence import DivergenceMonitor, divergence_error
 from training.optimizer import lr_at, make_optimizer, set_lr
-from training.run_lock import run_directory_lock
+from training.run_lock import LockedDirectory, run_directory_lock
 from training.step import StepResult, confirmation, evaluate, process_counts, split_batch, train_step
 from training.stopping import StopSignals
 
@@ -368,12 +368,16 @@ def resolved_config(args: Arguments, model_cfg, cfg: TrainConfig, ckpt: dict | N
 
 
 def open_run_directory(cfg: TrainConfig, resolved: dict, step: int, resumed: bool, changes: list[dict],
-                       ddp: Distributed, wandb_id: str | None, start_over: bool = False) -> Metrics:
+                       ddp: Distributed, wandb_id: str | None, start_over: bool = False,
+                       run_dir: LockedDirectory | None = None) -> Metrics:
     """config.json written, metrics.jsonl made ready (trimmed to the checkpoint on resume), the deliberate
     changes recorded and wandb started, on the main process; elsewhere a Metrics that writes nothing.
-    `start_over`: the earlier run's files are moved aside first."""
+    `start_over`: the earlier run's files are moved aside first. `run_dir`: the directory as locked, checked first
+    (the set-up since the lock may have taken minutes) and by the Metrics before each line."""
     if not ddp.is_main:
         return Metrics(None)
+    if run_dir is not None:
+        run_dir.check()
     metrics_path = os.path.join(cfg.out_dir, "metrics.jsonl")
     try:
         os.makedirs(cfg.out_dir, exist_ok=True)
@@ -414,7 +418,7 @@ def open_run_directory(cfg: TrainConfig, resolved: dict, step: int, resumed: boo
                           f"({error.strerror or error}); make it writable or choose another --out_dir.") from None
     wandb_run = start_wandb(cfg, os.path.basename(os.path.normpath(cfg.out_dir)), resolved, wandb_id) \
         if cfg.wandb else None
-    return Metrics(metrics_path, wandb_run)
+    return Metrics(metrics_path, wandb_run, run_dir)
 
 
 def describe(raw_model, cfg: TrainConfig, ddp: Distributed, use_bf16: bool, grad_accum: int, data_dir: str,
@@ -478,6 +482,26 @@ def save_checked(checkpointer: Checkpointer, monitor: DivergenceMonitor, raw_mod
     checkpointer.save(step, raw_model, optimizer, monitor.state_dict())
 
 
+def end_of_loop(stop_reason: str | None, trained: bool, recovered: bool, save, path: str, step: int,
+                end_iter: int, num_steps: int, ddp: Distributed) -> str:
+    """How the loop ended, for the summary ("done", "stop_iter", "sigterm" or "interrupted"), after the checkpoint
+    a stop request or a recovered sharded checkpoint still needs. `stop_reason`: the stop request's ("" or None
+    when it was asked on another process: a scheduler's SIGTERM), None without one."""
+    if stop_reason is not None:
+        stopped = stop_reason or "sigterm"
+        save(step)
+        ddp.say(f"stop requested ({'Ctrl-C' if stopped == 'interrupted' else 'SIGTERM'}): saved {path} at iteration "
+                f"{step}; {how_to_continue()}.")
+        return stopped
+    if not trained and recovered:  # nothing to train, but the shards' weights have no ckpt.pt to name them
+        save(step)
+        ddp.say(f"wrote {path} at iteration {step} from the recovered sharded checkpoint (this run ends at "
+                f"{end_iter}); nothing else to do.")
+    elif not trained:
+        ddp.say(f"{path} is already at iteration {step} (this run ends at {end_iter}); nothing to do.")
+    return "stop_iter" if step < num_steps else "done"
+
+
 # ----------------------------------------------------------------------------- the run
 
 def run(argv: list[str]) -> dict:
@@ -489,11 +513,12 @@ def run(argv: list[str]) -> dict:
     if problem:  # said now, before the data and the model, not when the run directory is first written
         raise ConfigError(problem + ".")
     # one run at a time in a run directory, from before its checkpoint is read (training/run_lock.py)
-    with run_directory_lock(cfg.out_dir, argv, is_main=os.environ.get("RANK", "0") == "0", create=not args.resume):
+    # Every write of the run checks that out_dir still leads to the directory locked here (a moved run stops).
+    with run_directory_lock(cfg.out_dir, argv, is_main=process_rank() == 0, create=not args.resume) as run_dir:
         ckpt, changes, init_state = open_checkpoint(args, cfg, dataclasses.asdict(model_cfg))
         ddp = Distributed(cfg.device, cfg.dist_timeout_s, cfg.parallel)
         try:
-            return train(args, model_cfg, cfg, ckpt, changes, init_state, ddp)
+            return train(args, model_cfg, cfg, ckpt, changes, init_state, ddp, run_dir)
         finally:
             if ddp.device.type == "cpu":
                 torch.set_flush_denormal(False)  # back to the default for whatever runs next in this process, also
@@ -502,7 +527,7 @@ def run(argv: list[str]) -> dict:
 
 
 def train(args: Arguments, model_cfg, cfg: TrainConfig, ckpt: dict | None, changes: list[dict],
-          init_state: dict | None, ddp: Distributed) -> dict:
+          init_state: dict | None, ddp: Distributed, run_dir: LockedDirectory) -> dict:
     """run() from the processes' set-up on."""
     micro, grad_accum = batch_split(cfg, ddp, resumed=ckpt is not None)
     configured_batch_size = cfg.batch_size  # (config.json keeps it: a resume on other processes splits anew)
@@ -516,7 +541,8 @@ def train(args: Arguments, model_cfg, cfg: TrainConfig, ckpt: dict | None, chang
                                changes, ddp, grad_accum, data_dir, tokenizer_name, micro)
     wandb_id = ckpt.get("wandb_id") if ckpt else None
     recovered = bool(ckpt and ckpt.get("recovered"))  # resumed from shards whose ckpt.pt is gone
-    metrics = open_run_directory(cfg, resolved, step, ckpt is not None, changes, ddp, wandb_id, args.start_over)
+    metrics = open_run_directory(cfg, resolved, step, ckpt is not None, changes, ddp, wandb_id, args.start_over,
+                                 run_dir)
     del ckpt
     model = wrapped_for_training(raw_model, cfg, ddp)  # (the start-up line says what is compiled)
     tokens_per_step = cfg.global_batch_size * T
@@ -525,11 +551,11 @@ def train(args: Arguments, model_cfg, cfg: TrainConfig, ckpt: dict | None, chang
     end_iter = min(cfg.num_steps, cfg.stop_iter) if cfg.stop_iter else cfg.num_steps
     describe(raw_model, cfg, ddp, use_bf16, grad_accum, data_dir, tokenizer_name)
 
-    losses, val_losses, stopped = [], [], "done"
+    losses, val_losses = [], []
     try:
         with StopSignals(ddp.say) as stops:
             checkpointer = Checkpointer(os.path.join(cfg.out_dir, "ckpt.pt"), ddp, stops, resolved,
-                                        metrics.wandb_id(wandb_id), saved_step=step if args.resume else None)
+                                        metrics.wandb_id(wandb_id), step if args.resume else None, run_dir)
             save = functools.partial(save_checked, checkpointer, monitor, raw_model, optimizer, batches,
                                      grad_accum=grad_accum, ddp=ddp, autocast=autocast, stops=stops)
             if step == 0 and cfg.eval_interval:
@@ -561,20 +587,8 @@ def train(args: Arguments, model_cfg, cfg: TrainConfig, ckpt: dict | None, chang
                     save(step)
                 if logged or evaluated or saved:  # keep validation and checkpoint time out of tokens/s
                     throughput.restart(step)
-            if stop:
-                stopped = stops.reason or "sigterm"  # (asked on another process: a scheduler's SIGTERM)
-                save(step)
-                ddp.say(f"stop requested ({'Ctrl-C' if stopped == 'interrupted' else 'SIGTERM'}): saved "
-                        f"{checkpointer.path} at iteration {step}; {how_to_continue()}.")
-            elif not losses and recovered:  # nothing to train, but the shards' weights have no ckpt.pt to name them
-                save(step)
-                ddp.say(f"wrote {checkpointer.path} at iteration {step} from the recovered sharded checkpoint (this "
-                        f"run ends at {end_iter}); nothing else to do.")
-            elif not losses:
-                ddp.say(f"{checkpointer.path} is already at iteration {step} (this run ends at {end_iter}); "
-                        "nothing to do.")
-            if stopped == "done" and step < cfg.num_steps:
-                stopped = "stop_iter"
+            stopped = end_of_loop(stops.reason if stop else None, bool(losses), recovered, save, checkpointer.path,
+                                  step, end_iter, cfg.num_steps, ddp)
             memory = peak_memory(ddp.device)
             metrics.write({"type": "summary", "iter": step, "stopped": stopped, **memory},
                           f"{stopped} at iteration {step} | peak memory {memory['peak_memory_gb']:.2f} GiB | "
@@ -587,7 +601,7 @@ def train(args: Arguments, model_cfg, cfg: TrainConfig, ckpt: dict | None, chang
 
 
 def main() -> None:
-    rank = int(os.environ.get("RANK", 0))
+    rank = process_rank()
     if any(arg in ("-h", "--help") for arg in sys.argv[1:]):
         from model import GPTConfig
         print(__doc__.strip() + "\n\n" + HELP_OPTIONS + "\n\n" + describe_keys(TrainConfig, "train") + "\n\n"
