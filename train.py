@@ -119,6 +119,10 @@ def parse_args(argv: list[str]) -> Arguments:
                 raise ConfigError(f"--allow_changes cannot change {fixed[0]}: {FIXED_FOR_A_RUN[fixed[0]]}; start a "
                                   f"new run in another --out_dir to change it.")
         elif arg.startswith("--"):
+            name, equals, value = arg.partition("=")
+            if name.replace("-", "_") == "__out_dir" and equals and not value.strip():
+                raise ConfigError("--out_dir= is empty, which would train into the config's default directory; give "
+                                  "the run directory (--out_dir=runs/NAME), or leave --out_dir out for the default.")
             overrides.append(arg)
         elif config_path is None:
             config_path = arg
@@ -128,6 +132,12 @@ def parse_args(argv: list[str]) -> Arguments:
         raise ConfigError("no config file given: python train.py CONFIG [--key=value ...], e.g. "
                           "python train.py configs/quickstart.toml, or python train.py --resume RUN_DIR to continue "
                           "a run with its own settings")
+    if os.path.basename(config_path) == "ckpt.pt" and os.path.isfile(config_path):  # a run's checkpoint: its run
+        run_dir = os.path.dirname(config_path) or "."
+        if not resume:
+            raise ConfigError(f"{config_path} is a checkpoint, not a config file; continue its run with python "
+                              f"train.py --resume {run_dir}, or give a TOML config file to start a new one.")
+        config_path = run_dir
     if allowed and not resume:
         raise ConfigError("--allow_changes only applies to --resume (a new run takes any settings).")
     if start_over and resume:
@@ -143,6 +153,31 @@ def config_of_default_directory(config_path: str | None, out_dir: str) -> str | 
     if not config_path or not config_path.endswith(".toml") or not os.path.isfile(config_path):
         return None
     return config_path if os.path.abspath(out_dir) == os.path.abspath(default_out_dir(config_path)) else None
+
+
+def encoding_name(model_cfg) -> str:
+    """The encoding as the config files name it: 'rope', 'fox+kv_shift'."""
+    return model_cfg.pos + ("+kv_shift" if model_cfg.kv_shift else "")
+
+
+def own_run_directory(args: Arguments, model_cfg, cfg: TrainConfig) -> TrainConfig:
+    """cfg with the run directory of a run whose --pos or --kv_shift changes its config file's encoding without an
+    --out_dir: runs/<config>_as_<encoding> (configs/cpu/rope.toml --pos=fox: runs/cpu/rope_as_fox), since the
+    config's own directory holds runs of the config's own encoding. The same command with --resume finds it."""
+    config_file = config_of_default_directory(args.config_path, cfg.out_dir)
+    given = any(arg.partition("=")[0].replace("-", "_") == "__out_dir" for arg in args.overrides)
+    if config_file is None or given:
+        return cfg
+    from model import GPTConfig
+    own, _ = resolve(config_file, [], GPTConfig)
+    if encoding_name(own) == encoding_name(model_cfg):
+        return cfg
+    out_dir = f"{os.path.normpath(cfg.out_dir)}_as_{encoding_name(model_cfg)}"
+    if process_rank() == 0:
+        print(f"note: the overrides change {config_file}'s encoding ({encoding_name(own)}) to "
+              f"{encoding_name(model_cfg)}, so this run's directory is {out_dir}, not {cfg.out_dir} (--out_dir "
+              "chooses another).", flush=True)
+    return dataclasses.replace(cfg, out_dir=out_dir)
 
 
 def open_checkpoint(args: Arguments, cfg: TrainConfig, model_cfg: dict) -> tuple[dict | None, list[dict], dict | None]:
@@ -437,8 +472,33 @@ def describe(raw_model, cfg: TrainConfig, ddp: Distributed, use_bf16: bool, grad
             f"batch {cfg.global_batch_size} x {model_cfg.block_size} tokens = {cfg.batch_size} x {grad_accum} accum x "
             f"{ddp.world_size} | {cfg.sampler} sampler, seed {cfg.seed}"
             + (f", gradient {scale} x the mean (grad_scale official)" if scale != 1 else "")
+            + (f" | {torch.get_num_threads()} CPU thread(s)" if ddp.device.type == "cpu" else "")
             + f" | data {data_dir} ({tokenizer_name}) | run dir {cfg.out_dir}"
             + (f" | kernels: {probe_summary()}" if probe_summary() else ""))
+    hint = busy_cores_hint(ddp.device)
+    if hint:
+        ddp.say(hint)
+
+
+def busy_cores_hint(device: torch.device, load: float | None = None) -> str | None:
+    """A note when the CPU cores this run may use are already busy with other work (the load average, `load`
+    when given, at least the number of cores): torch's threads then wait for one another at every step (the
+    quickstart took 8 minutes instead of 2 on shared cores), and fewer threads are faster. None on GPUs, and
+    where the cores are free or the load cannot be read."""
+    if device.type != "cpu":
+        return None
+    try:
+        load = os.getloadavg()[0] if load is None else load
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    except OSError:
+        return None
+    threads = torch.get_num_threads() * int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    if load < cores or threads <= 1:
+        return None
+    return (f"note: the load average is {load:.1f} on the {cores} core(s) this run may use, so other work keeps them "
+            f"busy, and the run's {threads} CPU thread(s) will wait for them at every step (it can take several times "
+            "longer); fewer threads usually help (OMP_NUM_THREADS=1 before the command), or train when the cores are "
+            "free.")
 
 
 # ----------------------------------------------------------------------------- the loop's records
@@ -509,6 +569,7 @@ def run(argv: list[str]) -> dict:
     from model import GPTConfig
     args = parse_args(argv)
     model_cfg, cfg = resolve(args.config_path, args.overrides, GPTConfig, resume=args.resume)
+    cfg = own_run_directory(args, model_cfg, cfg)
     problem = not_a_folder(cfg.out_dir, "the run directory", "--out_dir")
     if problem:  # said now, before the data and the model, not when the run directory is first written
         raise ConfigError(problem + ".")

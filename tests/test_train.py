@@ -447,3 +447,63 @@ def test_help_lists_every_key_with_its_default_and_meaning():
     # a continuation comment line is part of the meaning, a section comment is not
     assert field_help(TrainConfig)["spike_factor"].endswith("always stop the run)")
     assert "multiplicative encodings" not in field_help(GPTConfig)["qk_norm"]
+
+
+# ----------------------------------------------------------------------------- the command line's small mistakes
+
+def test_an_empty_out_dir_is_refused_and_a_checkpoint_file_stands_for_its_run(config_file, tmp_path, monkeypatch):
+    """--out_dir= trained into the config's default directory; --resume RUN/ckpt.pt said the config file was not
+    UTF-8."""
+    monkeypatch.chdir(tmp_path)
+    for empty in ("--out_dir=", "--out-dir= "):
+        with pytest.raises(ConfigError, match=r"^--out_dir= is empty, which would train into the config's default "):
+            train.run([config_file, empty])
+    assert not (tmp_path / "runs").exists()
+    run_dir = tmp_path / "D"
+    train.run([config_file, f"--out_dir={run_dir}", "--stop_iter=3"])
+    resumed = train.run(["--resume", str(run_dir / "ckpt.pt"), "--stop_iter=5"])
+    assert resumed["step"] == 5 and len(resumed["losses"]) == 2 and resumed["out_dir"] == str(run_dir)
+    with pytest.raises(ConfigError) as refused:  # a new run from a checkpoint: what to do instead
+        train.run([str(run_dir / "ckpt.pt")])
+    assert str(refused.value) == (f"{run_dir / 'ckpt.pt'} is a checkpoint, not a config file; continue its run with "
+                                  f"python train.py --resume {run_dir}, or give a TOML config file to start a new one.")
+
+
+def test_an_override_of_the_encoding_gets_its_own_run_directory(data_dir, tmp_path, monkeypatch, capsys):
+    """configs/cpu/rope.toml --pos=grape_a_qk wrote a grape_a_qk run into runs/cpu/rope without a word."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "configs" / "cpu").mkdir(parents=True)
+    config = tmp_path / "configs" / "cpu" / "rope.toml"
+    config.write_text(tiny_config(data_dir, model={"pos": "rope"}, max_iters=2, warmup_iters=1))
+    same = train.run([str(config), "--pos=rope", "--kv_shift=false"])  # the config's own encoding: its directory
+    assert same["out_dir"] == os.path.join("runs", "cpu", "rope")
+    changed = train.run([str(config), "--pos=alibi"])
+    assert changed["out_dir"] == os.path.join("runs", "cpu", "rope_as_alibi")
+    assert f"so this run's directory is {os.path.join('runs', 'cpu', 'rope_as_alibi')}, not " in capsys.readouterr().out
+    shifted = train.run([str(config), "--kv_shift=true"])
+    assert shifted["out_dir"] == os.path.join("runs", "cpu", "rope_as_rope+kv_shift")
+    saved = torch.load(os.path.join(changed["out_dir"], "ckpt.pt"), weights_only=True)["model_config"]
+    assert (saved["pos"], saved["kv_shift"]) == ("alibi", False)
+    assert torch.load(os.path.join("runs", "cpu", "rope", "ckpt.pt"), weights_only=True)["model_config"]["pos"] == "rope"
+    resumed = train.run([str(config), "--pos=alibi", "--resume"])  # the same command finds it (and its end)
+    assert resumed["out_dir"] == changed["out_dir"] and resumed["step"] == 2 and resumed["losses"] == []
+    given = train.run([str(config), "--pos=alibi", "--out_dir=mine"])  # --out_dir is the user's choice
+    assert given["out_dir"] == "mine"
+
+
+def test_busy_cores_are_named_with_the_thread_count(monkeypatch):
+    """The quickstart took 8 minutes instead of 2 on shared cores without a word about threads."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    cpu = torch.device("cpu")
+    assert train.busy_cores_hint(cpu, load=1.9) is None  # below the cores: free enough
+    hint = train.busy_cores_hint(cpu, load=2.0)
+    assert hint.startswith("note: the load average is 2.0 on the 2 core(s) this run may use, so other work keeps "
+                           "them busy, and the run's 2 CPU thread(s) will wait")
+    assert "OMP_NUM_THREADS=1" in hint
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    assert train.busy_cores_hint(cpu, load=5.0) is None  # one thread: nothing to lower
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # two processes of one thread each on the same cores
+    assert "the run's 2 CPU thread(s)" in train.busy_cores_hint(cpu, load=2.5)
+    assert train.busy_cores_hint(torch.device("meta"), load=9.0) is None  # not the CPU
