@@ -507,3 +507,59 @@ def test_busy_cores_are_named_with_the_thread_count(monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # two processes of one thread each on the same cores
     assert "the run's 2 CPU thread(s)" in train.busy_cores_hint(cpu, load=2.5)
     assert train.busy_cores_hint(torch.device("meta"), load=9.0) is None  # not the CPU
+
+
+# ----------------------------------------------------------------------------- the README's commands, in order
+
+def readme_block(heading: str) -> list[str]:
+    """The commands of the first bash block after the README's heading, comments dropped."""
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
+        block = f.read().split(f"## {heading}\n", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    return [line.split("  #")[0].strip() for line in block.splitlines() if line.strip() and not line.startswith("#")]
+
+
+class Accepted(Exception):
+    """Raised where a run would start its work: its arguments, run directory and checkpoint were accepted."""
+
+
+def test_the_readmes_quickstart_commands_are_accepted_in_the_order_it_gives_them(tmp_path, monkeypatch):
+    """A newcomer's first hour: right after the set-up (whose first command trains configs/quickstart.toml into
+    runs/quickstart), the Quickstart's first two commands were refused, since runs/quickstart held that run. Each
+    train.py command of the set-up and the Quickstart, in order, through its argument handling, run directory lock
+    and checkpoint refusal; each accepted one then leaves what a finished run leaves (ckpt.pt, config.json), which
+    the next ones see. The commands that read a run (sample.py, eval/) must name one made before them."""
+    import dataclasses
+    import shlex
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "configs").symlink_to(os.path.join(REPO, "configs"))
+    made = []
+
+    def opening(args, cfg, model_cfg):
+        if args.resume and not os.path.isfile(os.path.join(cfg.out_dir, "ckpt.pt")):
+            raise train.TrainError(f"no checkpoint at {cfg.out_dir}")
+        if not args.resume:
+            train.refuse_earlier_checkpoint(cfg.out_dir, train.config_of_default_directory(args.config_path,
+                                                                                          cfg.out_dir))
+        os.makedirs(cfg.out_dir, exist_ok=True)
+        with open(os.path.join(cfg.out_dir, "config.json"), "w") as f:  # what a finished run leaves
+            json.dump({"config_file": os.path.abspath(args.config_path), "model": model_cfg,
+                       "train": dataclasses.asdict(cfg)}, f)
+        (tmp_path / cfg.out_dir / "ckpt.pt").write_bytes(b"a finished run's checkpoint")
+        made.append(os.path.normpath(cfg.out_dir))
+        raise Accepted
+    monkeypatch.setattr(train, "open_checkpoint", opening)
+    setup = [c for command in readme_block("Set up") for c in command.split(" && ") if "train.py" in c]
+    quickstart = readme_block("Quickstart")
+    assert setup == ["python3 train.py configs/quickstart.toml"] and len(quickstart) >= 6
+    for command in setup + quickstart:
+        words = shlex.split(command)
+        if "--ckpt" in words:  # a reader of runs: of those made above
+            assert words[words.index("--ckpt") + 1] in made, command
+        if words[:2] == ["python3", "train.py"] or words[0] == "torchrun":
+            argv = words[words.index("train.py") + 1:]
+            if argv == ["--help"]:
+                continue
+            with pytest.raises(Accepted):
+                train.run(argv)
+    assert made[:3] == ["runs/quickstart", "runs/quickstart", "runs/quickstart_2proc"]
+    assert "runs/qs_fox" in made and "runs/cpu/fox" in made
