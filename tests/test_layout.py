@@ -201,3 +201,20 @@ def test_every_path_the_docs_tell_users_to_write_is_ignored_by_git():
     tracked = subprocess.run(["git", "-C", REPO, "ls-files", "--", *paths], capture_output=True, text=True,
                              timeout=60).stdout.split()
     assert [p for p in paths if p not in ignored and p not in tracked] == []
+
+
+def test_every_evaluation_command_has_an_example_in_the_docs():
+    """eval/reach.py had none, in the README or docs/evaluation.md: each evaluation program a user runs appears in
+    a bash block of the README or the evaluation docs."""
+    blocks = ""
+    for doc in ("README.md", os.path.join("docs", "evaluation.md"), os.path.join("docs", "eval.md")):
+        with open(os.path.join(REPO, doc), encoding="utf-8") as f:
+            blocks += "\n".join(re.findall(r"```bash\n(.*?)```", f.read(), flags=re.S))
+    programs = []
+    for path in sorted(glob.glob(os.path.join(REPO, "eval", "*.py"))):
+        with open(path, encoding="utf-8") as f:
+            if 'if __name__ == "__main__"' in f.read():
+                programs.append(os.path.basename(path)[:-3])
+    assert "reach" in programs and "extrapolation" in programs
+    missing = [name for name in programs if f"eval/{name}.py" not in blocks and f"-m eval.{name}" not in blocks]
+    assert missing == []
