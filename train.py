@@ -53,7 +53,7 @@ import torch
 import torch.distributed as dist
 
 from checkpoints import not_a_folder, unreferenced_shard_directories
-from config import ConfigError, TrainConfig, default_out_dir, describe_keys, resolve
+from config import ConfigError, TrainConfig, default_out_dir, describe_keys, read_toml, resolve
 from data.prefetch import DamagedBatch
 from data.shards import DataError
 from hf.init_from import initial_state
@@ -155,9 +155,9 @@ def config_of_default_directory(config_path: str | None, out_dir: str) -> str | 
     return config_path if os.path.abspath(out_dir) == os.path.abspath(default_out_dir(config_path)) else None
 
 
-def encoding_name(model_cfg) -> str:
+def encoding_name(pos: str, kv_shift: bool) -> str:
     """The encoding as the config files name it: 'rope', 'fox+kv_shift'."""
-    return model_cfg.pos + ("+kv_shift" if model_cfg.kv_shift else "")
+    return pos + ("+kv_shift" if kv_shift else "")
 
 
 def own_run_directory(args: Arguments, model_cfg, cfg: TrainConfig) -> TrainConfig:
@@ -169,14 +169,15 @@ def own_run_directory(args: Arguments, model_cfg, cfg: TrainConfig) -> TrainConf
     if config_file is None or given:
         return cfg
     from model import GPTConfig
-    own, _ = resolve(config_file, [], GPTConfig)
-    if encoding_name(own) == encoding_name(model_cfg):
+    file_model = read_toml(config_file)["model"]  # (the file's own keys: it may be valid only with the overrides)
+    own = encoding_name(file_model.get("pos", GPTConfig.pos), file_model.get("kv_shift", GPTConfig.kv_shift))
+    encoding = encoding_name(model_cfg.pos, model_cfg.kv_shift)
+    if own == encoding:
         return cfg
-    out_dir = f"{os.path.normpath(cfg.out_dir)}_as_{encoding_name(model_cfg)}"
+    out_dir = f"{os.path.normpath(cfg.out_dir)}_as_{encoding}"
     if process_rank() == 0:
-        print(f"note: the overrides change {config_file}'s encoding ({encoding_name(own)}) to "
-              f"{encoding_name(model_cfg)}, so this run's directory is {out_dir}, not {cfg.out_dir} (--out_dir "
-              "chooses another).", flush=True)
+        print(f"note: the overrides change {config_file}'s encoding ({own}) to {encoding}, so this run's directory "
+              f"is {out_dir}, not {cfg.out_dir} (--out_dir chooses another).", flush=True)
     return dataclasses.replace(cfg, out_dir=out_dir)
 
 

@@ -489,6 +489,10 @@ def test_an_override_of_the_encoding_gets_its_own_run_directory(data_dir, tmp_pa
     assert resumed["out_dir"] == changed["out_dir"] and resumed["step"] == 2 and resumed["losses"] == []
     given = train.run([str(config), "--pos=alibi", "--out_dir=mine"])  # --out_dir is the user's choice
     assert given["out_dir"] == "mine"
+    partial = tmp_path / "configs" / "cpu" / "partial.toml"  # valid only with its overrides: still read
+    partial.write_text(tiny_config(data_dir, model={"pos": "rope"}, max_iters=2, warmup_iters=5))
+    assert train.run([str(partial), "--warmup_iters=1", "--pos=fox"])["out_dir"] == \
+        os.path.join("runs", "cpu", "partial_as_fox")
 
 
 def test_busy_cores_are_named_with_the_thread_count(monkeypatch):
