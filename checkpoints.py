@@ -68,10 +68,11 @@ def payload_checksum(state) -> str:
     return digest.hexdigest()
 
 
-def save(path: str, state: dict) -> None:
+def save(path: str, state: dict, before_replace=None) -> None:
     """Write state + its checksum to a temp file, fsync, rename: a kill at any moment leaves the previous file
     intact. A failed write (full disk, read-only directory, a file-size limit) removes the temp file and raises
-    CheckpointError with the system's own reason."""
+    CheckpointError with the system's own reason. `before_replace`: called just before the rename (a run's check
+    that its path still leads to the directory it locked), whose exception stops the save with path untouched."""
     tmp, writer = path + ".tmp", None
     try:
         with open(tmp, "wb") as f:
@@ -79,6 +80,8 @@ def save(path: str, state: dict) -> None:
             torch.save({**state, CHECKSUM_KEY: payload_checksum(state)}, writer)
             f.flush()
             os.fsync(f.fileno())
+        if before_replace is not None:
+            before_replace()
         os.replace(tmp, path)
     except (OSError, RuntimeError) as error:
         # torch.save reports a failed write as RuntimeError("[enforce fail ...] unexpected pos"): the system's

@@ -31,7 +31,7 @@ import signal
 import sys
 import time
 
-from training.errors import LostProcess, TrainError, exit_interrupted, how_to_continue
+from training.errors import LostProcess, TrainError, exit_interrupted, how_to_continue, process_rank
 
 if __name__ == "__main__":  # a Ctrl-C while torch and the rest import (seconds) ends as a later one does
     signal.signal(signal.SIGINT, exit_interrupted)
@@ -46,14 +46,14 @@ def leave_quietly(signum=None, frame=None) -> None:
     os._exit(0)  # (not sys.exit: no clean-up that could wait on the process that failed)
 
 
-if __name__ == "__main__" and "TORCHELASTIC_ERROR_FILE" in os.environ and os.environ.get("RANK", "0") != "0":
+if __name__ == "__main__" and "TORCHELASTIC_ERROR_FILE" in os.environ and process_rank() != 0:
     signal.signal(signal.SIGTERM, leave_quietly)  # from the start: the failure may come while this one imports
 
 import torch
 import torch.distributed as dist
 
 from checkpoints import not_a_folder, unreferenced_shard_directories
-from config import ConfigError, TrainConfig, default_out_dir, describe_keys, resolve
+from config import ConfigError, TrainConfig, default_out_dir, describe_keys, read_toml, resolve
 from data.prefetch import DamagedBatch
 from data.shards import DataError
 from hf.init_from import initial_state
@@ -68,7 +68,7 @@ from training.metrics import (Metrics, Throughput, atomic_write_text, code_versi
 from training.layout import bf16_parameters, describe_compile, lay_out, wrapped_for_training
 from training.divergence import DivergenceMonitor, divergence_error
 from training.optimizer import lr_at, make_optimizer, set_lr
-from training.run_lock import run_directory_lock
+from training.run_lock import LockedDirectory, run_directory_lock
 from training.step import StepResult, confirmation, evaluate, process_counts, split_batch, train_step
 from training.stopping import StopSignals
 
@@ -123,6 +123,10 @@ def parse_args(argv: list[str]) -> Arguments:
                 raise ConfigError(f"--allow_changes cannot change {fixed[0]}: {FIXED_FOR_A_RUN[fixed[0]]}; start a "
                                   f"new run in another --out_dir to change it.")
         elif arg.startswith("--"):
+            name, equals, value = arg.partition("=")
+            if name.replace("-", "_") == "__out_dir" and equals and not value.strip():
+                raise ConfigError("--out_dir= is empty, which would train into the config's default directory; give "
+                                  "the run directory (--out_dir=runs/NAME), or leave --out_dir out for the default.")
             overrides.append(arg)
         elif config_path is None:
             config_path = arg
@@ -132,6 +136,12 @@ def parse_args(argv: list[str]) -> Arguments:
         raise ConfigError("no config file given: python train.py CONFIG [--key=value ...], e.g. "
                           "python train.py configs/quickstart.toml, or python train.py --resume RUN_DIR to continue "
                           "a run with its own settings")
+    if os.path.basename(config_path) == "ckpt.pt" and os.path.isfile(config_path):  # a run's checkpoint: its run
+        run_dir = os.path.dirname(config_path) or "."
+        if not resume:
+            raise ConfigError(f"{config_path} is a checkpoint, not a config file; continue its run with python "
+                              f"train.py --resume {run_dir}, or give a TOML config file to start a new one.")
+        config_path = run_dir
     if allowed and not resume:
         raise ConfigError("--allow_changes only applies to --resume (a new run takes any settings).")
     if start_over and resume:
@@ -147,6 +157,32 @@ def config_of_default_directory(config_path: str | None, out_dir: str) -> str | 
     if not config_path or not config_path.endswith(".toml") or not os.path.isfile(config_path):
         return None
     return config_path if os.path.abspath(out_dir) == os.path.abspath(default_out_dir(config_path)) else None
+
+
+def encoding_name(pos: str, kv_shift: bool) -> str:
+    """The encoding as the config files name it: 'rope', 'fox+kv_shift'."""
+    return pos + ("+kv_shift" if kv_shift else "")
+
+
+def own_run_directory(args: Arguments, model_cfg, cfg: TrainConfig) -> TrainConfig:
+    """cfg with the run directory of a run whose --pos or --kv_shift changes its config file's encoding without an
+    --out_dir: runs/<config>_as_<encoding> (configs/cpu/rope.toml --pos=fox: runs/cpu/rope_as_fox), since the
+    config's own directory holds runs of the config's own encoding. The same command with --resume finds it."""
+    config_file = config_of_default_directory(args.config_path, cfg.out_dir)
+    given = any(arg.partition("=")[0].replace("-", "_") == "__out_dir" for arg in args.overrides)
+    if config_file is None or given:
+        return cfg
+    from model import GPTConfig
+    file_model = read_toml(config_file)["model"]  # (the file's own keys: it may be valid only with the overrides)
+    own = encoding_name(file_model.get("pos", GPTConfig.pos), file_model.get("kv_shift", GPTConfig.kv_shift))
+    encoding = encoding_name(model_cfg.pos, model_cfg.kv_shift)
+    if own == encoding:
+        return cfg
+    out_dir = f"{os.path.normpath(cfg.out_dir)}_as_{encoding}"
+    if process_rank() == 0:
+        print(f"note: the overrides change {config_file}'s encoding ({own}) to {encoding}, so this run's directory "
+              f"is {out_dir}, not {cfg.out_dir} (--out_dir chooses another).", flush=True)
+    return dataclasses.replace(cfg, out_dir=out_dir)
 
 
 def open_checkpoint(args: Arguments, cfg: TrainConfig, model_cfg: dict) -> tuple[dict | None, list[dict], dict | None]:
@@ -373,12 +409,16 @@ def resolved_config(args: Arguments, model_cfg, cfg: TrainConfig, ckpt: dict | N
 
 
 def open_run_directory(cfg: TrainConfig, resolved: dict, step: int, resumed: bool, changes: list[dict],
-                       ddp: Distributed, wandb_id: str | None, start_over: bool = False) -> Metrics:
+                       ddp: Distributed, wandb_id: str | None, start_over: bool = False,
+                       run_dir: LockedDirectory | None = None) -> Metrics:
     """config.json written, metrics.jsonl made ready (trimmed to the checkpoint on resume), the deliberate
     changes recorded and wandb started, on the main process; elsewhere a Metrics that writes nothing.
-    `start_over`: the earlier run's files are moved aside first."""
+    `start_over`: the earlier run's files are moved aside first. `run_dir`: the directory as locked, checked first
+    (the set-up since the lock may have taken minutes) and by the Metrics before each line."""
     if not ddp.is_main:
         return Metrics(None)
+    if run_dir is not None:
+        run_dir.check()
     metrics_path = os.path.join(cfg.out_dir, "metrics.jsonl")
     try:
         os.makedirs(cfg.out_dir, exist_ok=True)
@@ -419,7 +459,7 @@ def open_run_directory(cfg: TrainConfig, resolved: dict, step: int, resumed: boo
                           f"({error.strerror or error}); make it writable or choose another --out_dir.") from None
     wandb_run = start_wandb(cfg, os.path.basename(os.path.normpath(cfg.out_dir)), resolved, wandb_id) \
         if cfg.wandb else None
-    return Metrics(metrics_path, wandb_run)
+    return Metrics(metrics_path, wandb_run, run_dir)
 
 
 def describe(raw_model, cfg: TrainConfig, ddp: Distributed, use_bf16: bool, grad_accum: int, data_dir: str,
@@ -438,8 +478,33 @@ def describe(raw_model, cfg: TrainConfig, ddp: Distributed, use_bf16: bool, grad
             f"batch {cfg.global_batch_size} x {model_cfg.block_size} tokens = {cfg.batch_size} x {grad_accum} accum x "
             f"{ddp.world_size} | {cfg.sampler} sampler, seed {cfg.seed}"
             + (f", gradient {scale} x the mean (grad_scale official)" if scale != 1 else "")
+            + (f" | {torch.get_num_threads()} CPU thread(s)" if ddp.device.type == "cpu" else "")
             + f" | data {data_dir} ({tokenizer_name}) | run dir {cfg.out_dir}"
             + (f" | kernels: {probe_summary()}" if probe_summary() else ""))
+    hint = busy_cores_hint(ddp.device)
+    if hint:
+        ddp.say(hint)
+
+
+def busy_cores_hint(device: torch.device, load: float | None = None) -> str | None:
+    """A note when the CPU cores this run may use are already busy with other work (the load average, `load`
+    when given, at least the number of cores): torch's threads then wait for one another at every step (the
+    quickstart took 8 minutes instead of 2 on shared cores), and fewer threads are faster. None on GPUs, and
+    where the cores are free or the load cannot be read."""
+    if device.type != "cpu":
+        return None
+    try:
+        load = os.getloadavg()[0] if load is None else load
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    except OSError:
+        return None
+    threads = torch.get_num_threads() * int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    if load < cores or threads <= 1:
+        return None
+    return (f"note: the load average is {load:.1f} on the {cores} core(s) this run may use, so other work keeps them "
+            f"busy, and the run's {threads} CPU thread(s) will wait for them at every step (it can take several times "
+            "longer); fewer threads usually help (OMP_NUM_THREADS=1 before the command), or train when the cores are "
+            "free.")
 
 
 # ----------------------------------------------------------------------------- the loop's records
@@ -483,6 +548,26 @@ def save_checked(checkpointer: Checkpointer, monitor: DivergenceMonitor, raw_mod
     checkpointer.save(step, raw_model, optimizer, monitor.state_dict())
 
 
+def end_of_loop(stop_reason: str | None, trained: bool, recovered: bool, save, path: str, step: int,
+                end_iter: int, num_steps: int, ddp: Distributed) -> str:
+    """How the loop ended, for the summary ("done", "stop_iter", "sigterm" or "interrupted"), after the checkpoint
+    a stop request or a recovered sharded checkpoint still needs. `stop_reason`: the stop request's ("" or None
+    when it was asked on another process: a scheduler's SIGTERM), None without one."""
+    if stop_reason is not None:
+        stopped = stop_reason or "sigterm"
+        save(step)
+        ddp.say(f"stop requested ({'Ctrl-C' if stopped == 'interrupted' else 'SIGTERM'}): saved {path} at iteration "
+                f"{step}; {how_to_continue()}.")
+        return stopped
+    if not trained and recovered:  # nothing to train, but the shards' weights have no ckpt.pt to name them
+        save(step)
+        ddp.say(f"wrote {path} at iteration {step} from the recovered sharded checkpoint (this run ends at "
+                f"{end_iter}); nothing else to do.")
+    elif not trained:
+        ddp.say(f"{path} is already at iteration {step} (this run ends at {end_iter}); nothing to do.")
+    return "stop_iter" if step < num_steps else "done"
+
+
 # ----------------------------------------------------------------------------- the run
 
 def run(argv: list[str]) -> dict:
@@ -490,15 +575,17 @@ def run(argv: list[str]) -> dict:
     from model import GPTConfig
     args = parse_args(argv)
     model_cfg, cfg = resolve(args.config_path, args.overrides, GPTConfig, resume=args.resume)
+    cfg = own_run_directory(args, model_cfg, cfg)
     problem = not_a_folder(cfg.out_dir, "the run directory", "--out_dir")
     if problem:  # said now, before the data and the model, not when the run directory is first written
         raise ConfigError(problem + ".")
     # one run at a time in a run directory, from before its checkpoint is read (training/run_lock.py)
-    with run_directory_lock(cfg.out_dir, argv, is_main=os.environ.get("RANK", "0") == "0", create=not args.resume):
+    # Every write of the run checks that out_dir still leads to the directory locked here (a moved run stops).
+    with run_directory_lock(cfg.out_dir, argv, is_main=process_rank() == 0, create=not args.resume) as run_dir:
         ckpt, changes, init_state = open_checkpoint(args, cfg, dataclasses.asdict(model_cfg))
         ddp = Distributed(cfg.device, cfg.dist_timeout_s, cfg.parallel)
         try:
-            return train(args, model_cfg, cfg, ckpt, changes, init_state, ddp)
+            return train(args, model_cfg, cfg, ckpt, changes, init_state, ddp, run_dir)
         finally:
             if ddp.device.type == "cpu":
                 torch.set_flush_denormal(False)  # back to the default for whatever runs next in this process, also
@@ -507,7 +594,7 @@ def run(argv: list[str]) -> dict:
 
 
 def train(args: Arguments, model_cfg, cfg: TrainConfig, ckpt: dict | None, changes: list[dict],
-          init_state: dict | None, ddp: Distributed) -> dict:
+          init_state: dict | None, ddp: Distributed, run_dir: LockedDirectory) -> dict:
     """run() from the processes' set-up on."""
     micro, grad_accum = batch_split(cfg, ddp, resumed=ckpt is not None)
     configured_batch_size = cfg.batch_size  # (config.json keeps it: a resume on other processes splits anew)
@@ -525,7 +612,8 @@ def train(args: Arguments, model_cfg, cfg: TrainConfig, ckpt: dict | None, chang
     resolved["data_identity"] = data.identity  # (kept in config.json and every checkpoint)
     wandb_id = ckpt.get("wandb_id") if ckpt else None
     recovered = bool(ckpt and ckpt.get("recovered"))  # resumed from shards whose ckpt.pt is gone
-    metrics = open_run_directory(cfg, resolved, step, ckpt is not None, changes, ddp, wandb_id, args.start_over)
+    metrics = open_run_directory(cfg, resolved, step, ckpt is not None, changes, ddp, wandb_id, args.start_over,
+                                 run_dir)
     del ckpt
     model = wrapped_for_training(raw_model, cfg, ddp)  # (the start-up line says what is compiled)
     tokens_per_step = cfg.global_batch_size * T
@@ -534,11 +622,11 @@ def train(args: Arguments, model_cfg, cfg: TrainConfig, ckpt: dict | None, chang
     end_iter = min(cfg.num_steps, cfg.stop_iter) if cfg.stop_iter else cfg.num_steps
     describe(raw_model, cfg, ddp, use_bf16, grad_accum, data_dir, tokenizer_name)
 
-    losses, val_losses, stopped = [], [], "done"
+    losses, val_losses = [], []
     try:
         with StopSignals(ddp.say) as stops:
             checkpointer = Checkpointer(os.path.join(cfg.out_dir, "ckpt.pt"), ddp, stops, resolved,
-                                        metrics.wandb_id(wandb_id), saved_step=step if args.resume else None)
+                                        metrics.wandb_id(wandb_id), step if args.resume else None, run_dir)
             save = functools.partial(save_checked, checkpointer, monitor, raw_model, optimizer, batches,
                                      grad_accum=grad_accum, ddp=ddp, autocast=autocast, stops=stops)
             if step == 0 and cfg.eval_interval:
@@ -570,20 +658,8 @@ def train(args: Arguments, model_cfg, cfg: TrainConfig, ckpt: dict | None, chang
                     save(step)
                 if logged or evaluated or saved:  # keep validation and checkpoint time out of tokens/s
                     throughput.restart(step)
-            if stop:
-                stopped = stops.reason or "sigterm"  # (asked on another process: a scheduler's SIGTERM)
-                save(step)
-                ddp.say(f"stop requested ({'Ctrl-C' if stopped == 'interrupted' else 'SIGTERM'}): saved "
-                        f"{checkpointer.path} at iteration {step}; {how_to_continue()}.")
-            elif not losses and recovered:  # nothing to train, but the shards' weights have no ckpt.pt to name them
-                save(step)
-                ddp.say(f"wrote {checkpointer.path} at iteration {step} from the recovered sharded checkpoint (this "
-                        f"run ends at {end_iter}); nothing else to do.")
-            elif not losses:
-                ddp.say(f"{checkpointer.path} is already at iteration {step} (this run ends at {end_iter}); "
-                        "nothing to do.")
-            if stopped == "done" and step < cfg.num_steps:
-                stopped = "stop_iter"
+            stopped = end_of_loop(stops.reason if stop else None, bool(losses), recovered, save, checkpointer.path,
+                                  step, end_iter, cfg.num_steps, ddp)
             memory = peak_memory(ddp.device)
             metrics.write({"type": "summary", "iter": step, "stopped": stopped, **memory},
                           f"{stopped} at iteration {step} | peak memory {memory['peak_memory_gb']:.2f} GiB | "
@@ -596,7 +672,7 @@ def train(args: Arguments, model_cfg, cfg: TrainConfig, ckpt: dict | None, chang
 
 
 def main() -> None:
-    rank = int(os.environ.get("RANK", 0))
+    rank = process_rank()
     if any(arg in ("-h", "--help") for arg in sys.argv[1:]):
         from model import GPTConfig
         print(__doc__.strip() + "\n\n" + HELP_OPTIONS + "\n\n" + describe_keys(TrainConfig, "train") + "\n\n"

@@ -141,3 +141,80 @@ def test_every_documented_command_and_link_points_to_a_file():
     wrong = {os.path.relpath(f, REPO): missing for f in files
              if (missing := missing_paths(f, open(f, errors="replace").read()))}
     assert wrong == {}
+
+
+FUNCTION_LINES_LIMIT = 80  # the agreed limit, which train.train crept past twice (83 lines)
+
+
+def test_no_function_of_train_py_or_training_is_longer_than_the_limit():
+    paths = [os.path.join(REPO, "train.py"), *sorted(glob.glob(os.path.join(REPO, "training", "*.py")))]
+    too_long = []
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > FUNCTION_LINES_LIMIT:
+                    too_long.append(f"{os.path.relpath(path, REPO)}:{node.lineno} {node.name} ({lines} lines)")
+    assert too_long == [], too_long
+    assert any(path.endswith("train.py") for path in paths) and len(paths) > 5  # (the files were found)
+
+
+def documented_output_paths() -> list[str]:
+    """The paths the README and docs tell a user to write inside the checkout: the values of --out, --out_dir,
+    --plot and --output_path in their bash blocks, and export_hf.py's output folder."""
+    import shlex
+    paths = []
+    for doc in ["README.md", *sorted(glob.glob(os.path.join(REPO, "docs", "*.md")))]:
+        with open(os.path.join(REPO, doc), encoding="utf-8") as f:
+            blocks = re.findall(r"```bash\n(.*?)```", f.read(), flags=re.S)
+        for line in (line for block in blocks for line in block.splitlines()):
+            try:
+                words = shlex.split(line.split("  #")[0], comments=True)
+            except ValueError:
+                continue
+            for i, word in enumerate(words):
+                name, equals, value = word.partition("=")
+                if name in ("--out", "--plot", "--output_path") and not equals and i + 1 < len(words):
+                    paths.append(words[i + 1])
+                elif name in ("--out_dir", "--out") and equals:
+                    paths.append(value)
+                elif word.endswith("export_hf.py") and i + 2 < len(words):
+                    paths.append(words[i + 2])
+    # (not placeholders such as OUT, nor absolute paths)
+    return [p for p in paths if not os.path.isabs(p) and not p.startswith(("-", "$", "~")) and not p.isupper()]
+
+
+def test_every_path_the_docs_tell_users_to_write_is_ignored_by_git():
+    """The README's export folder exports/ was not ignored, and made the mutant runs' clean-tree check fail. (A
+    file the repository tracks, such as a generated doc under docs/, is written on purpose.)"""
+    import subprocess
+    if not os.path.isdir(os.path.join(REPO, ".git")) and not os.path.isfile(os.path.join(REPO, ".git")):
+        import pytest
+        pytest.skip("not a git checkout")
+    paths = sorted(set(documented_output_paths()))
+    assert "exports/medium-rope" in paths and "out/extrapolation" in paths  # (the scan finds them)
+    result = subprocess.run(["git", "-C", REPO, "check-ignore", "--no-index", "--stdin"], input="\n".join(paths),
+                            capture_output=True, text=True, timeout=60)
+    ignored = set(result.stdout.split())
+    tracked = subprocess.run(["git", "-C", REPO, "ls-files", "--", *paths], capture_output=True, text=True,
+                             timeout=60).stdout.split()
+    assert [p for p in paths if p not in ignored and p not in tracked] == []
+
+
+def test_every_evaluation_command_has_an_example_in_the_docs():
+    """eval/reach.py had none, in the README or docs/evaluation.md: each evaluation program a user runs appears in
+    a bash block of the README or the evaluation docs."""
+    blocks = ""
+    for doc in ("README.md", os.path.join("docs", "evaluation.md"), os.path.join("docs", "eval.md")):
+        with open(os.path.join(REPO, doc), encoding="utf-8") as f:
+            blocks += "\n".join(re.findall(r"```bash\n(.*?)```", f.read(), flags=re.S))
+    programs = []
+    for path in sorted(glob.glob(os.path.join(REPO, "eval", "*.py"))):
+        with open(path, encoding="utf-8") as f:
+            if 'if __name__ == "__main__"' in f.read():
+                programs.append(os.path.basename(path)[:-3])
+    assert "reach" in programs and "extrapolation" in programs
+    missing = [name for name in programs if f"eval/{name}.py" not in blocks and f"-m eval.{name}" not in blocks]
+    assert missing == []

@@ -447,3 +447,123 @@ def test_help_lists_every_key_with_its_default_and_meaning():
     # a continuation comment line is part of the meaning, a section comment is not
     assert field_help(TrainConfig)["spike_factor"].endswith("always stop the run)")
     assert "multiplicative encodings" not in field_help(GPTConfig)["qk_norm"]
+
+
+# ----------------------------------------------------------------------------- the command line's small mistakes
+
+def test_an_empty_out_dir_is_refused_and_a_checkpoint_file_stands_for_its_run(config_file, tmp_path, monkeypatch):
+    """--out_dir= trained into the config's default directory; --resume RUN/ckpt.pt said the config file was not
+    UTF-8."""
+    monkeypatch.chdir(tmp_path)
+    for empty in ("--out_dir=", "--out-dir= "):
+        with pytest.raises(ConfigError, match=r"^--out_dir= is empty, which would train into the config's default "):
+            train.run([config_file, empty])
+    assert not (tmp_path / "runs").exists()
+    run_dir = tmp_path / "D"
+    train.run([config_file, f"--out_dir={run_dir}", "--stop_iter=3"])
+    resumed = train.run(["--resume", str(run_dir / "ckpt.pt"), "--stop_iter=5"])
+    assert resumed["step"] == 5 and len(resumed["losses"]) == 2 and resumed["out_dir"] == str(run_dir)
+    with pytest.raises(ConfigError) as refused:  # a new run from a checkpoint: what to do instead
+        train.run([str(run_dir / "ckpt.pt")])
+    assert str(refused.value) == (f"{run_dir / 'ckpt.pt'} is a checkpoint, not a config file; continue its run with "
+                                  f"python train.py --resume {run_dir}, or give a TOML config file to start a new one.")
+
+
+def test_an_override_of_the_encoding_gets_its_own_run_directory(data_dir, tmp_path, monkeypatch, capsys):
+    """configs/cpu/rope.toml --pos=grape_a_qk wrote a grape_a_qk run into runs/cpu/rope without a word."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "configs" / "cpu").mkdir(parents=True)
+    config = tmp_path / "configs" / "cpu" / "rope.toml"
+    config.write_text(tiny_config(data_dir, model={"pos": "rope"}, max_iters=2, warmup_iters=1))
+    same = train.run([str(config), "--pos=rope", "--kv_shift=false"])  # the config's own encoding: its directory
+    assert same["out_dir"] == os.path.join("runs", "cpu", "rope")
+    changed = train.run([str(config), "--pos=alibi"])
+    assert changed["out_dir"] == os.path.join("runs", "cpu", "rope_as_alibi")
+    assert f"so this run's directory is {os.path.join('runs', 'cpu', 'rope_as_alibi')}, not " in capsys.readouterr().out
+    shifted = train.run([str(config), "--kv_shift=true"])
+    assert shifted["out_dir"] == os.path.join("runs", "cpu", "rope_as_rope+kv_shift")
+    saved = torch.load(os.path.join(changed["out_dir"], "ckpt.pt"), weights_only=True)["model_config"]
+    assert (saved["pos"], saved["kv_shift"]) == ("alibi", False)
+    assert torch.load(os.path.join("runs", "cpu", "rope", "ckpt.pt"), weights_only=True)["model_config"]["pos"] == "rope"
+    resumed = train.run([str(config), "--pos=alibi", "--resume"])  # the same command finds it (and its end)
+    assert resumed["out_dir"] == changed["out_dir"] and resumed["step"] == 2 and resumed["losses"] == []
+    given = train.run([str(config), "--pos=alibi", "--out_dir=mine"])  # --out_dir is the user's choice
+    assert given["out_dir"] == "mine"
+    partial = tmp_path / "configs" / "cpu" / "partial.toml"  # valid only with its overrides: still read
+    partial.write_text(tiny_config(data_dir, model={"pos": "rope"}, max_iters=2, warmup_iters=5))
+    assert train.run([str(partial), "--warmup_iters=1", "--pos=fox"])["out_dir"] == \
+        os.path.join("runs", "cpu", "partial_as_fox")
+
+
+def test_busy_cores_are_named_with_the_thread_count(monkeypatch):
+    """The quickstart took 8 minutes instead of 2 on shared cores without a word about threads."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    cpu = torch.device("cpu")
+    assert train.busy_cores_hint(cpu, load=1.9) is None  # below the cores: free enough
+    hint = train.busy_cores_hint(cpu, load=2.0)
+    assert hint.startswith("note: the load average is 2.0 on the 2 core(s) this run may use, so other work keeps "
+                           "them busy, and the run's 2 CPU thread(s) will wait")
+    assert "OMP_NUM_THREADS=1" in hint
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    assert train.busy_cores_hint(cpu, load=5.0) is None  # one thread: nothing to lower
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # two processes of one thread each on the same cores
+    assert "the run's 2 CPU thread(s)" in train.busy_cores_hint(cpu, load=2.5)
+    assert train.busy_cores_hint(torch.device("meta"), load=9.0) is None  # not the CPU
+
+
+# ----------------------------------------------------------------------------- the README's commands, in order
+
+def readme_block(heading: str) -> list[str]:
+    """The commands of the first bash block after the README's heading, comments dropped."""
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
+        block = f.read().split(f"## {heading}\n", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    return [line.split("  #")[0].strip() for line in block.splitlines() if line.strip() and not line.startswith("#")]
+
+
+class Accepted(Exception):
+    """Raised where a run would start its work: its arguments, run directory and checkpoint were accepted."""
+
+
+def test_the_readmes_quickstart_commands_are_accepted_in_the_order_it_gives_them(tmp_path, monkeypatch):
+    """A newcomer's first hour: right after the set-up (whose first command trains configs/quickstart.toml into
+    runs/quickstart), the Quickstart's first two commands were refused, since runs/quickstart held that run. Each
+    train.py command of the set-up and the Quickstart, in order, through its argument handling, run directory lock
+    and checkpoint refusal; each accepted one then leaves what a finished run leaves (ckpt.pt, config.json), which
+    the next ones see. The commands that read a run (sample.py, eval/) must name one made before them."""
+    import dataclasses
+    import shlex
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "configs").symlink_to(os.path.join(REPO, "configs"))
+    made = []
+
+    def opening(args, cfg, model_cfg):
+        if args.resume and not os.path.isfile(os.path.join(cfg.out_dir, "ckpt.pt")):
+            raise train.TrainError(f"no checkpoint at {cfg.out_dir}")
+        if not args.resume:
+            train.refuse_earlier_checkpoint(cfg.out_dir, train.config_of_default_directory(args.config_path,
+                                                                                          cfg.out_dir))
+        os.makedirs(cfg.out_dir, exist_ok=True)
+        with open(os.path.join(cfg.out_dir, "config.json"), "w") as f:  # what a finished run leaves
+            json.dump({"config_file": os.path.abspath(args.config_path), "model": model_cfg,
+                       "train": dataclasses.asdict(cfg)}, f)
+        (tmp_path / cfg.out_dir / "ckpt.pt").write_bytes(b"a finished run's checkpoint")
+        made.append(os.path.normpath(cfg.out_dir))
+        raise Accepted
+    monkeypatch.setattr(train, "open_checkpoint", opening)
+    setup = [c for command in readme_block("Set up") for c in command.split(" && ") if "train.py" in c]
+    quickstart = readme_block("Quickstart")
+    assert setup == ["python3 train.py configs/quickstart.toml"] and len(quickstart) >= 6
+    for command in setup + quickstart:
+        words = shlex.split(command)
+        if "--ckpt" in words:  # a reader of runs: of those made above
+            assert words[words.index("--ckpt") + 1] in made, command
+        if words[:2] == ["python3", "train.py"] or words[0] == "torchrun":
+            argv = words[words.index("train.py") + 1:]
+            if argv == ["--help"]:
+                continue
+            with pytest.raises(Accepted):
+                train.run(argv)
+    assert made[:3] == ["runs/quickstart", "runs/quickstart", "runs/quickstart_2proc"]
+    assert "runs/qs_fox" in made and "runs/cpu/fox" in made

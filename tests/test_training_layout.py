@@ -60,7 +60,7 @@ def test_an_interrupted_start_says_so_on_the_main_process_only_and_exits_130():
     code = "from training.errors import exit_interrupted; exit_interrupted()"
     for rank, said in (("0", interrupted_line()), ("1", "")):
         done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
-                              env={**os.environ, "RANK": rank})
+                              env={**os.environ, "RANK": rank, "WORLD_SIZE": "2"})  # (torchrun sets both)
         assert (done.returncode, done.stderr.strip()) == (130, said)
     assert interrupted_line().startswith("interrupted: the last checkpoint written (if any) is intact; ")
 

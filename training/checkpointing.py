@@ -325,14 +325,20 @@ def restore_from_shards(ckpt: dict, model, optimizer, ddp, path: str) -> None:
 class Checkpointer:
     """Saves the run's state to `path` (the main process writes, every process waits for it) and remembers
     the step of the checkpoint on disk (None before the first one). `resolved` is the run's config.json (the
-    configs, tokenizer, layout, code version and deliberate changes, the same for the whole run)."""
+    configs, tokenizer, layout, code version and deliberate changes, the same for the whole run). `directory`: the
+    run directory as its lock holds it (training/run_lock.py), checked before each save and before ckpt.pt is
+    replaced, so that a run whose directory was moved writes nothing into what is now at its path."""
 
-    def __init__(self, path: str, ddp, stops, resolved: dict, wandb_id: str | None, saved_step: int | None):
+    def __init__(self, path: str, ddp, stops, resolved: dict, wandb_id: str | None, saved_step: int | None,
+                 directory=None):
         self.path, self.ddp, self.stops, self.resolved, self.wandb_id = path, ddp, stops, resolved, wandb_id
-        self.saved_step = saved_step
+        self.saved_step, self.directory = saved_step, directory
 
     def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, divergence: dict) -> None:
         """`divergence`: the divergence monitor's state (the recent losses), so a resume checks from its first step."""
+        moved = self.ddp.from_main(self.directory.problem() if self.directory and self.ddp.is_main else None)
+        if moved:  # (every process stops, the others' shards unwritten)
+            raise TrainError(moved)
         with self.stops.writing_checkpoint():  # a second Ctrl-C now waits for the write instead of discarding it
             if self.ddp.sharded:
                 self.save_sharded(step, model, optimizer, divergence)
@@ -357,7 +363,7 @@ class Checkpointer:
 
     def write(self, state: dict) -> None:
         try:
-            checkpoints.save(self.path, state)
+            checkpoints.save(self.path, state, before_replace=self.directory.check if self.directory else None)
         except checkpoints.CheckpointError as error:
             raise TrainError(str(error)) from None
 

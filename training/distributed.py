@@ -16,16 +16,17 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from config import ConfigError
+from training.errors import launched_by_torchrun, process_rank
 
 
 class Distributed:
     def __init__(self, device_pref: str, timeout_s: int = 600, parallel: str = "ddp"):
         self.sharded = parallel == "fsdp"
-        self.enabled = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+        self.enabled = launched_by_torchrun()
         self.owns_group = False  # a group of one made here (closed by close())
-        self.rank = int(os.environ.get("RANK", 0))
-        self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
-        self.world_size = int(os.environ.get("WORLD_SIZE", 1))
+        self.rank = process_rank()
+        self.local_rank = int(os.environ.get("LOCAL_RANK", 0)) if self.enabled else 0
+        self.world_size = int(os.environ.get("WORLD_SIZE", 1)) if self.enabled else 1
         use_cuda = torch.cuda.is_available() if device_pref == "auto" else device_pref == "cuda"
         if use_cuda and not torch.cuda.is_available():
             raise ConfigError("device=cuda but no CUDA GPU is visible; use --device=cpu or auto.")

@@ -18,9 +18,21 @@ class LostProcess(TrainError):
     the process group (that would wait on the dead process)."""
 
 
+def launched_by_torchrun() -> bool:
+    """Whether torchrun (or a launcher like it) started this process: it sets RANK and WORLD_SIZE together."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def process_rank() -> int:
+    """This process's rank in its job: torchrun's RANK, or 0 for a process started alone, also where a RANK was
+    left in the environment without WORLD_SIZE (exported in a shell, say), which no launcher set: one process is
+    the main one, takes the run directory's lock and reports its errors. Every place that asks uses this."""
+    return int(os.environ["RANK"]) if launched_by_torchrun() else 0
+
+
 def exit_interrupted(signum=None, frame=None) -> None:
     """Ctrl-C outside the training loop (which saves a checkpoint first): one line, on the main process only, and
     exit status 130. Also a SIGINT handler, for the seconds in which train.py imports torch."""
-    if int(os.environ.get("RANK", 0)) == 0:
+    if process_rank() == 0:
         print(interrupted_line(), file=sys.stderr, flush=True)
     sys.exit(130)

@@ -96,15 +96,18 @@ def trim_metrics(path: str, step: int) -> int:
 
 
 class Metrics:
-    """Console + metrics.jsonl + (optionally) wandb, on the main process only (path None elsewhere)."""
+    """Console + metrics.jsonl + (optionally) wandb, on the main process only (path None elsewhere). `directory`:
+    the run directory as its lock holds it (training/run_lock.py), checked before each line is written."""
 
-    def __init__(self, path: str | None, wandb_run=None):
-        self.path, self.wandb_run = path, wandb_run
+    def __init__(self, path: str | None, wandb_run=None, directory=None):
+        self.path, self.wandb_run, self.directory = path, wandb_run, directory
 
     def write(self, record: dict, console: str) -> None:
         if self.path is None:
             return
         print(console, flush=True)
+        if self.directory is not None:
+            self.directory.check()
         try:
             with open(self.path, "a") as f:
                 f.write(json.dumps(record) + "\n")
