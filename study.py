@@ -24,7 +24,6 @@ from pathlib import Path
 
 from training.errors import STUDY_COMMAND
 from eval.cli import make_parser
-from eval import progress as timing
 from studies.launch import Runner, run_trained
 from studies.slurm import SlurmStudy, run_key, summary_line, table
 from studies.report import REPORT_BEGIN, REPORT_END, check_publish_target, publish, write_report
@@ -116,7 +115,7 @@ def slurm_study(study, status_only: bool, wait: bool, publish_to: str | None) ->
             print(f"[study] {summary_line(rows)}; run the same command for {what} (--status: the table alone, "
                   "--wait: until every job has ended, then the report)", flush=True)
             return None
-        print(f"[study] {summary_line(rows)}; asking SLURM again in {timing.duration(study.slurm.poll_s)}",
+        print(f"[study] {summary_line(rows)}; asking SLURM again in {study.slurm.poll_s:g} s",
               flush=True)
         time.sleep(study.slurm.poll_s)
 

@@ -104,15 +104,18 @@ def cancel(job: str) -> None:
 
 # ----------------------------------------------------------------------------- the jobs' command lines
 
-def job_environment(study: Study) -> dict[str, str]:
-    """What train.sbatch and the evaluation jobs are told: the Python and the code that run this study (unless the
-    setup line chooses a Python: then its `python`), the setup line, and the GPUs each node's torchrun starts."""
+def job_environment(study: Study, run: Run) -> dict[str, str]:
+    """What train.sbatch (its header lists these) and the evaluation jobs are told: the Python and the code that
+    run this study (unless the setup line is to choose the Python: then its python3), the setup line, the run's
+    folder (the job stops with one line when its node cannot see it), its processes per node, and a rendezvous port
+    of its own (two runs may share a node)."""
     settings = study.slurm
-    env = {"GRAPE_REPO": str(REPO), "GPUS_PER_NODE": str(processes_per_node(study))}
+    env = {"REPO": str(REPO), "RUN_DIR": run.run_dir, "PROCS_PER_NODE": str(processes_per_node(study)),
+           "RDZV_PORT": str(29500 + study.runs.index(run) % 2000)}
     if settings.setup:
-        env["GRAPE_JOB_SETUP"] = settings.setup
+        env["JOB_SETUP"] = settings.setup
     else:
-        env["GRAPE_PYTHON"] = sys.executable
+        env["PYTHON"] = sys.executable
     return env
 
 
@@ -126,11 +129,11 @@ def sbatch_options(study: Study, run: Run, job: str) -> list[str]:
     name and its log in the run's folder (SLURM_JOB_ID in the name: each try keeps its own)."""
     settings = study.slurm
     nodes = settings.nodes(study.gpus_per_run) if job == "train" else 1
-    gpus = processes_per_node(study) if settings.gpus_per_node and job == "train" else int(
-        bool(settings.gpus_per_node))
+    gpus = processes_per_node(study) if job == "train" else 1
     options = [f"--job-name={study.name}:{run_key(run)}:{job}", f"--nodes={nodes}", "--ntasks-per-node=1",
                f"--output={os.path.abspath(os.path.join(run.run_dir, f'slurm-{job}-%j.out'))}"]
-    options.append(f"--gpus-per-node={gpus}" if gpus else "--gres=none")
+    if settings.gpus_per_node:
+        options.append(f"--gpus-per-node={gpus}")
     for key in ("partition", "account", "qos", "time"):
         if getattr(settings, key):
             options.append(f"--{key}={getattr(settings, key)}")
@@ -142,14 +145,14 @@ def sbatch_options(study: Study, run: Run, job: str) -> list[str]:
 def train_job(study: Study, run: Run) -> list[str]:
     """sbatch's arguments for a run's training: train.sbatch with the run's train.py arguments (the study's own
     command for the run, --resume included when it has a checkpoint)."""
-    return [*sbatch_options(study, run, "train"), "--requeue", str(JOB_SCRIPT), *train_argv(run)]
+    return [*sbatch_options(study, run, "train"), str(JOB_SCRIPT), *train_argv(run)]
 
 
 def eval_job(study: Study, run: Run, after: str | None) -> list[str]:
     """sbatch's arguments for a run's evaluations: study.py --evaluate on this study and run (the evaluations'
     own main functions in-process, each marked done as the in_process mode marks it), after the training job
     `after` has succeeded."""
-    python = sys.executable if not study.slurm.setup else "python"
+    python = sys.executable if not study.slurm.setup else "python3"
     command = shlex.join([python, str(REPO / "study.py"), study.path, "--evaluate", run_key(run)])
     setup = f"{study.slurm.setup} && " if study.slurm.setup else ""
     dependency = [f"--dependency=afterok:{after}", "--kill-on-invalid-dep=no"] if after else []
@@ -229,6 +232,7 @@ class SlurmStudy:
     def advance(self, submit: bool) -> list[Row]:
         with study_lock(self.study):
             records = read_records(self.study)
+            before = json.dumps(records)
             recorded = [job for entry in records.values() for job in entry.get("train", [])] + \
                        [e["job"] for entry in records.values() for e in entry.get("eval", [])]
             # Forgotten jobs are judged from the files; for a fresh study nothing needs asking.
@@ -238,9 +242,10 @@ class SlurmStudy:
                 entry = records.setdefault(run_key(run), {"train": [], "eval": []})
                 try:
                     rows.append(self.advance_run(run, entry, states, submit))
-                finally:
-                    if submit:  # after each run's submissions: a refusal later keeps what was submitted
-                        write_records(self.study, records)
+                finally:  # after each run's submissions: a refusal later keeps what was submitted
+                    if json.dumps(records) != before:
+                        write_records(self.study, {key: entry for key, entry in records.items()
+                                                   if entry["train"] or entry["eval"]})
             return rows
 
     def state_of(self, job: str, states: dict, done_by_files: bool) -> tuple[str, str]:
@@ -273,10 +278,12 @@ class SlurmStudy:
                 row.state = f"{state.lower()}, to resubmit"
             if submit:
                 self.cancel_waiting_evaluations(entry, states)
-                row.job = sbatch(train_job(self.study, run), job_environment(self.study))
+                os.makedirs(run.run_dir, exist_ok=True)  # for the jobs' logs: SLURM does not make their folder
+                row.job = sbatch(train_job(self.study, run), job_environment(self.study, run))
                 trains.append(row.job)
-                entry["eval"].append({"job": sbatch(eval_job(self.study, run, row.job), job_environment(self.study)),
-                                      "after": row.job})
+                if run.evals:
+                    entry["eval"].append({"job": sbatch(eval_job(self.study, run, row.job),
+                                                        job_environment(self.study, run)), "after": row.job})
                 row.state = "submitted" + (f" (try {len(trains)})" if len(trains) > 1 else "")
             return row
         return self.advance_evaluations(run, entry, states, submit, row)
@@ -287,21 +294,23 @@ class SlurmStudy:
             return row.end("failed", error=f"records: {lost}")
         if entry["train"]:
             row.job = entry["train"][-1]
-        if all(eval_finished(run, name) for name in run.evals):
-            return row.end("done")
+        finished = all(eval_finished(run, name) for name in run.evals)
         tries = eval_tries(entry, entry["train"][-1] if entry["train"] else None)
         if tries:
-            row.job = tries[-1]["job"]
-            state, reason = self.state_of(row.job, states, False)
-            if state in ACTIVE:
-                row.state = "evaluations " + state.lower()
+            state, reason = self.state_of(tries[-1]["job"], states, finished)
+            if state in ACTIVE:  # (a job that wrote its results is still one until it has ended)
+                row.job, row.state = tries[-1]["job"], "evaluations " + state.lower()
                 return row
+        if finished:
+            return row.end("done")
+        if tries:
+            row.job = tries[-1]["job"]
             row.error = f"evaluations: {job_error(run, 'eval', row.job, state)}"
             if len(tries) >= self.settings.max_tries:
                 return row.end("failed", state=f"evaluations failed ({len(tries)} tries)", error=row.error)
             row.state = f"evaluations {state.lower()}, to resubmit"
         if submit:
-            row.job = sbatch(eval_job(self.study, run, None), job_environment(self.study))
+            row.job = sbatch(eval_job(self.study, run, None), job_environment(self.study, run))
             entry["eval"].append({"job": row.job, "after": None})
             row.state = "evaluations submitted"
         return row
