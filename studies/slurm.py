@@ -232,7 +232,7 @@ class SlurmStudy:
     def advance(self, submit: bool) -> list[Row]:
         with study_lock(self.study):
             records = read_records(self.study)
-            before = json.dumps(records)
+            before = json.dumps(records)  # (an entry made below without a job is not written)
             recorded = [job for entry in records.values() for job in entry.get("train", [])] + \
                        [e["job"] for entry in records.values() for e in entry.get("eval", [])]
             # Forgotten jobs are judged from the files; for a fresh study nothing needs asking.
@@ -243,9 +243,9 @@ class SlurmStudy:
                 try:
                     rows.append(self.advance_run(run, entry, states, submit))
                 finally:  # after each run's submissions: a refusal later keeps what was submitted
-                    if json.dumps(records) != before:
-                        write_records(self.study, {key: entry for key, entry in records.items()
-                                                   if entry["train"] or entry["eval"]})
+                    submitted = {key: entry for key, entry in records.items() if entry["train"] or entry["eval"]}
+                    if json.dumps(submitted) != before:
+                        write_records(self.study, submitted)
             return rows
 
     def state_of(self, job: str, states: dict, done_by_files: bool) -> tuple[str, str]:
@@ -330,11 +330,12 @@ def last_training_record(run_dir: str, tail_bytes: int = 16384) -> dict | None:
     has thousands of lines, and the table is drawn for every run on every call."""
     try:
         with open(os.path.join(run_dir, "metrics.jsonl"), "rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - tail_bytes))
+            start = max(0, f.seek(0, os.SEEK_END) - tail_bytes)
+            f.seek(start)
             lines = f.read().split(b"\n")
     except OSError:
         return None
-    for line in reversed(lines[1:] if len(lines) > 1 else lines):  # the first may be cut by the seek
+    for line in reversed(lines[1:] if start else lines):  # the first is cut where the read starts inside the file
         with contextlib.suppress(ValueError):
             record = json.loads(line)
             if isinstance(record, dict) and record.get("type") == "train":

@@ -141,9 +141,14 @@ def test_a_run_cancelled_with_scancel_is_resubmitted_by_the_next_call_and_resume
     assert trains[0] == first and len(trains) == 2
     report = study.main([path, "--wait"])
     assert report["runs"][0]["status"] == "done" and recorded()["rope/seed1"]["train"] == trains
-    second_log = (run_dir / f"slurm-train-{trains[1]}.out").read_text()
-    resumed_at = int(second_log.split("iter ")[1].split("/")[0])  # its first training line
-    assert 100 < resumed_at <= len(train_iterations(run_dir)) and resumed_at % 100 == 1
+    def logged(job):  # the iterations a job's log shows
+        text = (run_dir / f"slurm-train-{job}.out").read_text()
+        return [int(line.split()[1].split("/")[0]) for line in text.splitlines() if line.startswith("iter ")
+                and "/1200" in line]
+    # scancel's SIGTERM made train.py save at the step it had reached: the new job starts after it, not after the
+    # last periodic checkpoint (iteration 100)
+    resumed_at = logged(trains[1])[0]
+    assert resumed_at > 100 and logged(first)[-1] == resumed_at - 1 and logged(trains[1])[-1] == 1200
     iterations = train_iterations(run_dir)
     assert iterations == list(range(1, 1201))  # each iteration once: the resume dropped what followed the checkpoint
     summaries = [r for r in read_metrics_records(run_dir) if r["type"] == "summary"]
@@ -197,3 +202,73 @@ def test_without_sbatch_on_path_the_study_says_so_and_records_nothing(workspace,
     assert error == ("error: sbatch is not on PATH, so no job can be submitted or asked about; run study.py on a "
                      "login node of the cluster (or load its slurm module), or choose another [launch] mode.")
     assert not (workspace / "out" / "slurm_jobs.json").exists()
+
+
+def test_the_launch_slurm_table_names_the_closest_key_of_a_misspelling(workspace):
+    path = study_file(workspace, launch=SLURM + 'partiton = "gpu"\nmax_tries = 0\n')
+    with pytest.raises(study_spec.StudyError) as error:
+        study_spec.load_study(path)
+    lines = error.value.errors
+    assert any("[launch.slurm] partiton: unknown key; did you mean 'partition'?" in line for line in lines)
+    assert any("[launch.slurm] max_tries: must be a whole number, at least 1, not 0." in line for line in lines)
+    uneven = study_file(workspace, launch=SLURM.replace("gpus_per_node = 0", "gpus_per_node = 8") + "",
+                        extra="")
+    Path(uneven).write_text(Path(uneven).read_text().replace('mode = "slurm"', 'mode = "slurm"\ngpus_per_run = 12'))
+    with pytest.raises(study_spec.StudyError, match="12 GPUs span nodes of 8 GPUs .* multiple of gpus_per_node"):
+        study_spec.load_study(uneven)
+
+
+def test_a_run_of_more_gpus_than_a_node_spans_nodes_with_the_sites_settings(workspace, tmp_path):
+    path = study_file(workspace, launch='mode = "slurm"\ngpus_per_run = 16\n\n[launch.slurm]\npartition = "h100"\n'
+                                        'account = "grape"\nqos = "high"\ntime = "12:00:00"\ngpus_per_node = 8\n'
+                                        'cpus_per_task = 64\nsbatch_options = ["--exclusive"]\n')
+    loaded = study_spec.load_study(path)
+    run = loaded.runs[1]
+    argv = study_slurm.train_job(loaded, run)
+    assert argv == [f"--job-name=study:alibi/seed1:train", "--nodes=2", "--ntasks-per-node=1",
+                    f"--output={workspace / 'out' / 'alibi' / 'seed1' / 'slurm-train-%j.out'}", "--gpus-per-node=8",
+                    "--partition=h100", "--account=grape", "--qos=high", "--time=12:00:00", "--cpus-per-task=64",
+                    "--exclusive", str(REPO / "scripts" / "slurm" / "train.sbatch"), *run.train_args]
+    env = study_slurm.job_environment(loaded, run)
+    assert env == {"REPO": str(REPO), "RUN_DIR": run.run_dir, "PROCS_PER_NODE": "8", "RDZV_PORT": "29501",
+                   "PYTHON": sys.executable}
+    os.makedirs(run.run_dir)
+    shutil.copy(__file__, os.path.join(run.run_dir, "ckpt.pt"))  # a checkpoint: the run continues from it
+    assert study_slurm.train_job(loaded, run)[-1] == "--resume"
+    evaluations = study_slurm.eval_job(loaded, run, after="41")
+    assert "--nodes=1" in evaluations and "--gpus-per-node=1" in evaluations
+    assert evaluations[-3:] == ["--dependency=afterok:41", "--kill-on-invalid-dep=no",
+                                f"--wrap=exec {sys.executable} {REPO / 'study.py'} {path} --evaluate alibi/seed1"]
+    # A setup line runs first, and its environment's Python runs the jobs.
+    Path(path).write_text(Path(path).read_text().replace('sbatch_options = ["--exclusive"]\n',
+                                                        'setup = "source /opt/venv/bin/activate"\n'))
+    loaded = study_spec.load_study(path)
+    assert study_slurm.job_environment(loaded, run)["JOB_SETUP"] == "source /opt/venv/bin/activate"
+    assert "PYTHON" not in study_slurm.job_environment(loaded, run)
+    assert study_slurm.eval_job(loaded, run, None)[-1] == (f"--wrap=source /opt/venv/bin/activate && exec python3 "
+                                                           f"{REPO / 'study.py'} {path} --evaluate alibi/seed1")
+
+
+def write_metrics(run_dir, records):
+    os.makedirs(run_dir, exist_ok=True)
+    with open(os.path.join(run_dir, "metrics.jsonl"), "w") as f:
+        f.writelines(json.dumps(record) + "\n" for record in records)
+
+
+def test_the_table_shows_each_runs_iteration_loss_and_eta_from_its_own_files(workspace):
+    loaded = study_spec.load_study(study_file(workspace))
+    rope, alibi = loaded.runs
+    # thousands of lines: the last training record is read from the end of the file
+    write_metrics(rope.run_dir, [{"type": "train", "iter": i, "loss": 9.0 - i / 1000, "eta_s": 3 * (6000 - i)}
+                                 for i in range(1, 5001)] + [{"type": "val", "iter": 5000, "val_loss": 1.5}])
+    write_metrics(alibi.run_dir, [{"type": "train", "iter": 2, "loss": 5.25, "eta_s": 40}])
+    rows = [study_slurm.Row(rope, job="17", state="running"),
+            study_slurm.Row(alibi, job="18", state="failed (3 tries)", ended=True, status="failed",
+                            error="training: data directory x not found")]
+    assert study_slurm.table(rows).splitlines() == [
+        "run          job  state             iter    loss    ETA",
+        "rope/seed1   17   running           5000/6  4.0000  -",
+        "alibi/seed1  18   failed (3 tries)  2/6     5.2500  -",
+        "  alibi/seed1: training: data directory x not found"]
+    rows[1] = study_slurm.Row(alibi, job="18", state="running")
+    assert study_slurm.table(rows).splitlines()[2].split() == ["alibi/seed1", "18", "running", "2/6", "5.2500", "40s"]
