@@ -90,7 +90,7 @@ def wait_for_checkpoint(run_dir, after: int, timeout=180) -> int:
 def test_a_job_requeued_after_its_first_checkpoint_resumes_and_ends_its_run_once(slurm_cluster, data_dir, tmp_path):
     config = tmp_path / "tiny.toml"
     config.write_text(tiny_config(data_dir, model={"pos": "rope"}, batch_size=2, max_iters=300, ckpt_interval=30,
-                                  lr=3e-3))
+                                  lr=3e-3, wandb=True, wandb_mode="offline"))
     run_dir = tmp_path / "run"
     job = submit(slurm_cluster, tmp_path, [], [str(config), f"--out_dir={run_dir}"])
     first = wait_for_checkpoint(run_dir, after=0)
@@ -105,8 +105,11 @@ def test_a_job_requeued_after_its_first_checkpoint_resumes_and_ends_its_run_once
     assert [(s["iter"], s["stopped"]) for s in summaries] == [(300, "done")], summaries
     # each step once, with an uninterrupted run's losses: the lines after the checkpoint were trimmed on resume
     assert [r["iter"] for r in records(run_dir, "train")] == list(range(1, 301))
-    reference = train.run([str(config), f"--out_dir={tmp_path / 'uninterrupted'}"])["losses"]
+    reference = train.run([str(config), f"--out_dir={tmp_path / 'uninterrupted'}", "--wandb=false"])["losses"]
     assert [r["loss"] for r in records(run_dir, "train")] == reference
+    # one wandb run, started twice: the requeued job continued the id its checkpoint holds
+    starts = [name for name in os.listdir(run_dir / "wandb") if name.startswith("offline-run-")]
+    assert len(starts) == 2 and len({name.rsplit("-", 1)[1] for name in starts}) == 1, starts
 
 
 def test_a_job_near_its_time_limit_saves_and_requeues_itself(slurm_cluster, data_dir, tmp_path):
@@ -195,6 +198,9 @@ def test_a_job_requeued_by_its_time_limit_and_by_slurm_resumes_and_ends_its_run_
     assert [(s["iter"], s["stopped"]) for s in summaries] == [(400, "done")], summaries
     steps = [r["iter"] for r in records(run_dir, "train")]
     assert steps == list(range(1, 401))  # each step once: the lines after a checkpoint were trimmed on resume
-    reference = train.run([str(config), f"--out_dir={tmp_path / 'uninterrupted'}"])["losses"]
+    reference = train.run([str(config), f"--out_dir={tmp_path / 'uninterrupted'}", "--wandb=false"])["losses"]
     assert [r["loss"] for r in records(run_dir, "train")] == reference
+    # one wandb run, started twice: the requeued job continued the id its checkpoint holds
+    starts = [name for name in os.listdir(run_dir / "wandb") if name.startswith("offline-run-")]
+    assert len(starts) == 2 and len({name.rsplit("-", 1)[1] for name in starts}) == 1, starts
     assert 0 < first < stopped_at < second < 400
