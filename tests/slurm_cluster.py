@@ -4,7 +4,8 @@ temporary folder, waits until both nodes are idle, and stops them by their pid f
 
 Everything of one cluster lives in its own folder with its own munged (socket, key, pid file) and free ports, so two
 test processes can each run one at the same time. Each node declares two placeholder GPUs (gres.conf over empty
-files), so --gpus-per-node is honoured. Starting the daemons needs root and Debian's slurm-wlm and munge
+files), so --gpus-per-node is honoured. A requeued job may start again 10 s later (cred_expire; SLURM's default
+is 120 s), and the schedulers look at pending jobs every second. Starting the daemons needs root and Debian's slurm-wlm and munge
 (`apt-get install slurm-wlm munge`); without them the tests that use the fixture skip and say why, except where
 GRAPE_REQUIRE_SLURM=1 (CI: .ci/run installs both), where they fail.
 """
@@ -44,7 +45,7 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={folder}/munge.socket
+AuthInfo=socket={folder}/munge.socket,cred_expire=10
 StateSaveLocation={folder}/state
 SlurmdSpoolDir={folder}/spool/%n
 SlurmctldPidFile={folder}/slurmctld.pid
@@ -60,6 +61,7 @@ AccountingStorageType=accounting_storage/none
 MpiDefault=none
 ReturnToService=2
 MinJobAge=600
+SchedulerParameters=sched_interval=1,bf_interval=1
 KillWait=10
 GresTypes=gpu
 {nodes}
