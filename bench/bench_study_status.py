@@ -24,7 +24,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-import study  # noqa: E402
 from studies import launch, slurm  # noqa: E402
 from studies.spec import load_study  # noqa: E402
 

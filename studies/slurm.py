@@ -14,11 +14,10 @@ import shlex
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from studies.launch import (REPO, damaged_records, diverged_marker, eval_finished, last_error_line, lost_records,
-                            read_json, run_done, run_trained, train_argv)
+                            read_json, run_trained, train_argv)
 from studies.spec import Run, Study, StudyError
 from training.metrics import atomic_write_text, duration
 

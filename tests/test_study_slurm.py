@@ -9,7 +9,6 @@ cluster has two one-CPU nodes on a machine of two cores.
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -75,7 +74,8 @@ def queue(cluster):
 
 
 def val_losses(out="out"):
-    return {run["run_dir"]: run["final_val_loss"] for run in json.loads((Path(out) / "report.json").read_text())["runs"]}
+    runs = json.loads((Path(out) / "report.json").read_text())["runs"]
+    return {run["run_dir"]: run["final_val_loss"] for run in runs}
 
 
 # ----------------------------------------------------------------------------- on the cluster
@@ -85,8 +85,8 @@ def test_a_study_on_slurm_submits_once_and_ends_with_the_in_process_losses(clust
     assert study.main([path]) is None  # submitted: returns at once
     first = recorded()
     assert set(first) == {"rope/seed1", "alibi/seed1"}
-    assert all(len(entry["train"]) == 1 and entry["eval"] == [{"job": entry["eval"][0]["job"],
-                                                                "after": entry["train"][0]}] for entry in first.values())
+    assert all(len(entry["train"]) == 1 and len(entry["eval"]) == 1 and entry["eval"][0]["after"] == entry["train"][0]
+               for entry in first.values())
     table = capsys.readouterr().out
     assert "rope/seed1" in table and "submitted" in table and "0/6" in table
     jobs = queue(cluster)
