@@ -130,7 +130,7 @@ def sbatch_options(study: Study, run: Run, job: str) -> list[str]:
     nodes = settings.nodes(study.gpus_per_run) if job == "train" else 1
     gpus = processes_per_node(study) if job == "train" else 1
     options = [f"--job-name={study.name}:{run_key(run)}:{job}", f"--nodes={nodes}", "--ntasks-per-node=1",
-               f"--output={os.path.abspath(os.path.join(run.run_dir, f'slurm-{job}-%j.out'))}"]
+               f"--output={job_log(run, job, '%j')}"]
     if settings.gpus_per_node:
         options.append(f"--gpus-per-node={gpus}")
     for key in ("partition", "account", "qos", "time"):
@@ -184,7 +184,7 @@ def study_lock(study: Study):
 
 
 def job_log(run: Run, job: str, job_id: str) -> str:
-    return os.path.join(run.run_dir, f"slurm-{job}-{job_id}.out")
+    return os.path.abspath(os.path.join(run.run_dir, f"slurm-{job}-{job_id}.out"))
 
 
 def job_error(run: Run, job: str, job_id: str, state: str) -> str:

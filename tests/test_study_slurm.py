@@ -190,6 +190,34 @@ def test_a_partition_that_slurm_refuses_is_one_sentence_and_nothing_is_recorded(
     assert not (workspace / "out" / "slurm_jobs.json").exists() and queue(cluster) == []
 
 
+def test_a_job_whose_node_cannot_see_its_run_directory_says_so_in_the_table(cluster, workspace, capsys):
+    """The run's folder gone between submission and the job's start (as on a node that does not mount it): SLURM
+    cannot open the job's log there, the job fails at once, and the table says what to check."""
+    path = study_file(workspace, encodings=["rope"], evals="", launch=SLURM + 'sbatch_options = ["--hold"]\n')
+    study.main([path])
+    job = recorded()["rope/seed1"]["train"][0]
+    (workspace / "out" / "rope").rename(workspace / "elsewhere")
+    cluster.command("scontrol", "release", job)
+    assert cluster.wait(job)["JobState"] == "FAILED"
+    capsys.readouterr()
+    assert study.main([path, "--status"]) is None
+    out = capsys.readouterr().out
+    assert f"rope/seed1: training: job {job} ended FAILED without a log {workspace}/out/rope/seed1/slurm-train-" \
+           f"{job}.out: its node could not write into the run's folder; do the compute nodes see the study's " \
+           "out_dir at the same path?" in out
+    assert recorded()["rope/seed1"]["train"] == [job]  # --status submits nothing
+
+
+def test_an_evaluation_job_without_its_run_directory_says_so(workspace, capsys):
+    path = study_file(workspace)
+    with pytest.raises(SystemExit) as exit_info:
+        study.main([path, "--evaluate", "alibi/seed1"])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"error: run directory {workspace}/out/alibi/seed1 does not exist on ")
+    assert "the compute nodes must see the study's out_dir at the same path" in error
+
+
 # ----------------------------------------------------------------------------- without a cluster
 
 def test_without_sbatch_on_path_the_study_says_so_and_records_nothing(workspace, monkeypatch, capsys):
