@@ -293,6 +293,10 @@ class SlurmStudy:
             return row.end("failed", error=f"records: {lost}")
         if entry["train"]:
             row.job = entry["train"][-1]
+            state = states.get(row.job, ("",))[0]
+            if state in ACTIVE:  # trained, and its job is ending: the run has ended once the job has
+                row.state = state.lower()
+                return row
         finished = all(eval_finished(run, name) for name in run.evals)
         tries = eval_tries(entry, entry["train"][-1] if entry["train"] else None)
         if tries:

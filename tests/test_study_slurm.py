@@ -190,6 +190,19 @@ def test_a_partition_that_slurm_refuses_is_one_sentence_and_nothing_is_recorded(
     assert not (workspace / "out" / "slurm_jobs.json").exists() and queue(cluster) == []
 
 
+def test_a_run_of_more_processes_than_a_node_holds_spans_nodes(cluster, workspace):
+    """gpus_per_run = 2 on a CPU partition (one process a node): the run's one job trains on both nodes, as one
+    process group of two."""
+    path = study_file(workspace, encodings=["rope"], evals="", extra="[overrides]\nbatch_size = 2\n",
+                      launch=SLURM.replace('mode = "slurm"', 'mode = "slurm"\ngpus_per_run = 2'))
+    report = study.main([path, "--wait"])
+    job = cluster.job(recorded()["rope/seed1"]["train"][0])
+    assert job["NumNodes"] == "2" and job["NodeList"] == "n[1-2]" and job["JobState"] == "COMPLETED"
+    run_dir = workspace / "out" / "rope" / "seed1"
+    assert json.loads((run_dir / "config.json").read_text())["world_size"] == 2
+    assert report["runs"][0]["status"] == "done" and train_iterations(run_dir) == list(range(1, 7))
+
+
 def test_a_job_whose_node_cannot_see_its_run_directory_says_so_in_the_table(cluster, workspace, capsys):
     """The run's folder gone between submission and the job's start (as on a node that does not mount it): SLURM
     cannot open the job's log there, the job fails at once, and the table says what to check."""
