@@ -163,8 +163,8 @@ def test_a_job_requeued_as_often_as_max_requeues_ends_with_a_sentence(slurm_clus
     ended = slurm_cluster.wait(job)
     log = (tmp_path / "job.log").read_text()
     assert (ended["JobState"], ended["Restarts"]) == ("FAILED", "0"), log[-3000:]
-    assert ("error: job {} reached its time limit again after 0 requeues (MAX_REQUEUES=0), so it is not requeued"
-            .format(job)) in log
+    assert (f"error: job {job} reached its time limit after 0 requeue(s), the most that MAX_REQUEUES=0 allows, so it "
+            "is not requeued") in log
 
 
 def test_a_node_that_cannot_see_the_run_directory_says_so_in_one_line(slurm_cluster, data_dir, tmp_path):
