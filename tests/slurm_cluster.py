@@ -9,6 +9,7 @@ is 120 s), and the schedulers look at pending jobs every second. Starting the da
 (`apt-get install slurm-wlm munge`); without them the tests that use the fixture skip and say why, except where
 GRAPE_REQUIRE_SLURM=1 (CI: .ci/run installs both), where they fail.
 """
+import contextlib
 import os
 import re
 import secrets
@@ -179,28 +180,43 @@ def node_states_or_none(cluster: Cluster) -> dict:
 
 
 def stop(cluster: Cluster) -> None:
-    """Cancel every job of the cluster, then stop its daemons by their pid files (SIGTERM, SIGKILL after 15 s)."""
+    """Cancel every job of the cluster, then stop its daemons by their pid files."""
     cluster.command("scancel", "--user=root", check=False, timeout=30)
     for _ in range(60):  # their processes end before the slurmd that started them
         jobs = cluster.command("squeue", "--noheader", check=False, timeout=30)
         if jobs.returncode != 0 or not jobs.stdout.strip():
             break
         time.sleep(0.5)
-    pid_files = [f"slurmd-{node}.pid" for node in NODES] + ["slurmctld.pid", "munged.pid"]
-    for name in pid_files:
+    # the nodes first (they report to slurmctld as they go), then slurmctld and munged
+    end_processes([os.path.join(cluster.folder, f"slurmd-{node}.pid") for node in NODES])
+    end_processes([os.path.join(cluster.folder, name) for name in ("slurmctld.pid", "munged.pid")])
+
+
+def end_processes(pid_files: list[str], patience_s: float = 15) -> None:
+    """SIGTERM to the process of each pid file at once, SIGKILL to those still there after patience_s."""
+    pids = []
+    for path in pid_files:
         try:
-            with open(os.path.join(cluster.folder, name)) as f:
-                pid = int(f.read().split()[0])
+            with open(path) as f:
+                pids.append(int(f.read().split()[0]))
         except (OSError, ValueError, IndexError):
             continue
-        try:
-            os.kill(pid, signal.SIGTERM)
-            for _ in range(150):
-                time.sleep(0.1)
-                os.kill(pid, 0)
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + patience_s
+        while pids and time.monotonic() < deadline:
+            pids = [pid for pid in pids if alive(pid)]
+            time.sleep(0.05)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 @pytest.fixture(scope="session")

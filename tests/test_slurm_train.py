@@ -70,9 +70,34 @@ def test_two_nodes_of_one_process_train_as_torchrun_with_two_processes_bit_for_b
     assert json.loads((tmp_path / "slurm" / "config.json").read_text())["world_size"] == 2
 
 
+def test_a_requeued_job_resumes_only_a_run_whose_directory_holds_a_checkpoint(data_dir, tmp_path, monkeypatch):
+    """scripts/slurm/has_checkpoint.py, which a requeued job asks: the run directory of train.py's own arguments
+    (the config's default, --out_dir, a run directory to --resume), and whether it holds ckpt.pt or shards."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("has_checkpoint", os.path.join(REPO, "scripts", "slurm",
+                                                                                 "has_checkpoint.py"))
+    has_checkpoint = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(has_checkpoint)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "configs").mkdir()
+    config = tmp_path / "configs" / "tiny.toml"
+    config.write_text(tiny_config(data_dir))
+    assert has_checkpoint.saved_run_directory([str(config)]) is None  # not started: started again, no --resume
+    (tmp_path / "runs" / "tiny").mkdir(parents=True)
+    (tmp_path / "runs" / "tiny" / "config.json").write_text("{}")
+    assert has_checkpoint.saved_run_directory([str(config)]) is None  # requeued before its first checkpoint
+    (tmp_path / "runs" / "tiny" / "ckpt.pt").write_bytes(b"")
+    assert has_checkpoint.saved_run_directory([str(config)]) == os.path.join("runs", "tiny")
+    assert has_checkpoint.saved_run_directory([str(config), "--out_dir=elsewhere"]) is None
+    (tmp_path / "elsewhere" / "ckpt.shards" / "40-abc").mkdir(parents=True)
+    assert has_checkpoint.saved_run_directory([str(config), "--out_dir=elsewhere", "--start_over"]) == "elsewhere"
+    with pytest.raises(has_checkpoint.ConfigError, match="n_layers"):
+        has_checkpoint.saved_run_directory([str(config), "--n_layers=3"])
+
+
 def wait_for_checkpoint(run_dir, after: int, timeout=180) -> int:
-    """Poll run_dir/ckpt.pt until it is of a step beyond `after`; that step (read from metrics.jsonl's last
-    checkpoint line would need the format, so the file's modification is the signal, then the step from torch)."""
+    """Poll run_dir/ckpt.pt until it holds a step beyond `after`; that step. (A file being renamed into place, or
+    gone for a moment, reads as no checkpoint yet.)"""
     import torch
     path = os.path.join(run_dir, "ckpt.pt")
     deadline = time.monotonic() + timeout
@@ -138,8 +163,8 @@ def test_a_job_requeued_as_often_as_max_requeues_ends_with_a_sentence(slurm_clus
     ended = slurm_cluster.wait(job)
     log = (tmp_path / "job.log").read_text()
     assert (ended["JobState"], ended["Restarts"]) == ("FAILED", "0"), log[-3000:]
-    assert ("error: job {} reached its time limit again after 0 requeues (MAX_REQUEUES=0), so it is not requeued"
-            .format(job)) in log
+    assert (f"error: job {job} reached its time limit after 0 requeue(s), the most that MAX_REQUEUES=0 allows, so it "
+            "is not requeued") in log
 
 
 def test_a_node_that_cannot_see_the_run_directory_says_so_in_one_line(slurm_cluster, data_dir, tmp_path):
@@ -150,57 +175,8 @@ def test_a_node_that_cannot_see_the_run_directory_says_so_in_one_line(slurm_clus
     ended = slurm_cluster.wait(job)
     log = (tmp_path / "job.log").read_text().splitlines()
     assert (ended["JobState"], ended["ExitCode"]) == ("FAILED", "2:0") and len(log) == 1, log
-    assert log[0].startswith(f"error: {missing} is not visible on node ") and "(n1) of job " in log[0]
+    assert log[0].startswith(f"error: {missing} is not visible on node ") and f"of job {job}, so" in log[0]
     assert not missing.exists()  # and nothing was made in its place
     gone = submit(slurm_cluster, tmp_path, [], [str(tmp_path / "gone.toml")])
     assert slurm_cluster.wait(gone)["ExitCode"] == "2:0"
     assert f"error: {tmp_path / 'gone.toml'} is not visible on node " in (tmp_path / "job.log").read_text()
-
-
-def wait_for_checkpoint(run_dir, after: int, timeout=180) -> int:
-    """Poll run_dir/ckpt.pt until it is of a step beyond `after`; that step (read from metrics.jsonl's last
-    checkpoint line would need the format, so the file's modification is the signal, then the step from torch)."""
-    import torch
-    path = os.path.join(run_dir, "ckpt.pt")
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            step = torch.load(path, map_location="cpu", weights_only=False)["step"]
-        except (OSError, EOFError, RuntimeError, KeyError):
-            step = -1
-        if step > after:
-            return step
-        time.sleep(0.2)
-    raise AssertionError(f"no checkpoint beyond step {after} in {run_dir} after {timeout} s")
-
-
-def test_a_job_requeued_by_its_time_limit_and_by_slurm_resumes_and_ends_its_run_once(slurm_cluster, data_dir,
-                                                                                      tmp_path):
-    config = tmp_path / "tiny.toml"
-    config.write_text(tiny_config(data_dir, model={"pos": "rope"}, batch_size=2, max_iters=400, ckpt_interval=40,
-                                  lr=3e-3))
-    run_dir = tmp_path / "run"
-    job = submit(slurm_cluster, tmp_path, [], [str(config), f"--out_dir={run_dir}"])
-    # its time limit's signal, as SLURM sends it (#SBATCH --signal=B:USR1@300), once the first checkpoint is there
-    first = wait_for_checkpoint(run_dir, after=0)
-    slurm_cluster.command("scancel", "--batch", "--signal=USR1", job)
-    slurm_cluster.wait(job, until=lambda fields: (fields["Restarts"], fields["JobState"]) == ("1", "RUNNING"))
-    stopped_at = wait_for_checkpoint(run_dir, after=first)  # the checkpoint of the stop, before the job ended
-    # then the cluster's own requeue (an administrator, or preemption in requeue mode) after the next checkpoint
-    second = wait_for_checkpoint(run_dir, after=stopped_at)
-    slurm_cluster.command("scontrol", "requeue", job)
-    ended = slurm_cluster.wait(job, timeout=300)
-    log = (tmp_path / "job.log").read_text()
-    assert (ended["JobState"], ended["Restarts"]) == ("COMPLETED", "2"), log[-3000:]
-    assert "requeued (restart 1 of at most 2)" in log and f"restart 2: train.py {config} --out_dir={run_dir} --resume" \
-        in log
-    summaries = records(run_dir, "summary")
-    assert [(s["iter"], s["stopped"]) for s in summaries] == [(400, "done")], summaries
-    steps = [r["iter"] for r in records(run_dir, "train")]
-    assert steps == list(range(1, 401))  # each step once: the lines after a checkpoint were trimmed on resume
-    reference = train.run([str(config), f"--out_dir={tmp_path / 'uninterrupted'}", "--wandb=false"])["losses"]
-    assert [r["loss"] for r in records(run_dir, "train")] == reference
-    # one wandb run, started twice: the requeued job continued the id its checkpoint holds
-    starts = [name for name in os.listdir(run_dir / "wandb") if name.startswith("offline-run-")]
-    assert len(starts) == 2 and len({name.rsplit("-", 1)[1] for name in starts}) == 1, starts
-    assert 0 < first < stopped_at < second < 400
