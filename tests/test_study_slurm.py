@@ -313,3 +313,38 @@ def test_the_table_shows_each_runs_iteration_loss_and_eta_from_its_own_files(wor
         "  alibi/seed1: training: data directory x not found"]
     rows[1] = study_slurm.Row(alibi, job="18", state="running")
     assert study_slurm.table(rows).splitlines()[2].split() == ["alibi/seed1", "18", "running", "2/6", "5.2500", "40s"]
+
+
+def test_a_failed_training_is_resubmitted_with_a_new_evaluation_job_and_the_waiting_one_cancelled(workspace,
+                                                                                                 monkeypatch):
+    """Without a cluster: SLURM's answers and sbatch stubbed. The evaluation job chained to a failed training job
+    would wait for ever; it is cancelled, and the training is submitted again with an evaluation job of its own.
+    A job SLURM has forgotten is judged from its run's files."""
+    loaded = study_spec.load_study(study_file(workspace))
+    rope, alibi = loaded.runs
+    slurm_records = {"rope/seed1": {"train": ["7"], "eval": [{"job": "8", "after": "7"}]},
+                     "alibi/seed1": {"train": ["9"], "eval": [{"job": "10", "after": "9"}]}}
+    os.makedirs(rope.run_dir)
+    study_slurm.write_records(loaded, slurm_records)
+    Path(rope.run_dir, "slurm-train-7.out").write_text("iter 1/6 | loss 5.0\nerror: out of memory on node n1\n")
+    answers = {"7": ("FAILED", "NonZeroExitCode"), "8": ("PENDING", "DependencyNeverSatisfied")}  # 9, 10 forgotten
+    submitted, cancelled = [], []
+    monkeypatch.setattr(study_slurm, "job_states", lambda jobs: {j: answers[j] for j in jobs if j in answers})
+    monkeypatch.setattr(study_slurm, "cancel", cancelled.append)
+    monkeypatch.setattr(study_slurm, "sbatch", lambda argv, env: submitted.append(argv) or str(100 + len(submitted)))
+    rows = study_slurm.SlurmStudy(loaded).advance(submit=True)
+    assert cancelled == ["8"]
+    assert [(row.job, row.state, row.error) for row in rows] == [
+        ("101", "submitted (try 2)", "training: out of memory on node n1"),
+        # alibi's job 9 is forgotten and its run has no files: a failed try, submitted again
+        ("103", "submitted (try 2)", f"training: job 9 ended FAILED without a log {workspace}/out/alibi/seed1/"
+                                     "slurm-train-9.out: its node could not write into the run's folder; do the "
+                                     "compute nodes see the study's out_dir at the same path? (docs/study.md, "
+                                     "\"On a cluster\")")]
+    assert submitted[0][-len(rope.train_args):] == rope.train_args and "--dependency=afterok:101" in submitted[1]
+    assert study_slurm.read_records(loaded) == {
+        "rope/seed1": {"train": ["7", "101"], "eval": [{"job": "8", "after": "7"}, {"job": "102", "after": "101"}]},
+        "alibi/seed1": {"train": ["9", "103"], "eval": [{"job": "10", "after": "9"}, {"job": "104", "after": "103"}]}}
+    # --status asks and submits nothing
+    assert [row.state for row in study_slurm.SlurmStudy(loaded).advance(submit=False)] == ["failed, to resubmit"] * 2
+    assert len(submitted) == 4
