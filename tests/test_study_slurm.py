@@ -348,3 +348,19 @@ def test_a_failed_training_is_resubmitted_with_a_new_evaluation_job_and_the_wait
     # --status asks and submits nothing
     assert [row.state for row in study_slurm.SlurmStudy(loaded).advance(submit=False)] == ["failed, to resubmit"] * 2
     assert len(submitted) == 4
+
+
+def test_the_annotated_study_file_shows_every_slurm_key_with_the_default_it_takes(workspace):
+    import tomllib
+    example = tomllib.loads(study_spec.STUDY_FILE_EXAMPLE)["launch"]["slurm"]
+    assert set(example) == study_spec.SLURM_KEYS
+    stated = {line.split(" = ")[0]: line.split("# default ", 1)[1] for line in
+              study_spec.STUDY_FILE_EXAMPLE.split("[launch.slurm]")[1].split("[eval.")[0].splitlines()
+              if " = " in line and "# default " in line}
+    assert set(stated) == study_spec.SLURM_KEYS
+    bare = study_spec.load_study(study_file(workspace, launch='mode = "slurm"\n')).slurm
+    for key in study_spec.SLURM_KEYS:
+        default = getattr(bare, key)
+        expected = ("none" if default in (None, []) else f"{default:g}" if isinstance(default, float)
+                    else str(default))
+        assert stated[key].startswith(expected), (key, stated[key])
