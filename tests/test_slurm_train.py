@@ -180,3 +180,13 @@ def test_a_node_that_cannot_see_the_run_directory_says_so_in_one_line(slurm_clus
     gone = submit(slurm_cluster, tmp_path, [], [str(tmp_path / "gone.toml")])
     assert slurm_cluster.wait(gone)["ExitCode"] == "2:0"
     assert f"error: {tmp_path / 'gone.toml'} is not visible on node " in (tmp_path / "job.log").read_text()
+
+
+def test_the_processes_per_node_are_the_jobs_gpus_per_node(slurm_cluster, data_dir, tmp_path):
+    config = tmp_path / "tiny.toml"
+    config.write_text(tiny_config(data_dir))
+    job = submit(slurm_cluster, tmp_path, ["--gpus-per-node=2"], [str(config), "--n_layers=3"])
+    ended = slurm_cluster.wait(job, timeout=180)
+    log = (tmp_path / "job.log").read_text()
+    assert ended["JobState"] == "FAILED" and "1 node(s) x 2 process(es), rendezvous at" in log, log[-3000:]
+    assert "error: unknown config key 'n_layers'" in log  # train.py's own sentence, in the job's log
