@@ -138,15 +138,18 @@ def test_a_job_requeued_after_its_first_checkpoint_resumes_and_ends_its_run_once
 
 
 def test_a_job_near_its_time_limit_saves_and_requeues_itself(slurm_cluster, data_dir, tmp_path):
-    # A one-minute limit and its signal a minute before it: SLURM sends it at its next check (within 30 s).
     config = tmp_path / "tiny.toml"
     config.write_text(tiny_config(data_dir, model={"pos": "rope"}, batch_size=2, max_iters=100_000,
-                                  ckpt_interval=0, log_interval=100))
+                                  ckpt_interval=200, log_interval=100))
     run_dir = tmp_path / "run"
-    job = submit(slurm_cluster, tmp_path, ["--time=1", "--signal=B:USR1@60"], [str(config), f"--out_dir={run_dir}"])
+    job = submit(slurm_cluster, tmp_path, ["--signal=B:USR1@60"], [str(config), f"--out_dir={run_dir}"])
+    first = wait_for_checkpoint(run_dir, after=0)
+    # Once training is under way, a one-minute limit, which the signal precedes by a minute: SLURM sends it at its
+    # next check of the limits (within 30 s). (Given at submission, it could come before training had started.)
+    slurm_cluster.command("scontrol", "update", f"JobId={job}", "TimeLimit=1")
     slurm_cluster.wait(job, timeout=120, until=lambda fields: fields["Restarts"] == "1")
     slurm_cluster.command("scancel", job)  # (its next minute would end the same way)
-    saved = wait_for_checkpoint(run_dir, after=0, timeout=5)  # the only checkpoint: the one of the stop
+    saved = wait_for_checkpoint(run_dir, after=first, timeout=5)  # the checkpoint of the stop
     log = (tmp_path / "job.log").read_text()
     assert "its time limit is near; asking training to save and stop" in log
     assert f"saved {run_dir}/ckpt.pt at iteration {saved};" in log and "requeued (restart 1 of at most 2)" in log
@@ -180,3 +183,13 @@ def test_a_node_that_cannot_see_the_run_directory_says_so_in_one_line(slurm_clus
     gone = submit(slurm_cluster, tmp_path, [], [str(tmp_path / "gone.toml")])
     assert slurm_cluster.wait(gone)["ExitCode"] == "2:0"
     assert f"error: {tmp_path / 'gone.toml'} is not visible on node " in (tmp_path / "job.log").read_text()
+
+
+def test_the_processes_per_node_are_the_jobs_gpus_per_node(slurm_cluster, data_dir, tmp_path):
+    config = tmp_path / "tiny.toml"
+    config.write_text(tiny_config(data_dir))
+    job = submit(slurm_cluster, tmp_path, ["--gpus-per-node=2"], [str(config), "--n_layers=3"])
+    ended = slurm_cluster.wait(job, timeout=180)
+    log = (tmp_path / "job.log").read_text()
+    assert ended["JobState"] == "FAILED" and "1 node(s) x 2 process(es), rendezvous at" in log, log[-3000:]
+    assert "error: unknown config key 'n_layers'" in log  # train.py's own sentence, in the job's log
