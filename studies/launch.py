@@ -37,13 +37,22 @@ def read_json(path: str, kind: type | None = None):
     return value if kind is None or isinstance(value, kind) else None
 
 
+_parsed_metrics: dict[str, tuple[tuple, list[dict], list[int]]] = {}  # path -> (its stat, records, damaged lines)
+
+
 def read_metrics(run_dir: str) -> tuple[list[dict], list[int]]:
     """(the records of RUN_DIR/metrics.jsonl, the numbers of its lines that are not a record: binary garbage, or a
     line cut short inside the file). A last line cut short without its newline is a kill's unfinished write, which
-    train.py's resume removes: it is skipped, not counted as damage."""
+    train.py's resume removes: it is skipped, not counted as damage. A file unchanged since the last read (its size,
+    modification time and inode) is not parsed again: a study on a cluster looks at 39 runs of thousands of lines
+    several times per call."""
     path = os.path.join(run_dir, "metrics.jsonl")
     try:
         with open(path, "rb") as f:
+            stat = os.fstat(f.fileno())
+            identity = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+            if path in _parsed_metrics and _parsed_metrics[path][0] == identity:
+                return list(_parsed_metrics[path][1]), list(_parsed_metrics[path][2])
             pieces = f.read().split(b"\n")
     except OSError:  # none yet (or unreadable: then nothing is on record either)
         return [], []
@@ -58,7 +67,8 @@ def read_metrics(run_dir: str) -> tuple[list[dict], list[int]]:
             records.append(record)
         elif number < len(lines) or line.endswith(b"\n"):
             damaged.append(number)
-    return records, damaged
+    _parsed_metrics[path] = (identity, records, damaged)
+    return list(records), list(damaged)
 
 
 def read_records(run_dir: str) -> list[dict]:

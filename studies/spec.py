@@ -18,7 +18,7 @@ from model import GPTConfig
 from positional import ENCODINGS, parse_pos
 
 
-LAUNCH_MODES = ("in_process", "torchrun", "per_gpu", "cpu_jobs")
+LAUNCH_MODES = ("in_process", "torchrun", "per_gpu", "cpu_jobs", "slurm")
 EVALUATIONS = ("extrapolation", "zero_shot", "long_context", "retrieval", "reach")  # eval/<name>.py, each with
                                                                                     # parse_args and main
 
@@ -28,7 +28,9 @@ def evaluation(name: str):
     runs no lm-eval task (the GPU study on an image with torch alone)."""
     return importlib.import_module(f"eval.{name}")
 STUDY_KEYS = {"name", "base", "encodings", "seeds", "reference", "out_dir", "overrides", "variants", "launch", "eval"}
-LAUNCH_KEYS = {"mode", "gpus", "gpus_per_run", "jobs"}
+LAUNCH_KEYS = {"mode", "gpus", "gpus_per_run", "jobs", "slurm"}
+SLURM_KEYS = {"partition", "account", "qos", "time", "gpus_per_node", "cpus_per_task", "sbatch_options", "setup",
+              "max_tries", "poll_s"}
 DEFAULT_SEEDS = [1337]  # train.py's own default seed
 # keys that every run of a study gets from the study itself (the last word on its command line), so that an
 # [overrides] value of them would be dropped without a word
@@ -59,6 +61,18 @@ mode = "torchrun"                   # default "in_process"; "torchrun", "per_gpu
 gpus_per_run = 8                    # default 1: torchrun's processes (GPUs) per run; per_gpu uses 1
 gpus = 8                            # default gpus_per_run: a count, or ids such as [0, 1, 2, 3]
 jobs = 2                            # cpu_jobs: runs side by side on the CPU (default: the cores), cores/jobs threads each
+
+[launch.slurm]                      # mode = "slurm" only: each run one sbatch job of scripts/slurm/train.sbatch
+partition = "gpu"                   # default none (the cluster's default partition); likewise:
+account = "my_project"              # default none: sbatch --account
+qos = "normal"                      # default none: sbatch --qos
+time = "24:00:00"                   # default none (the partition's limit): a job's time limit; train.py saves before it
+gpus_per_node = 8                   # default 8: a run with more gpus_per_run spans nodes; 0 for a CPU partition
+cpus_per_task = 32                  # default none: sbatch --cpus-per-task
+sbatch_options = ["--exclusive"]    # default none: more sbatch options, as written on its command line
+setup = "source ~/venv/bin/activate"  # default none: a shell line run first in each job (then `python` is its own)
+max_tries = 3                       # default 3: submissions of a run's training (and of its evaluations) before failing
+poll_s = 60                         # default 60: seconds between SLURM's answers under study.py --wait
 
 [eval.extrapolation]                # default none: options of eval/extrapolation.py (its --help), _ for -
 factors = [1, 2, 4, 8]
@@ -125,6 +139,27 @@ class Study:
     runs: list[Run]
     seeds_defaulted: bool = False  # the file names no seeds: said on the console, since one seed has no spread
     jobs: int = 1                  # cpu_jobs: runs side by side
+    slurm: "SlurmSettings | None" = None  # mode = "slurm": the [launch.slurm] table
+
+
+@dataclasses.dataclass
+class SlurmSettings:
+    """[launch.slurm]: the site's sbatch settings and how the study treats its jobs (studies/slurm.py)."""
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time: str | None = None
+    gpus_per_node: int = 8
+    cpus_per_task: int | None = None
+    sbatch_options: list[str] = dataclasses.field(default_factory=list)
+    setup: str | None = None
+    max_tries: int = 3
+    poll_s: float = 60.0
+
+    def nodes(self, gpus_per_run: int) -> int:
+        """A run's nodes: its GPUs over the GPUs of a node; on a CPU partition (gpus_per_node = 0) one process a
+        node."""
+        return gpus_per_run if self.gpus_per_node == 0 else -(-gpus_per_run // self.gpus_per_node)
 
 
 # ----------------------------------------------------------------------------- the study file
@@ -347,13 +382,25 @@ def load_study(path: str) -> Study:
         wrong(f"[launch] {key}", f"unknown key; {closest_hint(key, LAUNCH_KEYS)} ([launch] has mode, gpus, "
                                  "gpus_per_run, jobs).")
     mode = launch.get("mode", "in_process")
+    slurm = slurm_settings(launch.get("slurm", {}), wrong)
     if mode not in LAUNCH_MODES:
         wrong("[launch] mode", f"{mode!r} is not one of {', '.join(LAUNCH_MODES)}.")
         mode = "in_process"
     gpus_per_run = 1 if mode == "per_gpu" else launch.get("gpus_per_run", 1)
     jobs = launch.get("jobs", os.cpu_count() or 1)
     gpus = []
-    if mode == "cpu_jobs":
+    if mode == "slurm":
+        if "gpus" in launch:
+            wrong("[launch] gpus", "is not used under mode = \"slurm\": SLURM places each run's job; remove it (a run's "
+                                   "GPUs are gpus_per_run, a node's [launch.slurm] gpus_per_node).")
+        if isinstance(gpus_per_run, bool) or not isinstance(gpus_per_run, int) or gpus_per_run < 1:
+            wrong("[launch] gpus_per_run", f"must be a whole number of GPUs per run, at least 1, not {gpus_per_run!r}.")
+        elif slurm and slurm.gpus_per_node and gpus_per_run > slurm.gpus_per_node \
+                and gpus_per_run % slurm.gpus_per_node:
+            wrong("[launch] gpus_per_run", f"{gpus_per_run} GPUs span nodes of {slurm.gpus_per_node} GPUs "
+                                           "([launch.slurm] gpus_per_node) only as a whole number of nodes: make it a "
+                                           "multiple of gpus_per_node.")
+    elif mode == "cpu_jobs":
         if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
             wrong("[launch] jobs", f"must be a whole number of runs side by side, e.g. jobs = 2, not {jobs!r}.")
         gpus_per_run = 0  # no GPU: each job is told to use none
@@ -440,7 +487,49 @@ def load_study(path: str) -> Study:
         raise StudyError(errors)
     return Study(name, os.path.abspath(path), base, out_dir, [label for label, _, _ in labels], list(seeds),
                  reference, [arg for _, arg in override_values],
-                 mode, gpus, gpus_per_run, runs, "seeds" not in raw, jobs if mode == "cpu_jobs" else 1)
+                 mode, gpus, gpus_per_run, runs, "seeds" not in raw, jobs if mode == "cpu_jobs" else 1,
+                 slurm if mode == "slurm" else None)
+
+
+def slurm_settings(table, wrong) -> SlurmSettings | None:
+    """The [launch.slurm] table as SlurmSettings (its mistakes reported through `wrong`); None if it is not a table.
+    Read whatever the mode, so that its mistakes are found before the mode is switched to slurm."""
+    if not isinstance(table, dict):
+        wrong("[launch.slurm]", "must be a table such as partition = \"gpu\" (docs/study.md, \"On a cluster\").")
+        return None
+    for key in sorted(set(table) - SLURM_KEYS):
+        wrong(f"[launch.slurm] {key}", f"unknown key; {closest_hint(key, SLURM_KEYS)} ([launch.slurm] has "
+                                       f"{', '.join(sorted(SLURM_KEYS))}).")
+    settings = SlurmSettings()
+    for key in ("partition", "account", "qos", "time", "setup"):
+        value = table.get(key)
+        if value is not None and (not isinstance(value, str) or not value.strip() or "\n" in value):
+            wrong(f"[launch.slurm] {key}", f"must be one line of text such as {key} = "
+                                           f"{SLURM_EXAMPLES[key]}, not {value!r}.")
+        elif value is not None:
+            setattr(settings, key, value)
+    for key, least in (("gpus_per_node", 0), ("cpus_per_task", 1), ("max_tries", 1)):
+        value = table.get(key, getattr(settings, key))
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+            wrong(f"[launch.slurm] {key}", f"must be a whole number, at least {least}, not {value!r}.")
+        else:
+            setattr(settings, key, value)
+    options = table.get("sbatch_options", [])
+    if not isinstance(options, list) or not all(isinstance(o, str) and o.startswith("-") for o in options):
+        wrong("[launch.slurm] sbatch_options", "must be a list of sbatch options as written on its command line, "
+                                               f"e.g. [\"--exclusive\", \"--constraint=h100\"], not {options!r}.")
+    else:
+        settings.sbatch_options = options
+    poll = table.get("poll_s", settings.poll_s)
+    if isinstance(poll, bool) or not isinstance(poll, (int, float)) or not poll > 0:
+        wrong("[launch.slurm] poll_s", f"must be a number of seconds above 0, not {poll!r}.")
+    else:
+        settings.poll_s = float(poll)
+    return settings
+
+
+SLURM_EXAMPLES = {"partition": '"gpu"', "account": '"my_project"', "qos": '"normal"', "time": '"24:00:00"',
+                  "setup": '"source ~/venv/bin/activate"'}
 
 
 # ----------------------------------------------------------------------------- what is already done

@@ -5,6 +5,8 @@ import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
+from tests.slurm_cluster import slurm_cluster  # noqa: F401  (a real two-node SLURM: tests/slurm_cluster.py)
+
 # Property-based tests (hypothesis's @given, in each module's own test file): CI runs the "ci" profile, derandomised
 # (the same examples on every run, so a failure reproduces) and bounded; `--hypothesis-profile=long` (or
 # HYPOTHESIS_PROFILE=long) searches 20x as many random examples and keeps what it finds in .hypothesis/ for the

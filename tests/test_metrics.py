@@ -134,6 +134,28 @@ def test_wandb_gets_each_numeric_value_under_its_record_type_at_the_records_iter
     assert capsys.readouterr().out == "step 7\n"
 
 
+def test_a_wandb_that_stops_working_is_dropped_with_a_warning_and_the_records_go_on(tmp_path, capsys):
+    """A requeue under SLURM sends SIGTERM to every process of the job, wandb's service among them: its next log
+    raised ConnectionResetError, so the run ended without the checkpoint of the stop (tests/test_slurm_train.py)."""
+    from training.metrics import Metrics
+    calls = []
+
+    def lost(values, step):
+        calls.append(step)
+        raise ConnectionResetError("Connection lost")
+    run = types.SimpleNamespace(log=lost, finish=lambda: calls.append("finish"), id="abc123")
+    metrics = Metrics(str(tmp_path / "metrics.jsonl"), run)
+    for step in (1, 2):
+        metrics.write({"type": "train", "iter": step, "loss": 2.5}, f"step {step}")
+    metrics.close()
+    assert calls == [1]  # tried once, then neither logged to nor finished
+    assert [json.loads(line)["iter"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    warnings = [line for line in capsys.readouterr().out.splitlines() if line.startswith("warning: wandb")]
+    assert warnings == [f"warning: wandb stopped working (ConnectionResetError: Connection lost); the run goes on "
+                        f"without it, and {tmp_path / 'metrics.jsonl'} keeps every record."]
+    assert metrics.wandb_id("abc123") == "abc123"  # (what the next checkpoint keeps, from the run's start)
+
+
 # ---------------------------------- properties: durations, rates and progress at any magnitude, from a second to months
 # Each printed duration is parsed back and compared with the seconds it stands for (rounded to the second, and to the
 # minute in training's hours form); the rates and times left are compared with their formulas on a clock the test

@@ -29,8 +29,14 @@ def test_ci_runs_the_readme_commands():
     ci = [line for line in open(os.path.join(REPO, ".ci", "run")).read().splitlines()
           if line and not line.startswith(("#", "set ", "cd ", "export "))]
     assert install_and_run.endswith(" && python3 train.py configs/quickstart.toml")
-    assert ci == [install_and_run.removesuffix(" && python3 train.py configs/quickstart.toml"), tests]
+    readme_slurm = re.findall(r"`apt-get install ([^`]*)`", open(os.path.join(REPO, "README.md")).read())
+    apt_lines = [line for line in ci if "apt-get install" in line]
+    assert ci == [install_and_run.removesuffix(" && python3 train.py configs/quickstart.toml"), *apt_lines, tests]
     assert "requirements-dev.txt" in install_and_run and "pip" not in tests  # one install, then only tests
+    # the SLURM packages the README names are what CI installs, before the tests, which must then not skip them
+    assert readme_slurm == ["slurm-wlm munge"] and len(apt_lines) == 1
+    assert apt_lines[0].endswith("apt-get install -y -qq slurm-wlm munge")
+    assert "export GRAPE_REQUIRE_SLURM=1" in open(os.path.join(REPO, ".ci", "run")).read().splitlines()
 
 
 def fake_pip_download(ranks_bytes, returncode=0):

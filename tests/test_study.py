@@ -664,7 +664,8 @@ def test_torchrun_mode_trains_a_run_in_a_one_process_gloo_group(workspace, tmp_p
     ('base = "base.toml"\nencodings = "rope"\n', "distinct names"),
     ('base = "base.toml"\nencodings = ["rope"]\nseeds = 3\n', "seeds: must be a list of distinct integers"),
     ('base = "base.toml"\nencodings = ["rope"]\n[overrides]\nmax_iter = 3\n', "did you mean 'max_iters'"),
-    ('base = "base.toml"\nencodings = ["rope"]\n[launch]\nmode = "slurm"\n', "in_process, torchrun, per_gpu"),
+    ('base = "base.toml"\nencodings = ["rope"]\n[launch]\nmode = "sge"\n',
+     "in_process, torchrun, per_gpu, cpu_jobs, slurm"),
     ('base = "base.toml"\nencodings = ["rope"]\n[eval.extrapolation]\nwindowz = 2\n',
      "unrecognized arguments: --windowz=2"),
     # prefixes of real options (passkey_trials, windows), which argparse's abbreviations used to take silently

@@ -119,14 +119,25 @@ class Metrics:
             step = record.get("iter")
             values = {f"{record['type']}/{k}": v for k, v in record.items()
                       if k not in ("type", "iter") and isinstance(v, (int, float)) and v is not None}
-            self.wandb_run.log(values, step=step)
+            self.to_wandb(lambda run: run.log(values, step=step))
+
+    def to_wandb(self, call) -> None:
+        """call(wandb run); where wandb fails, the run goes on without it. Under SLURM a preemption or requeue sends
+        SIGTERM to every process of the job, wandb's own service among them: the run must still save its checkpoint
+        (which keeps the wandb id, so the resumed run logs to the same wandb run)."""
+        try:
+            call(self.wandb_run)
+        except Exception as error:  # wandb's errors have no common base: a lost service is ConnectionResetError
+            self.wandb_run = None
+            print(f"warning: wandb stopped working ({type(error).__name__}: {error}); the run goes on without it, "
+                  f"and {self.path} keeps every record.", flush=True)
 
     def wandb_id(self, default: str | None) -> str | None:
         return self.wandb_run.id if self.wandb_run is not None else default
 
     def close(self) -> None:
         if self.wandb_run is not None:
-            self.wandb_run.finish()
+            self.to_wandb(lambda run: run.finish())
 
 
 def start_wandb(cfg: TrainConfig, run_name: str, resolved: dict, run_id: str | None):
