@@ -648,6 +648,7 @@ def train(args: Arguments, model_cfg, cfg: TrainConfig, ckpt: dict | None, chang
                 losses.append(result.loss)
                 logged = step % cfg.log_interval == 0 or step == end_iter
                 if logged:
+                    checkpointer.check_directory()  # (the main process's writes check it too, on their own)
                     log_train(metrics, throughput, step, end_iter, lr, result, cfg, tokens_per_step)
                 evaluated = bool(cfg.eval_interval) and (step % cfg.eval_interval == 0 or step == cfg.num_steps)
                 if evaluated:
@@ -698,6 +699,13 @@ def main() -> None:
         elif rank == 0 or own:
             print(f"error: {e}", file=sys.stderr, flush=True)
         report_to_torchrun(f"error: {e}", code)
+        if TORCHRUN_ERROR_FILE in os.environ:
+            # Said and recorded: exit now. Releasing a DDP model's reducer can wait for ever on its gloo group's
+            # worker thread (seen after an error inside the loop), until torchrun's SIGTERM 30 s later makes a
+            # second failure of it in the report.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
         if dist.is_available() and dist.is_initialized() and not isinstance(e, LostProcess):  # (it would wait on it)
             dist.destroy_process_group()
         sys.exit(code)

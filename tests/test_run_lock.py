@@ -232,3 +232,32 @@ def test_a_rank_left_in_the_environment_without_torchrun_is_one_process_that_tak
     assert alone.returncode == 0, output[-2000:]
     assert [r["iter"] for r in train_records(run_dir)] == [1, 2, 3]  # the main process's records, all of them
     assert "done at iteration 3" in output
+
+
+@pytest.mark.fault
+def test_under_torchrun_a_moved_run_stops_on_every_process_with_the_main_processs_sentence(tmp_path):
+    """Two processes: the main one noticed the move alone and the other one then failed on a broken collective,
+    listed as a second failure with a gloo message; all of them stop together now, the sentence said once."""
+    data = synthetic_corpus(tmp_path, 4, 400)
+    config = tmp_path / "tiny.toml"
+    config.write_text(tiny_config(data, max_iters=100000, ckpt_interval=3, batch_size=2))
+    run_dir, moved_to = tmp_path / "A", tmp_path / "A-moved"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    job = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                            os.path.join(REPO, "train.py"), str(config), f"--out_dir={run_dir}"], cwd=REPO, env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 180
+    while time.time() < deadline and not (run_dir / "ckpt.pt").exists():
+        time.sleep(0.02)
+    os.rename(run_dir, moved_to)
+    try:
+        output = job.communicate(timeout=180)[0]
+    except subprocess.TimeoutExpired:
+        job.kill()
+        pytest.fail(f"the job went on after its directory was moved: {job.communicate()[0][-1500:]}")
+    sentence = (f"error: {run_dir} is no longer the run directory this run locked at its start: that directory is now "
+                f"{moved_to} (moved, or a symlink on the path re-pointed, while the run trained)")
+    lines = [line.strip() for line in output.splitlines() if line.strip() and set(line.strip()) != {"="}]
+    assert job.returncode != 0 and lines[-1].startswith(sentence) and output.count(sentence) == 1, output[-3000:]
+    assert "<NO_OTHER_FAILURES>" in output and "collective operation" not in output, output[-3000:]
+    assert not run_dir.exists() and (moved_to / "ckpt.pt").exists()

@@ -336,9 +336,7 @@ class Checkpointer:
 
     def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, divergence: dict) -> None:
         """`divergence`: the divergence monitor's state (the recent losses), so a resume checks from its first step."""
-        moved = self.ddp.from_main(self.directory.problem() if self.directory and self.ddp.is_main else None)
-        if moved:  # (every process stops, the others' shards unwritten)
-            raise TrainError(moved)
+        self.check_directory()  # (every process stops, the others' shards unwritten)
         with self.stops.writing_checkpoint():  # a second Ctrl-C now waits for the write instead of discarding it
             if self.ddp.sharded:
                 self.save_sharded(step, model, optimizer, divergence)
@@ -348,6 +346,14 @@ class Checkpointer:
                 remove_unreferenced_shards(self.path)  # a sharded run resumed without FSDP: its last shards
         self.saved_step = step
         self.ddp.barrier()
+
+    def check_directory(self) -> None:
+        """On every process together: a TrainError when the run directory's path no longer leads to the directory
+        the main process locked, so that all of them stop at once with the main process's sentence (not the others
+        with a failed collective when the main one stops alone)."""
+        moved = self.ddp.from_main(self.directory.problem() if self.directory and self.ddp.is_main else None)
+        if moved:
+            raise TrainError(moved)
 
     def description(self, step: int, divergence: dict) -> dict:
         """Everything a checkpoint holds beside the weights and the optimizer state."""

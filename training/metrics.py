@@ -97,7 +97,9 @@ def trim_metrics(path: str, step: int) -> int:
 
 class Metrics:
     """Console + metrics.jsonl + (optionally) wandb, on the main process only (path None elsewhere). `directory`:
-    the run directory as its lock holds it (training/run_lock.py), checked before each line is written."""
+    the run directory as its lock holds it (training/run_lock.py): the lines are appended to the file in that
+    directory, wherever it is now, never to one that has taken its path (the loop checks the path before each
+    log line, on every process together: Checkpointer.check_directory)."""
 
     def __init__(self, path: str | None, wandb_run=None, directory=None):
         self.path, self.wandb_run, self.directory = path, wandb_run, directory
@@ -106,10 +108,9 @@ class Metrics:
         if self.path is None:
             return
         print(console, flush=True)
-        if self.directory is not None:
-            self.directory.check()
+        name = os.path.basename(self.path)
         try:
-            with open(self.path, "a") as f:
+            with self.directory.open_append(name) if self.directory else open(self.path, "a") as f:
                 f.write(json.dumps(record) + "\n")
         except OSError as error:
             raise TrainError(f"cannot write {self.path} ({error.strerror or error}), so the run stops: the last "

@@ -92,6 +92,13 @@ class LockedDirectory:
                 f"{now} (moved, or a symlink on the path re-pointed, while the run trained), so the run stops rather "
                 f"than write into whatever is at {self.path} now; continue it with python train.py --resume {now}.")
 
+    def open_append(self, name: str):
+        """The file `name` of the locked directory, wherever that directory is now, opened to append to (by path
+        where nothing is locked)."""
+        if self.handle is None:
+            return open(os.path.join(self.path, name), "a")
+        return os.fdopen(os.open(name, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644, dir_fd=self.handle), "a")
+
     def check(self) -> None:
         problem = self.problem()
         if problem:
