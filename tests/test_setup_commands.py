@@ -252,10 +252,11 @@ def test_every_requirement_is_pinned_inside_its_range():
 
 
 def test_the_constraints_file_is_a_freeze_without_torch_sorted_by_name():
-    freeze = "torch==2.13.0+cpu\nJinja2==3.1.6\npytest==9.2.0\n-e git+https://x/y#egg=z\nzz @ file:///tmp/zz\nA_b.c==1\n"
+    freeze = ("torch==2.13.0+cpu\nJinja2==3.1.6\npytest==9.2.0\n-e git+https://x/y#egg=z\nzz @ file:///tmp/zz\n"
+              "A_b.c==1\nfilelock==3.0\n")
     text = pin_requirements.constraints_text(freeze)
     pins = [line for line in text.splitlines() if not line.startswith("#")]
-    assert pins == ["A_b.c==1", "Jinja2==3.1.6", "pytest==9.2.0"]
+    assert pins == ["A_b.c==1", "filelock==3.0", "Jinja2==3.1.6", "pytest==9.2.0"]  # by name as pip compares it
     assert pin_requirements.package_name("A_b.c==1") == "a-b-c"
 
 
