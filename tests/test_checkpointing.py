@@ -20,7 +20,8 @@ from model import GPT, GPTConfig
 from training import checkpointing
 from checkpoints import latest_complete_shards
 from training.checkpointing import (Checkpointer, TrainError, by_parameter_name, check_resume_compatible,
-                                    load_checkpoint, refuse_earlier_checkpoint, restore, set_aside_earlier_run)
+                                    check_resume_data, load_checkpoint, refuse_earlier_checkpoint, restore,
+                                    set_aside_earlier_run)
 from training.distributed import Distributed
 from training.errors import LostProcess
 from training.optimizer import make_optimizer
@@ -342,6 +343,24 @@ def test_the_reference_layout_counts_only_where_both_sides_use_it():
     saved, here = TrainConfig(reference_layout="a", **official), TrainConfig(reference_layout="b", **official)
     with pytest.raises(TrainError, match="train.reference_layout is 'b' here but 'a'"):
         check_resume_compatible(checkpoint_of(saved), model, here, "run")
+
+
+def test_a_resume_on_other_data_is_refused_unless_allowed_and_then_recorded_from_the_old_identity_to_the_new():
+    from types import SimpleNamespace
+    trained_on, now = "a" * 64, "b" * 64
+    data = SimpleNamespace(identity=now, path="data_cache/corpus")  # what check_resume_data reads of PreparedData
+    with pytest.raises(TrainError) as refused:
+        check_resume_data({"data_identity": trained_on}, data, "run/ckpt.pt", allowed=("lr",))
+    assert str(refused.value) == (
+        "cannot resume run/ckpt.pt: data_cache/corpus now holds other data (manifest sha256 bbbbbbbbbbbb...) than the "
+        "run was trained on (manifest sha256 aaaaaaaaaaaa... in the checkpoint): it was prepared again since; resume "
+        "with --allow_changes=data to go on training on it (recorded in the run), or put back the data it was trained "
+        "on.")
+    assert check_resume_data({"data_identity": trained_on}, data, "run/ckpt.pt", allowed=("lr", "data")) == [
+        {"key": "data", "from": trained_on, "to": now}]
+    assert check_resume_data({"data_identity": now}, data, "run/ckpt.pt") == []
+    assert check_resume_data({}, data, "run/ckpt.pt") == []  # a checkpoint from before identities were recorded
+    assert check_resume_data({"data_identity": trained_on}, SimpleNamespace(identity=None, path="x"), "run") == []
 
 
 # ----------------------------------------------------------------------------- failed sharded writes

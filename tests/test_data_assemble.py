@@ -6,8 +6,8 @@ import re
 import numpy as np
 import pytest
 
-from data.shards import DataError, is_prepared_shard, write_shard
-from data import pipeline
+from data.shards import HEADER_BYTES, DataError, is_prepared_shard, write_shard
+from data import assemble, pipeline
 from data import prepare as prep
 from helpers import prepare_byte_corpus, write_position_shards
 from prepare_helpers import (DOCS, expected_stream, write_jsonl, all_tokens, directory_bytes, run_prepare, write_files,
@@ -50,6 +50,29 @@ def test_killed_while_naming_the_shards_resumes_to_identical_shards(tmp_path, mo
                         rf"{manifest['tokens']['val']:,} val \+ {manifest['tokens']['train']:,} train tokens from "
                         rf"{manifest['documents']:,} documents \(([0-9.]+) s this run\)", capsys.readouterr().err)
     assert seconds and 0 <= float(seconds[1]) < 600
+
+
+def test_a_rerun_rewrites_exactly_the_shards_that_are_missing_or_damaged_in_place(tmp_path, monkeypatch, capsys):
+    """A shard with one token byte flipped (its size and header count unchanged) is as damaged as a deleted one:
+    the same command again rewrites both, each from its own piece, and tokenises no other piece."""
+    source = write_files(tmp_path / "in")
+    out = tmp_path / "out"
+    shards = run_prepare(source, out, **LAYOUT)["shards"]
+    before = directory_bytes(out)
+    deleted = shards[1]
+    flipped = next(s for s in reversed(shards) if s["piece"] != deleted["piece"] and s["tokens"] > 100)
+    damaged = bytearray((out / flipped["file"]).read_bytes())
+    damaged[HEADER_BYTES + 2 * 50] ^= 1  # the 51st token's low byte
+    (out / flipped["file"]).write_bytes(damaged)
+    (out / deleted["file"]).unlink()
+    tokenised = []
+    real = assemble.tokenize_piece
+    monkeypatch.setattr(assemble, "tokenize_piece", lambda task: tokenised.append(task[0]) or real(task))
+    run_prepare(source, out, progress_bar=True, **LAYOUT)
+    assert directory_bytes(out) == before
+    assert sorted(tokenised) == sorted({deleted["piece"], flipped["piece"]})
+    assert (f"rewrote 2 damaged or missing shard(s) of {out}: {deleted['file']}, {flipped['file']}\n"
+            in capsys.readouterr().err)
 
 
 def test_an_adopted_manifest_has_the_fields_of_a_prepared_one(tmp_path):

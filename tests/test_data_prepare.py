@@ -18,7 +18,7 @@ from data.tokenizer import get_tokenizer
 from data import prepare as prep
 from helpers import examples, write_position_shards
 from prepare_helpers import (DOCS, expected_stream, write_jsonl, all_tokens, expected_layout, run_prepare, write_files,
-                             LAYOUT)
+                             LAYOUT, tree_bytes)
 
 
 def test_byte_tokenizer_round_trip():
@@ -303,3 +303,26 @@ def test_default_refuses_the_layout_flags_it_does_not_honour(tmp_path, capsys, f
         f"{named}; prepare the corpus file {prep.DEFAULT_CORPUS_FILE} with --files (after unpacking it with xz -dk) "
         "to choose those\n")
     assert not out.exists()
+
+
+@pytest.mark.fault
+def test_an_out_that_is_a_symlink_to_the_inputs_folder_is_refused_and_one_to_another_folder_is_not(tmp_path, capsys):
+    """--out given as a symlink to the folder that holds the input (or to a folder above it) is that folder: refused
+    as the input's own folder is, every file as it was; a symlink to a folder without the input is prepared into."""
+    from data import scratch
+    real = tmp_path / "real"
+    (real / "parts").mkdir(parents=True)
+    write_jsonl(real / "parts" / "a.jsonl", DOCS)
+    (tmp_path / "link").symlink_to(real)
+    before = tree_bytes(real)
+    files = ["--files", str(real / "parts" / "*.jsonl"), "--tokenizer", "byte", "--val-tokens", "100", "--quiet"]
+    for out in (tmp_path / "link", tmp_path / "link" / "parts"):
+        assert prep.main(files + ["--out", str(out)]) == 2
+        assert capsys.readouterr().err == (f"error: the input {real}/parts/a.jsonl lies inside --out {out}; give "
+                                           "--out a folder that holds none of the input files\n")
+        assert not os.path.exists(scratch.lock_path(str(out)))  # refused before any work
+    assert tree_bytes(real) == before
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "other-link").symlink_to(tmp_path / "elsewhere")
+    assert prep.main(files + ["--out", str(tmp_path / "other-link")]) == 0, capsys.readouterr().err
+    assert np.array_equal(all_tokens(tmp_path / "elsewhere"), expected_stream(DOCS))

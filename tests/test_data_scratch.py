@@ -2,6 +2,7 @@
 refuses an input inside --out and a folder of someone else's shards, and takes turns on a lock keyed on the real
 path."""
 import errno
+import json
 import os
 import re
 import shlex
@@ -165,6 +166,30 @@ def test_a_users_files_in_out_are_left_byte_for_byte_whatever_their_names(tmp_pa
     after = tree_bytes(folder)
     assert {name: after.get(name) for name in users} == users
     assert {name: data for name, data in after.items() if name not in users} == tree_bytes(tmp_path / "clean")
+
+
+@pytest.mark.fault
+def test_a_users_folder_named_like_a_scratch_folder_is_neither_resumed_nor_removed(tmp_path):
+    """OUT/.prepare-notes of the user's own, with a progress.json that another tool wrote (a written_by field of its
+    own, and "repair"): only the mark a preparation writes makes a scratch folder, so the resume finds the real
+    one beside it and the user's is kept byte for byte, through the resume and a re-run of the finished folder."""
+    source = write_files(tmp_path / "in")
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        run_prepare(source, out, stop_after_pieces=1, **LAYOUT)
+    [(ours, journal)] = scratch.scratch_folders(str(out))
+    assert journal["written_by"] == scratch.SCRATCH_MARK
+    users = {".prepare-notes/progress.json": json.dumps({"written_by": "my notes tool", "repair": True}).encode(),
+             ".prepare-notes/notes.md": b"# what I tried"}
+    (out / ".prepare-notes").mkdir()
+    for name, content in users.items():
+        (out / name).write_bytes(content)
+    assert scratch.scratch_folders(str(out)) == [(ours, journal)]
+    for _ in range(2):  # the resume, then the same command on the finished folder
+        run_prepare(source, out, **LAYOUT)
+        after = tree_bytes(out)
+        assert {name: after.get(name) for name in users} == users
+    assert not os.path.exists(ours) and scratch.scratch_folders(str(out)) == []
 
 
 @pytest.mark.fault

@@ -37,6 +37,28 @@ def test_parquet_json_and_txt_sources(tmp_path):
     assert np.array_equal(all_tokens(tmp_path / "txt"), expected_stream(texts))
 
 
+def test_upper_case_extensions_are_the_kind_their_lower_case_names_are(tmp_path):
+    """A.JSONL and B.TXT (names another tool or system chose) are read as .jsonl and .txt, and an upper- and a
+    lower-case .jsonl go in one run, in sorted path order."""
+    (tmp_path / "js").mkdir()
+    write_jsonl(tmp_path / "js" / "A.JSONL", DOCS[:20])
+    write_jsonl(tmp_path / "js" / "b.jsonl", DOCS[20:])
+    source = prep.files_source(str(tmp_path / "js" / "*"))
+    assert source.description["format"] == "json"
+    run_prepare(source, tmp_path / "js-out")
+    assert np.array_equal(all_tokens(tmp_path / "js-out"), expected_stream(DOCS))
+
+    books = tmp_path / "books"
+    books.mkdir()
+    texts = ["Upper-case name.\nTwo lines.\n", "Mixed case. " * 100]
+    (books / "0.TXT").write_text(texts[0])
+    (books / "1.Txt").write_text(texts[1])
+    source = prep.files_source(str(books / "*"))
+    assert (source.description["format"], source.description["txt_sample_by"]) == ("text", "document")
+    run_prepare(source, tmp_path / "txt-out", val_tokens=100)
+    assert np.array_equal(all_tokens(tmp_path / "txt-out"), expected_stream(texts))
+
+
 def test_source_errors(tmp_path):
     with pytest.raises(DataError, match="no files match"):
         prep.files_source(str(tmp_path / "*.jsonl"))

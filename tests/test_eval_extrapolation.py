@@ -202,6 +202,35 @@ def test_extrapolation_reads_the_runs_resolved_data_directory(tmp_path):
     assert extrapolation.resolve_data_dir(str(run), {}, "given") == "given"
 
 
+def test_the_runs_own_data_folder_is_read_only_while_it_holds_the_data_the_checkpoint_was_trained_on(tmp_path):
+    """Whether the run's folder comes from its config.json or, without one, from the checkpoint's settings, it is
+    refused once it holds other data than the checkpoint recorded (or cannot be read), naming --data-dir, which
+    accepts it as it is."""
+    from config import UserError
+    from data.prepared import PreparedData
+    from helpers import prepare_byte_corpus
+    data = prepare_byte_corpus(tmp_path, ["some text " * 50, "other text " * 30], val_tokens=100)
+    identity, other = PreparedData(data).identity, "f" * 64
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"data_dir_resolved": data}))
+    for run_dir, settings in ((run, {"data_dir": "elsewhere"}), (tmp_path / "run-moved", {"data_dir": data})):
+        ckpt = {"tokenizer": "byte", "train_config": settings, "data_identity": identity}
+        assert ex.resolve_data_dir(str(run_dir), ckpt, None) == data
+        with pytest.raises(UserError) as info:
+            ex.resolve_data_dir(str(run_dir), {**ckpt, "data_identity": other}, None)
+        assert str(info.value) == (
+            f"{data} now holds other data (manifest sha256 {identity[:12]}...) than the run was trained on (manifest "
+            f"sha256 ffffffffffff... in the checkpoint): it was prepared again since, so {run_dir} would be evaluated "
+            f"on data it was not trained on; pass --data-dir {data} to evaluate on it as it is now, or put back the "
+            "data the run was trained on")
+        assert ex.resolve_data_dir(str(run_dir), {**ckpt, "data_identity": other}, data) == data
+    with open(os.path.join(data, "manifest.json"), "w") as f:
+        f.write("{damaged")
+    with pytest.raises(UserError, match=f"^the data folder of {re.escape(str(run))}: .*manifest.json"):
+        ex.resolve_data_dir(str(run), {"tokenizer": "byte", "data_identity": identity}, None)
+
+
 def test_the_extrapolation_report_has_a_passkey_table_for_each_run_that_has_one():
     from eval import extrapolation
     contexts = {"64": {"nonoverlapping": {"mean": 3.0, "mean_beyond_train_context": None},
