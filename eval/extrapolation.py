@@ -270,20 +270,27 @@ def checked_run_data(path, ckpt, run_dir):
     return path
 
 
-def checked_inputs(run, args, device):
-    """(model, tokenizer, checkpoint, training context, data directory, validation tokens) of one --ckpt, or a
-    UserError where they cannot give a result (no window of the longest context fits in the validation text, or,
-    with --documents, in one document): checked for every checkpoint before any is evaluated."""
-    model, tokenizer, ckpt = load_model(run, device)
-    train_context = args.context or model.config.block_size
-    data_dir = resolve_data_dir(run, ckpt, args.data_dir)
+def model_and_validation_tokens(run, args, device):
+    """(model, tokenizer, checkpoint, training context, data directory, validation tokens) of one --ckpt, the part
+    every evaluation of validation text shares: the run's data folder (or --data-dir) opened once and its tokenizer
+    checked against the model's."""
     from data.loader import PreparedData, load_split_tokens
 
+    model, tokenizer, ckpt = load_model(run, device)
+    context = args.context or model.config.block_size
+    data_dir = resolve_data_dir(run, ckpt, args.data_dir)
     data = PreparedData(data_dir)  # opened once: its manifest read here, its shards checked by load_split_tokens
     if data.tokenizer != ckpt["tokenizer"]:
         raise UserError(f"{data_dir} is tokenized with {data.tokenizer!r} but {run} uses {ckpt['tokenizer']!r}; "
                         f"pass --data-dir a directory prepared with the model's tokenizer")
-    tokens = load_split_tokens(data, "val")
+    return model, tokenizer, ckpt, context, data_dir, load_split_tokens(data, "val")
+
+
+def checked_inputs(run, args, device):
+    """(model, tokenizer, checkpoint, training context, data directory, validation tokens) of one --ckpt, or a
+    UserError where they cannot give a result (no window of the longest context fits in the validation text, or,
+    with --documents, in one document): checked for every checkpoint before any is evaluated."""
+    model, tokenizer, ckpt, train_context, data_dir, tokens = model_and_validation_tokens(run, args, device)
     longest = train_context * max(args.factors)
     if args.documents and not document_windows(tokens, tokenizer.eot_token, longest, 1):
         raise UserError(f"no document of the validation split of {data_dir} is longer than {longest} tokens, the "

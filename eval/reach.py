@@ -31,7 +31,6 @@ import torch  # noqa: E402
 
 import model as model_module  # noqa: E402
 from attention import causal_mask  # noqa: E402
-from checkpoints import load_model  # noqa: E402
 from config import UserError  # noqa: E402
 from eval import progress as timing  # noqa: E402
 from eval.cli import check_context, default_out, make_parser  # noqa: E402
@@ -209,17 +208,9 @@ def too_short(n_tokens: int, factor: int, context: int, data_dir: str = "the dat
 def checked_inputs(run, args, device):
     """(model, tokenizer, checkpoint, context, validation tokens) of one --ckpt, or a UserError where they cannot
     give a result: checked for every checkpoint before any is evaluated."""
-    from data.loader import PreparedData, load_split_tokens
-    from eval.extrapolation import resolve_data_dir
+    from eval.extrapolation import model_and_validation_tokens
 
-    model, tokenizer, ckpt = load_model(run, device)
-    context = args.context or model.config.block_size
-    data_dir = resolve_data_dir(run, ckpt, args.data_dir)
-    data = PreparedData(data_dir)  # opened once: the manifest read here, the shards checked by load_split_tokens
-    if data.tokenizer != ckpt["tokenizer"]:
-        raise UserError(f"{data_dir} is not tokenized with {ckpt['tokenizer']!r}, the tokenizer of {run}; pass "
-                        "--data-dir a directory prepared with the model's tokenizer")
-    tokens = load_split_tokens(data, "val")
+    model, tokenizer, ckpt, context, data_dir, tokens = model_and_validation_tokens(run, args, device)
     if len(tokens) <= args.factor * context:
         raise UserError(too_short(len(tokens), args.factor, context, data_dir))
     return model, tokenizer, ckpt, context, tokens

@@ -24,7 +24,6 @@ if __package__ in (None, ""):  # run as a script: import from the repo root, not
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from checkpoints import load_model  # noqa: E402
 from config import UserError  # noqa: E402
 from data.retrieval import Facts  # noqa: E402
 from eval import progress as timing  # noqa: E402
@@ -173,17 +172,9 @@ def checked_inputs(run, args, device):
     """(model, tokenizer, checkpoint, context, data directory, validation text) of one --ckpt, or a UserError where
     they cannot give a result (its buckets cannot hold the facts, or the text is shorter than a test sequence):
     checked for every checkpoint before any is evaluated."""
-    from eval.extrapolation import resolve_data_dir
-    from data.loader import PreparedData, load_split_tokens
+    from eval.extrapolation import model_and_validation_tokens
 
-    model, tokenizer, ckpt = load_model(run, device)
-    context = args.context or model.config.block_size
-    data_dir = resolve_data_dir(run, ckpt, args.data_dir)
-    data = PreparedData(data_dir)  # opened once: the manifest read here, the shards checked by load_split_tokens
-    if data.tokenizer != ckpt["tokenizer"]:
-        raise UserError(f"{data_dir} is not tokenized with {ckpt['tokenizer']!r}, the tokenizer of {run}; pass "
-                        "--data-dir a directory prepared with the model's tokenizer")
-    filler = load_split_tokens(data, "val")
+    model, tokenizer, ckpt, context, data_dir, filler = model_and_validation_tokens(run, args, device)
     try:
         longest = bucket_bounds(args.edges, context)[-1][1]
         problem = bucket_problem(args.edges, context, args.pairs, Facts(tokenizer))
