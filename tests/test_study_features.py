@@ -375,6 +375,60 @@ def test_the_rise_past_L_and_the_finding_rule_in_the_report(workspace, tmp_path,
     assert Path("out/loss_vs_position.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+# ----------------------------------------------------------------------------- 3c. the evaluations' paired differences
+
+# alibi beats rope on retrieval by a known amount in the far bucket only (+0.20, +0.25, +0.30 over seeds 1-3) and
+# loses on RULER at the longer length only (-10, -12, -11 points); the near bucket and the shorter length are equal,
+# so a difference read from the wrong bucket, length or family, or with its sign turned, is seen.
+ACCURACY = {"rope": {1: (0.90, 0.10), 2: (0.80, 0.20), 3: (0.85, 0.15)},
+            "alibi": {1: (0.90, 0.30), 2: (0.80, 0.45), 3: (0.85, 0.45)}}
+RULER = {"rope": {1: (60.0, 40.0), 2: (50.0, 42.0), 3: (55.0, 41.0)},
+         "alibi": {1: (60.0, 30.0), 2: (50.0, 30.0), 3: (55.0, 30.0)}}
+BABILONG = {"rope": {1: 20.0, 2: 22.0, 3: 21.0}, "alibi": {1: 25.0, 2: 22.0, 3: 21.0}}  # alibi's seed 1 only
+
+
+def fake_outputs(monkeypatch):
+    """eval_outputs_by_seed reads the outputs above (what finished runs' eval files would hold)."""
+    def outputs(study, encoding, name):
+        if name == "retrieval":
+            return {s: {"buckets": [{"accuracy": a} for a in accuracy]} for s, accuracy in ACCURACY[encoding].items()}
+        return {s: {"lengths": [64, 128], "ruler_average": {"64": r[0], "128": r[1]},
+                    "babilong_average": {"64": BABILONG[encoding][s]}} for s, r in RULER[encoding].items()}
+    monkeypatch.setattr(study_summary, "eval_outputs_by_seed", outputs)
+    return type("FakeStudy", (), {"reference": "rope"})()
+
+
+def test_retrieval_and_long_context_differences_are_the_encoding_minus_the_reference(monkeypatch):
+    plan = fake_outputs(monkeypatch)
+    near, far = study_summary.retrieval_differences(plan, "alibi")
+    assert near["values"] == [0.0, 0.0, 0.0] and near["mean"] == 0.0 and near["finding"] is False
+    expected = [ACCURACY["alibi"][s][1] - ACCURACY["rope"][s][1] for s in (1, 2, 3)]
+    mean, sd, (lo, hi) = t_interval(expected)
+    assert far["seeds"] == [1, 2, 3] and far["values"] == pytest.approx([0.20, 0.25, 0.30], abs=1e-12)
+    assert far["mean"] == pytest.approx(0.25, abs=1e-12) and far["interval"] == pytest.approx([lo, hi], rel=1e-9)
+    assert lo > 0 and far["finding"] is True and study_summary.finding_word(far) == "higher"
+
+    lc = study_summary.long_context_differences(plan, "alibi")
+    assert lc["ruler"]["64"]["values"] == [0.0, 0.0, 0.0]
+    assert lc["ruler"]["128"]["values"] == [-10.0, -12.0, -11.0] and lc["ruler"]["128"]["mean"] == -11.0
+    assert lc["ruler"]["128"]["finding"] is True and study_summary.finding_word(lc["ruler"]["128"]) == "lower"
+    assert lc["babilong"]["64"]["values"] == [5.0, 0.0, 0.0] and lc["babilong"]["128"]["n"] == 0
+
+    # the report's cells: the far bucket's +0.250 with its interval and *, RULER's -11.00 at 128 tokens
+    report = {"reference": "rope", "encodings": {"alibi": {
+        "retrieval": {"train_context": 64, "buckets": [{"bucket": "(0, L]", "accuracy": {"mean": 0.5, "std": 0.1}},
+                                                       {"bucket": "(L, 2L]", "accuracy": {"mean": 0.4, "std": 0.1}}],
+                      "difference_to_reference": [near, far]},
+        "long_context": {"lengths": [64, 128], "train_context": 64, "tasks": {},
+                         "ruler_average": {}, "ruler_average_tasks": {"64": 0, "128": 0},
+                         "babilong_average": {}, "babilong_average_tasks": {"64": 0, "128": 0},
+                         "difference_to_reference": lc}}}}
+    lines = study_report.retrieval_lines(report, {})
+    assert f"| alibi − rope | +0.000 [+0.000, +0.000] | +0.250 [{lo:+.3f}, {hi:+.3f}]* |" in lines
+    ruler = next(line for line in study_report.long_context_lines(report, {}) if line.startswith("| alibi − rope | RULER"))
+    assert ruler.split(" | ")[3].startswith("-11.00 [")
+
+
 # ----------------------------------------------------------------------------- 4. --publish
 
 BEFORE = "# CPU results\n\nWhat was found, in words: kept as it is.\n\n"
