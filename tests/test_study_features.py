@@ -785,6 +785,43 @@ def test_a_last_line_cut_short_is_a_kills_unfinished_write_not_damage(tmp_path):
         assert (records, lines) == ([{"type": "train"}], damaged), text
 
 
+def test_metrics_read_again_are_parsed_again_when_the_file_changed_once(tmp_path):
+    """read_metrics keeps the parse of an unchanged file; a file changed once between two reads is parsed again
+    however it changed: the same size with a new time (a record overwritten in place by garbage), the same size and
+    time under a new inode (replaced by rename), a longer file with its time kept. What a caller does to the lists
+    it gets does not reach the kept parse."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"iter": 1}\n{"iter": 2}\n')
+    for _ in range(3):  # a fresh parse, then the kept one twice
+        records, damaged = study_launch.read_metrics(str(tmp_path))
+        assert (records, damaged) == ([{"iter": 1}, {"iter": 2}], [])
+        records.append({"iter": 99}), damaged.append(7)
+
+    before = os.stat(path)
+    with open(path, "r+b") as f:  # the same inode and size, line 2 now garbage, the time one second on
+        f.seek(len('{"iter": 1}\n'))
+        f.write(b'{"iter"\xff 2}\n')
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns + 10**9))
+    assert os.stat(path).st_size == before.st_size and os.stat(path).st_ino == before.st_ino
+    assert study_launch.read_metrics(str(tmp_path)) == ([{"iter": 1}], [2])
+
+    before = os.stat(path)
+    replacement = tmp_path / "metrics.new"
+    replacement.write_text('{"iter": 3}\n{"iter": 4}\n')  # the same size again
+    os.utime(replacement, ns=(before.st_atime_ns, before.st_mtime_ns))
+    os.replace(replacement, path)
+    assert os.stat(path).st_size == before.st_size and os.stat(path).st_mtime_ns == before.st_mtime_ns
+    assert study_launch.read_metrics(str(tmp_path)) == ([{"iter": 3}, {"iter": 4}], [])
+
+    before = os.stat(path)
+    with open(path, "ab") as f:
+        f.write(b'{"iter": 5}\n')
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert study_launch.read_metrics(str(tmp_path)) == ([{"iter": 3}, {"iter": 4}, {"iter": 5}], [])
+    path.unlink()
+    assert study_launch.read_metrics(str(tmp_path)) == ([], [])
+
+
 def test_seed_0_and_the_largest_seed_are_study_seeds(workspace, tmp_path, monkeypatch):  # noqa: F811
     shutil.copy(workspace / "base.toml", tmp_path / "base.toml")
     monkeypatch.chdir(tmp_path)
