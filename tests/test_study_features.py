@@ -822,6 +822,55 @@ def test_metrics_read_again_are_parsed_again_when_the_file_changed_once(tmp_path
     assert study_launch.read_metrics(str(tmp_path)) == ([], [])
 
 
+def test_an_evaluation_is_finished_until_its_checkpoint_or_output_changes_once(tmp_path):
+    """eval_finished re-reads the marker, the output and ckpt.pt's identity on every call: true for the files as
+    the evaluation left them; false once ckpt.pt is rewritten at the same size (a new time) or grows with its time
+    kept, once the output is cut short, once the arguments differ in one value. An older marker (argv and step)
+    holds only while ckpt.pt is strictly older than it."""
+    run_dir = tmp_path / "rope" / "seed3"
+    argv = ["--ckpt", str(run_dir), "--out", str(run_dir / "eval"), "--windows", "4"]
+    run = study_spec.Run("rope", 3, str(run_dir), [], 7, {"extrapolation": argv}, {}, 0)
+    (run_dir / "eval").mkdir(parents=True)
+    ckpt, output = run_dir / "ckpt.pt", run_dir / "eval" / "extrapolation.json"
+    marker = Path(study_launch.eval_marker(run, "extrapolation"))
+    ckpt.write_bytes(b"a checkpoint")
+    output.write_text('{"loss": 3.25}')
+
+    def mark():
+        record = {"argv": study_launch.portable(argv, run), "checkpoint": study_launch.checkpoint_identity(run)}
+        marker.write_text(json.dumps(record))
+    mark()
+    assert study_launch.eval_finished(run, "extrapolation")
+    before = ckpt.stat()
+    ckpt.write_bytes(b"A checkpoint")  # retrained: the same size, a second later
+    os.utime(ckpt, ns=(before.st_atime_ns, before.st_mtime_ns + 10**9))
+    assert not study_launch.eval_finished(run, "extrapolation")
+    mark()
+    before = ckpt.stat()
+    with open(ckpt, "ab") as f:
+        f.write(b"!")
+    os.utime(ckpt, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert not study_launch.eval_finished(run, "extrapolation")
+    mark()
+    assert study_launch.eval_finished(run, "extrapolation")
+    output.write_text('{"loss": 3.')
+    assert not study_launch.eval_finished(run, "extrapolation")
+    output.write_text('{"loss": 3.25}')
+    run.evals["extrapolation"] = argv[:-1] + ["5"]
+    assert not study_launch.eval_finished(run, "extrapolation")
+    run.evals["extrapolation"] = argv
+
+    marker.write_text(json.dumps({"argv": study_launch.portable(argv, run), "step": 7}))
+    at = ckpt.stat().st_mtime_ns
+    os.utime(marker, ns=(at + 1, at + 1))
+    assert study_launch.eval_finished(run, "extrapolation")
+    os.utime(marker, ns=(at, at))  # written in the same instant as the checkpoint: not known to be after it
+    assert not study_launch.eval_finished(run, "extrapolation")
+    os.utime(marker, ns=(at + 1, at + 1))
+    run.final_iter = 8
+    assert not study_launch.eval_finished(run, "extrapolation")
+
+
 def test_seed_0_and_the_largest_seed_are_study_seeds(workspace, tmp_path, monkeypatch):  # noqa: F811
     shutil.copy(workspace / "base.toml", tmp_path / "base.toml")
     monkeypatch.chdir(tmp_path)
