@@ -1076,6 +1076,30 @@ def test_the_datas_own_error_is_the_mean_half_width_of_each_seeds_interval_over_
     assert "rise_by_document" not in one_without["contexts"]["2"]  # an interval over one document: none to average
 
 
+def test_the_reach_summary_over_seeds_from_hand_made_heads():
+    """reach_summary over two seeds of two heads: the median head's reach_mass (a head beyond what was read counts
+    as the number of distances read), the mean mass within each distance, the heads beyond the reach read, and the
+    share of heads whose penalty is still below their margin (a penalty equal to the margin no longer reaches)."""
+    def head(mass, reach_mass, penalty, margin):
+        over = [d for d, p in enumerate(penalty) if p >= margin]
+        return {"mass": mass, "reach_mass": reach_mass, "penalty": penalty, "margin": margin,
+                "reach_penalty": over[0] if over else None}
+
+    def seed(heads, reach):
+        return {"train_context": 4, "additive": True, "largest_distance": 2, "heads": heads, "reach": reach}
+    first = seed([head([0.5, 0.25, 0.25], 1, [0.0, 1.0, 2.0], 1.0),          # reaches its margin exactly at 1
+                  head([0.25, 0.125, 0.125], None, [0.0, 0.5, 0.875], 1.0)], 2)  # never: beyond what was read
+    second = seed([head([0.625, 0.375, 0.0], 0, [0.0, 2.0, 4.0], 2.0),
+                   head([0.25, 0.25, 0.25], None, [0.0, 0.25, 0.5], 0.25)], 1)  # its mass beyond, not its reach
+    got = study_summary.reach_summary([first, second])
+    assert got["mass_read"] == 2 and got["heads"] == 2 and got["largest_distance"] == 2
+    assert got["median_reach_mass"]["values"] == [2.0, 1.5]  # median of (1, 3) and of (0, 3)
+    assert [d["values"] for d in got["mass_within"]] == [[0.375, 0.4375], [0.5625, 0.75], [0.75, 0.875]]
+    assert got["reach"]["values"] == [2, 1] and got["beyond_read"]["values"] == [1, 0]
+    assert [d["values"] for d in got["share_reaching"]] == [[1.0, 1.0], [0.5, 0.0], [0.5, 0.0]]
+    assert got["share_reaching"][1]["mean"] == 0.25
+
+
 def test_the_reach_table_says_when_the_median_head_holds_its_mass_past_what_was_read():
     def stat(mean):
         return {"mean": mean, "std": 0.0, "n": 3}
