@@ -112,6 +112,30 @@ def test_a_shard_changed_within_the_racy_time_is_checked_but_not_recorded(data_d
         assert sorted(reads) == read_again
 
 
+def test_a_record_changed_once_is_trusted_only_where_it_still_agrees(data_dir, reads):
+    """The record re-read at a start after it changed once: cut short, every shard is read again and the record
+    written afresh; one shard's sha256 changed in it (not the manifest's any more), that shard alone is read again."""
+    verify.verify_shards(data_dir)
+    record = verify.record_path(data_dir)
+    text = open(record).read()
+    with open(record, "w") as f:
+        f.write(text[:len(text) // 2])
+    reads.clear()
+    new_process()
+    verify.verify_shards(data_dir)
+    assert sorted(reads) == shard_names(data_dir)
+    assert json.loads(open(record).read()) == json.loads(text)
+
+    entries = json.loads(text)
+    entries["shards"]["train_000003.bin"]["sha256"] = "0" * 64
+    with open(record, "w") as f:
+        json.dump(entries, f)
+    reads.clear()
+    new_process()
+    verify.verify_shards(data_dir)
+    assert reads == ["train_000003.bin"]
+
+
 def test_an_unwritable_record_is_a_note_and_the_check_still_runs(data_dir, reads, monkeypatch, capsys):
     blocker = os.path.join(data_dir, "..", "a_file")
     open(blocker, "w").close()
