@@ -1100,6 +1100,32 @@ def test_the_reach_summary_over_seeds_from_hand_made_heads():
     assert got["share_reaching"][1]["mean"] == 0.25
 
 
+def test_the_long_context_and_zero_shot_summaries_over_two_seeds_that_differ():
+    """Two seeds whose scores differ by length, family, task and metric, one missing a length: each cell is the
+    describe() of its own seeds' values, a missing one left out (not counted as 0)."""
+    def long_context(ruler, babilong, niah):
+        return {"lengths": [64, 128], "train_context": 64, "rope_scaling": None, "limit": 10, "tasks": ["niah"],
+                "ruler_average": ruler, "ruler_average_tasks": {"64": 1, "128": 1}, "babilong_average": babilong,
+                "babilong_average_tasks": {"64": 1}, "scores": {"niah": {n: {"score": v} for n, v in niah.items()}}}
+    got = study_summary.long_context_summary([
+        long_context({"64": 50.0, "128": 25.0}, {}, {"64": 60.0, "128": 20.0}),
+        long_context({"64": 70.0, "128": None}, {"64": 10.0}, {"64": 80.0})])
+    assert got["ruler_average"]["64"]["values"] == [50.0, 70.0] and got["ruler_average"]["64"]["mean"] == 60.0
+    assert got["ruler_average"]["128"]["values"] == [25.0]
+    assert got["babilong_average"]["64"]["values"] == [10.0] and got["babilong_average"]["128"]["n"] == 0
+    assert got["babilong_average_tasks"] == {"64": 1, "128": 0} and got["ruler_average_tasks"] == {"64": 1, "128": 1}
+    assert got["tasks"]["niah"]["64"]["values"] == [60.0, 80.0] and got["tasks"]["niah"]["128"]["values"] == [20.0]
+
+    def zero_shot(acc, acc_norm, average):
+        return {"tasks": {"hellaswag": {"average_metric": "acc_norm", "acc": acc, "acc_norm": acc_norm}},
+                "average": average, "paper_size": "medium_353M", "paper": {}}
+    got = study_summary.zero_shot_summary([zero_shot(30.0, 32.0, 40.0), zero_shot(31.0, 35.0, 42.0)])
+    row = got["tasks"]["hellaswag"]
+    assert row["average_metric"] == "acc_norm" and "score" not in row
+    assert row["acc"]["values"] == [30.0, 31.0] and row["acc_norm"]["values"] == [32.0, 35.0]
+    assert got["average"]["mean"] == 41.0
+
+
 def test_the_reach_table_says_when_the_median_head_holds_its_mass_past_what_was_read():
     def stat(mean):
         return {"mean": mean, "std": 0.0, "n": 3}
