@@ -425,7 +425,8 @@ def test_retrieval_and_long_context_differences_are_the_encoding_minus_the_refer
                          "difference_to_reference": lc}}}}
     lines = study_report.retrieval_lines(report, {})
     assert f"| alibi − rope | +0.000 [+0.000, +0.000] | +0.250 [{lo:+.3f}, {hi:+.3f}]* |" in lines
-    ruler = next(line for line in study_report.long_context_lines(report, {}) if line.startswith("| alibi − rope | RULER"))
+    ruler = next(line for line in study_report.long_context_lines(report, {})
+                 if line.startswith("| alibi − rope | RULER"))
     assert ruler.split(" | ")[3].startswith("-11.00 [")
 
 
