@@ -254,3 +254,62 @@ def test_weights_that_are_not_finite_are_a_damaged_checkpoint_naming_the_first_s
     assert checkpoints.non_finite({"state": {0: {"exp_avg": state["c"]}}}, "optimizer") == \
         f"optimizer.state.0.exp_avg (1 {kind} of 1 value)"
     assert checkpoints.non_finite({"a": state["a"], "steps": state["steps"]}) is None
+
+
+def _damaged_copy(good: bytes) -> bytes:
+    """The same size as `good`, its second half zeros: no longer a readable archive."""
+    return good[:len(good) // 2] + bytes(len(good) - len(good) // 2)
+
+
+def _replace(path, data: bytes, how: str) -> None:
+    """Replace path's content by `data` the way `how` says, keeping the other two of inode, time and size:
+    "rename" a new inode (same time and size), "in place" a new time (same inode and size), "longer" a new size
+    (same inode and time)."""
+    before = os.stat(path)
+    if how == "rename":
+        path.with_suffix(".next").write_bytes(data)
+        os.replace(path.with_suffix(".next"), path)
+    else:
+        with open(path, "r+b") as f:
+            f.write(data + (b"\0" if how == "longer" else b""))
+    mtime = before.st_mtime_ns + (10**9 if how == "in place" else 0)
+    os.utime(path, ns=(before.st_atime_ns, mtime))
+    after = os.stat(path)
+    assert [after.st_ino != before.st_ino, after.st_mtime_ns != before.st_mtime_ns,
+            after.st_size != before.st_size] == [how == "rename", how == "in place", how == "longer"]
+
+
+@pytest.mark.parametrize("how", ["rename", "in place", "longer"])
+@pytest.mark.parametrize("into", ["good", "damaged"])
+def test_a_read_that_fails_while_ckpt_pt_is_replaced_once_reads_it_again(tmp_path, monkeypatch, how, into):
+    """A damaged ckpt.pt replaced once while it is read (whichever of inode, time or size the replacement changes)
+    is read a second time: into a good checkpoint, that one is loaded; into another damaged file, its damage is the
+    sentence, after those two reads (not 'replaced 5 times'). A damaged file that does not change: one read."""
+    state = {"model": {"w": torch.arange(6.0)}, "model_config": {"n_layer": 1}}
+    path = tmp_path / "ckpt.pt"
+    checkpoints.save(str(path), state)
+    good = path.read_bytes()
+    path.write_bytes(_damaged_copy(good))
+    real, reads = checkpoints._load_once, []
+    replacements = [good if into == "good" else _damaged_copy(good[::-1])]  # one, during the first read
+
+    def replaced_during_the_first_read(*args):
+        reads.append(path.read_bytes())
+        try:
+            return real(*args)
+        finally:
+            if replacements:
+                _replace(path, replacements.pop(), how)
+    monkeypatch.setattr(checkpoints, "_load_once", replaced_during_the_first_read)
+    if into == "good":
+        assert same_payload(checkpoints.load(str(path)), state)
+    else:
+        with pytest.raises(checkpoints.CheckpointError, match="is corrupt or truncated"):
+            checkpoints.load(str(path))
+    assert len(reads) == 2 and reads[0] != reads[1]
+
+    reads.clear()  # a damaged file left as it is: refused at its first read
+    path.write_bytes(_damaged_copy(good))
+    with pytest.raises(checkpoints.CheckpointError, match="is corrupt or truncated"):
+        checkpoints.load(str(path))
+    assert len(reads) == 1

@@ -411,3 +411,23 @@ def test_the_seed_rule_matches_splitmix64_on_known_values():
     from data.loader import fold_in_seed
     for values in [(42, 0, 0), (42, 7, 3), (2**63 - 1, 2**40, 5), (0,)]:
         assert fold_in_seed(*values) == splitmix_seed(*values)
+
+
+def test_a_shard_of_block_size_plus_one_tokens_holds_one_window_and_one_fewer_none(data_dir):
+    """The window checks at their edge, away from the usual T: the 101-token train shard holds one window at
+    block_size 100 and none at 101 (then no train shard does); the 83-token validation shard one at 82, none at
+    83; the random-offset sampler takes the 8-token shard at block_size 7 (8 = 7 + 1)."""
+    one = TrainBatches(data_dir, batch_size=3, block_size=100, seed=5)
+    assert one.windows_per_epoch == 1
+    x, y = one.batch(2)
+    assert torch.equal(x, torch.arange(100).expand(3, 100)) and torch.equal(y, torch.arange(1, 101).expand(3, 100))
+    with pytest.raises(DataError, match=r"\(166 tokens\) hold no window of block_size\+1 = 102 tokens"):
+        TrainBatches(data_dir, batch_size=3, block_size=101, seed=5)
+    (x, y), = validation_batches(data_dir, batch_size=4, block_size=82)
+    assert x.shape == (1, 82) and int(x[0, 0]) == 60000 and int(y[0, -1]) == 60082
+    with pytest.raises(DataError, match="validation shards .* hold no window of block_size\\+1 = 84 tokens"):
+        list(validation_batches(data_dir, batch_size=4, block_size=83))
+    sampler = RandomOffsetBatches(data_dir, batch_size=2, block_size=T - 1, seed=42, global_batch_size=12,
+                                  layout=(2, 3))
+    x, y = sampler.batch(0)
+    assert x.shape == (2, T - 1) and (y - x == 1).all()

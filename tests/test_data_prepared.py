@@ -123,3 +123,19 @@ def test_an_evaluation_on_the_runs_folder_prepared_again_is_refused_with_the_fla
     assert resolve_data_dir(str(run_dir), ckpt, prepared) == prepared  # the flag that accepts it
     # a checkpoint from before identities were recorded is not refused
     assert resolve_data_dir(str(run_dir), {**ckpt, "data_identity": None}, None) == prepared
+
+
+def test_a_split_checked_at_one_vocabulary_size_is_not_checked_at_another(prepared):
+    """verified: a split checked against 257 counts for 257 and for 'any size', never for 258 nor for the other
+    split; a split checked against any size does not count for a given one."""
+    data = PreparedData(prepared)
+    assert not data.verified("train") and not data.verified("train", 257)
+    data.mark_verified(["train"], 257)
+    assert data.verified("train", 257) and data.verified("train")
+    assert not data.verified("train", 258) and not data.verified("train", 256) and not data.verified("val")
+    data.mark_verified(["val"])
+    assert data.verified("val") and not data.verified("val", 257)
+    data.mark_verified(["val"], 258)
+    assert data.verified("val", 258) and not data.verified("val", 257) and not data.verified("train", 258)
+    data.mark_verified(["train"], 258)  # a second size kept beside the first
+    assert data.verified("train", 258) and data.verified("train", 257)

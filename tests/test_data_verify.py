@@ -1,5 +1,6 @@
 """data/verify.py and data/prefetch.py: shard contents read once and recorded, the first read split over processes,
 every batch's token ids checked, and prefetched batches equal to the loader's own."""
+import contextlib
 import json
 import os
 import threading
@@ -85,6 +86,54 @@ def test_a_changed_shard_is_read_again_even_with_its_old_mtime(data_dir, reads):
     with pytest.raises(DataError, match="train_000002.bin is damaged: its sha256 differs"):
         verify.verify_shards(data_dir)
     assert reads == ["train_000002.bin"]
+
+
+def test_a_shard_changed_within_the_racy_time_is_checked_but_not_recorded(data_dir, reads, monkeypatch):
+    """At a racy time away from its default: a shard whose last change (its ctime: the mtimes are set 10 s back
+    here, as a copy keeping times does) is exactly RACY_NS before now is recorded; one nanosecond less, it is
+    checked and read again by the next process, while the shards changed earlier stay recorded."""
+    from types import SimpleNamespace
+    monkeypatch.setattr(verify, "RACY_NS", 5 * 10**9)
+    for name in shard_names(data_dir):
+        stat = os.stat(os.path.join(data_dir, name))
+        os.utime(os.path.join(data_dir, name), ns=(stat.st_atime_ns, stat.st_mtime_ns - 10 * 10**9))
+    changed = {name: os.stat(os.path.join(data_dir, name)).st_ctime_ns for name in shard_names(data_dir)}
+    newest = max(changed.values())
+    for now, read_again in ((newest + verify.RACY_NS, []),
+                            (newest + verify.RACY_NS - 1, sorted(n for n, t in changed.items() if t == newest))):
+        monkeypatch.setattr(verify, "time", SimpleNamespace(time_ns=lambda now=now: now))
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(verify.record_path(data_dir))
+        new_process()
+        verify.verify_shards(data_dir)
+        reads.clear()
+        new_process()
+        verify.verify_shards(data_dir)
+        assert sorted(reads) == read_again
+
+
+def test_a_record_changed_once_is_trusted_only_where_it_still_agrees(data_dir, reads):
+    """The record re-read at a start after it changed once: cut short, every shard is read again and the record
+    written afresh; one shard's sha256 changed in it (not the manifest's any more), that shard alone is read again."""
+    verify.verify_shards(data_dir)
+    record = verify.record_path(data_dir)
+    text = open(record).read()
+    with open(record, "w") as f:
+        f.write(text[:len(text) // 2])
+    reads.clear()
+    new_process()
+    verify.verify_shards(data_dir)
+    assert sorted(reads) == shard_names(data_dir)
+    assert json.loads(open(record).read()) == json.loads(text)
+
+    entries = json.loads(text)
+    entries["shards"]["train_000003.bin"]["sha256"] = "0" * 64
+    with open(record, "w") as f:
+        json.dump(entries, f)
+    reads.clear()
+    new_process()
+    verify.verify_shards(data_dir)
+    assert reads == ["train_000003.bin"]
 
 
 def test_an_unwritable_record_is_a_note_and_the_check_still_runs(data_dir, reads, monkeypatch, capsys):

@@ -468,3 +468,23 @@ def test_a_run_whose_config_json_is_malformed_is_one_sentence(tmp_path, capsys, 
     assert exit_info.value.code == 2 and err.count("\n") == 1 and said in err
     assert err.startswith(f"error: {config} is not the run's settings as train.py writes them (")
     assert err.endswith("); restore it from a backup, or pass --data-dir the prepared data to read\n")
+
+
+def test_the_datas_interval_averages_each_documents_windows_first_and_needs_two_documents():
+    """data_interval over hand-made windows: a document's windows count once (their mean), a window without the
+    value is left out, two documents give a t-interval (one degree of freedom), one gives the mean alone."""
+    from scipy import stats
+
+    def window(document, at_l, beyond):
+        return {"document": document, "at_L": at_l, "beyond": {"64": beyond}}
+
+    def rise(w):
+        return None if w["beyond"]["64"] is None else w["beyond"]["64"] - w["at_L"]
+    windows = [window(3, 3.0, 3.5), window(3, 3.0, 3.25), window(3, 3.0, 3.75),  # rises 0.5, 0.25, 0.75: mean 0.5
+               window(8, 2.5, 2.25), window(8, 2.5, None)]                      # rise -0.25 (and a window without)
+    got = ex.data_interval(windows, rise)
+    half = stats.t.ppf(0.975, 1) * np.std([0.5, -0.25], ddof=1) / np.sqrt(2)
+    assert got["documents"] == 2 and got["mean"] == pytest.approx(0.125, abs=1e-12)  # not 0.3125, the windows' mean
+    assert got["interval"] == pytest.approx([0.125 - half, 0.125 + half], rel=1e-9)
+    assert ex.data_interval(windows[:3], rise) == {"mean": pytest.approx(0.5), "interval": None, "documents": 1}
+    assert ex.data_interval(windows[4:], rise) == {"mean": None, "interval": None, "documents": 0}

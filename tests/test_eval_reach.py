@@ -232,3 +232,27 @@ def test_several_checkpoints_are_all_checked_before_any_is_evaluated(tmp_path, c
     assert exit_info.value.code == 2
     assert capsys.readouterr().err == (f"error: the validation split of {data_dir} has 300 tokens, too few for one "
                                        "window of 8 x 64; lower --factor (or --context)\n")
+
+
+def test_reach_mass_and_reach_penalty_at_and_around_their_thresholds(monkeypatch):
+    """reach_mass is the first distance whose cumulative mass reaches the share (reaching it exactly counts), None
+    where the whole band holds less; reach_penalty the first distance whose penalty reaches the margin. A share
+    away from its default, exactly representable, so 'reaches' is tested at equality."""
+    monkeypatch.setattr(reach, "MASS_SHARE", 0.75)
+    mass = reach.MassByDistance(n_layer=1, context=6)
+    mass.count = 2  # totals over two queries: per query the masses below
+    mass.total[0] = 2 * torch.tensor([[0.5, 0.25, 0.25, 0.0],      # 0.75 exactly at distance 1
+                                      [0.5, 0.2499, 0.2, 0.0501],  # just below at 1, past it at 2
+                                      [0.25, 0.25, 0.2499, 0.0],   # 0.7499 over the whole band: beyond it
+                                      [0.25, 0.25, 0.0, 0.25]],    # 0.75 exactly at the last distance read
+                                     dtype=torch.float64)
+    assert mass.result()[0]["reach_mass"] == [1, 2, None, 3]
+
+    penalty = reach.PenaltyByDistance(n_layer=1, context=6)
+    penalty.count = 1
+    penalty.total[0] = torch.tensor([[0.0, 1.0, 2.0, 3.0]] * 3, dtype=torch.float64)
+    penalty.margins[0] = [torch.tensor([[2.0, 2.0, 2.0], [2.0001, 1.0, 3.0], [3.0001, 3.0001, 9.0]],
+                                       dtype=torch.float64)]  # medians over the rows: 2.0, 2.0001, 3.0001
+    got = penalty.result()[0]
+    np.testing.assert_allclose(got["margin"], [2.0, 2.0001, 3.0001])
+    assert got["reach_penalty"] == [2, 3, None]

@@ -107,6 +107,29 @@ def test_buckets_too_small_for_the_facts_are_named_before_any_work():
                                                                                              "(L/2, 3L/4]"]
 
 
+def test_a_bucket_one_gap_wider_than_its_facts_is_accepted_and_one_exactly_as_wide_is_not():
+    """bucket_problem at its width limit, with 3 pairs (not the usual 4) at a context of 1000 (L/1000 steps put each
+    edge on a whole token), in agreement with build_sequences on both sides: a bucket block + 1 wide holds a first
+    gap past its lower edge, one exactly block wide does not; a bucket ending one token short of 2 x block cannot
+    hold the facts and their queries."""
+    block = 3 * retrieval.longest_fact(FACTS)
+    thousandth = Fraction(1, 1000)
+
+    def problem(lo, hi):
+        return retrieval.bucket_problem([lo * thousandth, hi * thousandth], 1000, 3, FACTS)
+
+    def builds(lo, hi):
+        try:
+            retrieval.build_sequences(FILLER, FACTS, lo, hi, 20, 3, np.random.default_rng(1))
+        except ValueError:
+            return False
+        return True
+    assert problem(2 * block - 1, 3 * block) is None and builds(2 * block - 1, 3 * block)
+    assert f"gap bucket ({2 * block}, {3 * block}] tokens" in problem(2 * block, 3 * block)
+    assert not builds(2 * block, 3 * block)
+    assert problem(0, 2 * block - 1) is not None and not builds(0, 2 * block - 1)
+
+
 def test_the_command_refuses_edges_past_8L_before_loading_anything(capsys):
     with pytest.raises(SystemExit) as info:
         retrieval.parse_args(["--ckpt", "nowhere", "--edges", "0,1,16"])

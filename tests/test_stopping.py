@@ -91,3 +91,26 @@ def test_outside_the_main_thread_no_handler_is_installed():
     thread.start()
     thread.join()
     assert seen == [before]
+
+
+def test_the_first_request_names_the_reason_and_one_request_lets_a_write_finish():
+    """SIGTERM then Ctrl-C: the reason stays "sigterm", a checkpoint written after the one request is not cut, and
+    the Ctrl-C that follows stops at once (a stop was already asked for). Ctrl-C then SIGTERM: "interrupted", and
+    the SIGTERM is the same request again, never an abrupt stop."""
+    written = []
+    with StopSignals(lambda *a: None) as stops:
+        send(signal.SIGTERM)
+        assert stops.reason == "sigterm"
+        try:
+            with stops.writing_checkpoint():
+                written.append("checkpoint")
+        except KeyboardInterrupt:
+            pytest.fail("a write after a single request was followed by an abrupt stop")
+        assert written == ["checkpoint"] and not stops.interrupt_after_write
+        with pytest.raises(KeyboardInterrupt):
+            send(signal.SIGINT)
+        assert stops.reason == "sigterm"
+    with StopSignals(lambda *a: None) as stops:
+        send(signal.SIGINT)
+        send(signal.SIGTERM)
+        assert stops.requested and stops.reason == "interrupted"

@@ -375,6 +375,61 @@ def test_the_rise_past_L_and_the_finding_rule_in_the_report(workspace, tmp_path,
     assert Path("out/loss_vs_position.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+# ----------------------------------------------------------------------------- 3c. the evaluations' paired differences
+
+# alibi beats rope on retrieval by a known amount in the far bucket only (+0.20, +0.25, +0.30 over seeds 1-3) and
+# loses on RULER at the longer length only (-10, -12, -11 points); the near bucket and the shorter length are equal,
+# so a difference read from the wrong bucket, length or family, or with its sign turned, is seen.
+ACCURACY = {"rope": {1: (0.90, 0.10), 2: (0.80, 0.20), 3: (0.85, 0.15)},
+            "alibi": {1: (0.90, 0.30), 2: (0.80, 0.45), 3: (0.85, 0.45)}}
+RULER = {"rope": {1: (60.0, 40.0), 2: (50.0, 42.0), 3: (55.0, 41.0)},
+         "alibi": {1: (60.0, 30.0), 2: (50.0, 30.0), 3: (55.0, 30.0)}}
+BABILONG = {"rope": {1: 20.0, 2: 22.0, 3: 21.0}, "alibi": {1: 25.0, 2: 22.0, 3: 21.0}}  # alibi's seed 1 only
+
+
+def fake_outputs(monkeypatch):
+    """eval_outputs_by_seed reads the outputs above (what finished runs' eval files would hold)."""
+    def outputs(study, encoding, name):
+        if name == "retrieval":
+            return {s: {"buckets": [{"accuracy": a} for a in accuracy]} for s, accuracy in ACCURACY[encoding].items()}
+        return {s: {"lengths": [64, 128], "ruler_average": {"64": r[0], "128": r[1]},
+                    "babilong_average": {"64": BABILONG[encoding][s]}} for s, r in RULER[encoding].items()}
+    monkeypatch.setattr(study_summary, "eval_outputs_by_seed", outputs)
+    return type("FakeStudy", (), {"reference": "rope"})()
+
+
+def test_retrieval_and_long_context_differences_are_the_encoding_minus_the_reference(monkeypatch):
+    plan = fake_outputs(monkeypatch)
+    near, far = study_summary.retrieval_differences(plan, "alibi")
+    assert near["values"] == [0.0, 0.0, 0.0] and near["mean"] == 0.0 and near["finding"] is False
+    expected = [ACCURACY["alibi"][s][1] - ACCURACY["rope"][s][1] for s in (1, 2, 3)]
+    mean, sd, (lo, hi) = t_interval(expected)
+    assert far["seeds"] == [1, 2, 3] and far["values"] == pytest.approx([0.20, 0.25, 0.30], abs=1e-12)
+    assert far["mean"] == pytest.approx(0.25, abs=1e-12) and far["interval"] == pytest.approx([lo, hi], rel=1e-9)
+    assert lo > 0 and far["finding"] is True and study_summary.finding_word(far) == "higher"
+
+    lc = study_summary.long_context_differences(plan, "alibi")
+    assert lc["ruler"]["64"]["values"] == [0.0, 0.0, 0.0]
+    assert lc["ruler"]["128"]["values"] == [-10.0, -12.0, -11.0] and lc["ruler"]["128"]["mean"] == -11.0
+    assert lc["ruler"]["128"]["finding"] is True and study_summary.finding_word(lc["ruler"]["128"]) == "lower"
+    assert lc["babilong"]["64"]["values"] == [5.0, 0.0, 0.0] and lc["babilong"]["128"]["n"] == 0
+
+    # the report's cells: the far bucket's +0.250 with its interval and *, RULER's -11.00 at 128 tokens
+    report = {"reference": "rope", "encodings": {"alibi": {
+        "retrieval": {"train_context": 64, "buckets": [{"bucket": "(0, L]", "accuracy": {"mean": 0.5, "std": 0.1}},
+                                                       {"bucket": "(L, 2L]", "accuracy": {"mean": 0.4, "std": 0.1}}],
+                      "difference_to_reference": [near, far]},
+        "long_context": {"lengths": [64, 128], "train_context": 64, "tasks": {},
+                         "ruler_average": {}, "ruler_average_tasks": {"64": 0, "128": 0},
+                         "babilong_average": {}, "babilong_average_tasks": {"64": 0, "128": 0},
+                         "difference_to_reference": lc}}}}
+    lines = study_report.retrieval_lines(report, {})
+    assert f"| alibi − rope | +0.000 [+0.000, +0.000] | +0.250 [{lo:+.3f}, {hi:+.3f}]* |" in lines
+    ruler = next(line for line in study_report.long_context_lines(report, {})
+                 if line.startswith("| alibi − rope | RULER"))
+    assert ruler.split(" | ")[3].startswith("-11.00 [")
+
+
 # ----------------------------------------------------------------------------- 4. --publish
 
 BEFORE = "# CPU results\n\nWhat was found, in words: kept as it is.\n\n"
@@ -731,6 +786,92 @@ def test_a_last_line_cut_short_is_a_kills_unfinished_write_not_damage(tmp_path):
         assert (records, lines) == ([{"type": "train"}], damaged), text
 
 
+def test_metrics_read_again_are_parsed_again_when_the_file_changed_once(tmp_path):
+    """read_metrics keeps the parse of an unchanged file; a file changed once between two reads is parsed again
+    however it changed: the same size with a new time (a record overwritten in place by garbage), the same size and
+    time under a new inode (replaced by rename), a longer file with its time kept. What a caller does to the lists
+    it gets does not reach the kept parse."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"iter": 1}\n{"iter": 2}\n')
+    for _ in range(3):  # a fresh parse, then the kept one twice
+        records, damaged = study_launch.read_metrics(str(tmp_path))
+        assert (records, damaged) == ([{"iter": 1}, {"iter": 2}], [])
+        records.append({"iter": 99}), damaged.append(7)
+
+    before = os.stat(path)
+    with open(path, "r+b") as f:  # the same inode and size, line 2 now garbage, the time one second on
+        f.seek(len('{"iter": 1}\n'))
+        f.write(b'{"iter"\xff 2}\n')
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns + 10**9))
+    assert os.stat(path).st_size == before.st_size and os.stat(path).st_ino == before.st_ino
+    assert study_launch.read_metrics(str(tmp_path)) == ([{"iter": 1}], [2])
+
+    before = os.stat(path)
+    replacement = tmp_path / "metrics.new"
+    replacement.write_text('{"iter": 3}\n{"iter": 4}\n')  # the same size again
+    os.utime(replacement, ns=(before.st_atime_ns, before.st_mtime_ns))
+    os.replace(replacement, path)
+    assert os.stat(path).st_size == before.st_size and os.stat(path).st_mtime_ns == before.st_mtime_ns
+    assert study_launch.read_metrics(str(tmp_path)) == ([{"iter": 3}, {"iter": 4}], [])
+
+    before = os.stat(path)
+    with open(path, "ab") as f:
+        f.write(b'{"iter": 5}\n')
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert study_launch.read_metrics(str(tmp_path)) == ([{"iter": 3}, {"iter": 4}, {"iter": 5}], [])
+    path.unlink()
+    assert study_launch.read_metrics(str(tmp_path)) == ([], [])
+
+
+def test_an_evaluation_is_finished_until_its_checkpoint_or_output_changes_once(tmp_path):
+    """eval_finished re-reads the marker, the output and ckpt.pt's identity on every call: true for the files as
+    the evaluation left them; false once ckpt.pt is rewritten at the same size (a new time) or grows with its time
+    kept, once the output is cut short, once the arguments differ in one value. An older marker (argv and step)
+    holds only while ckpt.pt is strictly older than it."""
+    run_dir = tmp_path / "rope" / "seed3"
+    argv = ["--ckpt", str(run_dir), "--out", str(run_dir / "eval"), "--windows", "4"]
+    run = study_spec.Run("rope", 3, str(run_dir), [], 7, {"extrapolation": argv}, {}, 0)
+    (run_dir / "eval").mkdir(parents=True)
+    ckpt, output = run_dir / "ckpt.pt", run_dir / "eval" / "extrapolation.json"
+    marker = Path(study_launch.eval_marker(run, "extrapolation"))
+    ckpt.write_bytes(b"a checkpoint")
+    output.write_text('{"loss": 3.25}')
+
+    def mark():
+        record = {"argv": study_launch.portable(argv, run), "checkpoint": study_launch.checkpoint_identity(run)}
+        marker.write_text(json.dumps(record))
+    mark()
+    assert study_launch.eval_finished(run, "extrapolation")
+    before = ckpt.stat()
+    ckpt.write_bytes(b"A checkpoint")  # retrained: the same size, a second later
+    os.utime(ckpt, ns=(before.st_atime_ns, before.st_mtime_ns + 10**9))
+    assert not study_launch.eval_finished(run, "extrapolation")
+    mark()
+    before = ckpt.stat()
+    with open(ckpt, "ab") as f:
+        f.write(b"!")
+    os.utime(ckpt, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert not study_launch.eval_finished(run, "extrapolation")
+    mark()
+    assert study_launch.eval_finished(run, "extrapolation")
+    output.write_text('{"loss": 3.')
+    assert not study_launch.eval_finished(run, "extrapolation")
+    output.write_text('{"loss": 3.25}')
+    run.evals["extrapolation"] = argv[:-1] + ["5"]
+    assert not study_launch.eval_finished(run, "extrapolation")
+    run.evals["extrapolation"] = argv
+
+    marker.write_text(json.dumps({"argv": study_launch.portable(argv, run), "step": 7}))
+    at = ckpt.stat().st_mtime_ns
+    os.utime(marker, ns=(at + 1, at + 1))
+    assert study_launch.eval_finished(run, "extrapolation")
+    os.utime(marker, ns=(at, at))  # written in the same instant as the checkpoint: not known to be after it
+    assert not study_launch.eval_finished(run, "extrapolation")
+    os.utime(marker, ns=(at + 1, at + 1))
+    run.final_iter = 8
+    assert not study_launch.eval_finished(run, "extrapolation")
+
+
 def test_seed_0_and_the_largest_seed_are_study_seeds(workspace, tmp_path, monkeypatch):  # noqa: F811
     shutil.copy(workspace / "base.toml", tmp_path / "base.toml")
     monkeypatch.chdir(tmp_path)
@@ -934,6 +1075,56 @@ def test_the_datas_own_error_is_the_mean_half_width_of_each_seeds_interval_over_
     assert summary["contexts"]["1"]["sliding"] is None and "rise_by_document" not in summary["contexts"]["1"]
     one_without = study_summary.extrapolation_summary([seed([0.0, 0.2]), seed(None)])
     assert "rise_by_document" not in one_without["contexts"]["2"]  # an interval over one document: none to average
+
+
+def test_the_reach_summary_over_seeds_from_hand_made_heads():
+    """reach_summary over two seeds of two heads: the median head's reach_mass (a head beyond what was read counts
+    as the number of distances read), the mean mass within each distance, the heads beyond the reach read, and the
+    share of heads whose penalty is still below their margin (a penalty equal to the margin no longer reaches)."""
+    def head(mass, reach_mass, penalty, margin):
+        over = [d for d, p in enumerate(penalty) if p >= margin]
+        return {"mass": mass, "reach_mass": reach_mass, "penalty": penalty, "margin": margin,
+                "reach_penalty": over[0] if over else None}
+
+    def seed(heads, reach):
+        return {"train_context": 4, "additive": True, "largest_distance": 2, "heads": heads, "reach": reach}
+    first = seed([head([0.5, 0.25, 0.25], 1, [0.0, 1.0, 2.0], 1.0),          # reaches its margin exactly at 1
+                  head([0.25, 0.125, 0.125], None, [0.0, 0.5, 0.875], 1.0)], 2)  # never: beyond what was read
+    second = seed([head([0.625, 0.375, 0.0], 0, [0.0, 2.0, 4.0], 2.0),
+                   head([0.25, 0.25, 0.25], None, [0.0, 0.25, 0.5], 0.25)], 1)  # its mass beyond, not its reach
+    got = study_summary.reach_summary([first, second])
+    assert got["mass_read"] == 2 and got["heads"] == 2 and got["largest_distance"] == 2
+    assert got["median_reach_mass"]["values"] == [2.0, 1.5]  # median of (1, 3) and of (0, 3)
+    assert [d["values"] for d in got["mass_within"]] == [[0.375, 0.4375], [0.5625, 0.75], [0.75, 0.875]]
+    assert got["reach"]["values"] == [2, 1] and got["beyond_read"]["values"] == [1, 0]
+    assert [d["values"] for d in got["share_reaching"]] == [[1.0, 1.0], [0.5, 0.0], [0.5, 0.0]]
+    assert got["share_reaching"][1]["mean"] == 0.25
+
+
+def test_the_long_context_and_zero_shot_summaries_over_two_seeds_that_differ():
+    """Two seeds whose scores differ by length, family, task and metric, one missing a length: each cell is the
+    describe() of its own seeds' values, a missing one left out (not counted as 0)."""
+    def long_context(ruler, babilong, niah):
+        return {"lengths": [64, 128], "train_context": 64, "rope_scaling": None, "limit": 10, "tasks": ["niah"],
+                "ruler_average": ruler, "ruler_average_tasks": {"64": 1, "128": 1}, "babilong_average": babilong,
+                "babilong_average_tasks": {"64": 1}, "scores": {"niah": {n: {"score": v} for n, v in niah.items()}}}
+    got = study_summary.long_context_summary([
+        long_context({"64": 50.0, "128": 25.0}, {}, {"64": 60.0, "128": 20.0}),
+        long_context({"64": 70.0, "128": None}, {"64": 10.0}, {"64": 80.0})])
+    assert got["ruler_average"]["64"]["values"] == [50.0, 70.0] and got["ruler_average"]["64"]["mean"] == 60.0
+    assert got["ruler_average"]["128"]["values"] == [25.0]
+    assert got["babilong_average"]["64"]["values"] == [10.0] and got["babilong_average"]["128"]["n"] == 0
+    assert got["babilong_average_tasks"] == {"64": 1, "128": 0} and got["ruler_average_tasks"] == {"64": 1, "128": 1}
+    assert got["tasks"]["niah"]["64"]["values"] == [60.0, 80.0] and got["tasks"]["niah"]["128"]["values"] == [20.0]
+
+    def zero_shot(acc, acc_norm, average):
+        return {"tasks": {"hellaswag": {"average_metric": "acc_norm", "acc": acc, "acc_norm": acc_norm}},
+                "average": average, "paper_size": "medium_353M", "paper": {}}
+    got = study_summary.zero_shot_summary([zero_shot(30.0, 32.0, 40.0), zero_shot(31.0, 35.0, 42.0)])
+    row = got["tasks"]["hellaswag"]
+    assert row["average_metric"] == "acc_norm" and "score" not in row
+    assert row["acc"]["values"] == [30.0, 31.0] and row["acc_norm"]["values"] == [32.0, 35.0]
+    assert got["average"]["mean"] == 41.0
 
 
 def test_the_reach_table_says_when_the_median_head_holds_its_mass_past_what_was_read():
