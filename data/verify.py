@@ -71,9 +71,12 @@ def check_content(path):
 def _load_record(path):
     try:
         with open(path) as f:
-            return json.load(f).get("shards", {})
-    except (OSError, ValueError, AttributeError):
+            record = json.load(f)
+    except (OSError, ValueError):
         return {}  # none yet, or damaged: the shards are simply read again
+    shards = record.get("shards") if isinstance(record, dict) else None
+    # a record of another shape (valid JSON, not ours) is damaged too: each entry must be a shard's own record
+    return {name: entry for name, entry in shards.items() if isinstance(entry, dict)} if isinstance(shards, dict) else {}
 
 
 def _save_record(path, data_dir, shards, say):
@@ -147,7 +150,8 @@ def _verify(data, splits, vocab_size, rank, world_size):
         key = (os.path.abspath(path), *state)
         if key in _checked:
             largest[path] = _checked[key]
-        elif entry.get("state") == state and entry.get("sha256") == (expected.get(path) or entry.get("sha256")):
+        elif (entry.get("state") == state and isinstance(entry.get("max_token"), int)
+              and entry.get("sha256") == (expected.get(path) or entry.get("sha256"))):
             largest[path] = _checked[key] = entry["max_token"]
         else:
             unread.append(path)

@@ -185,7 +185,8 @@ def run_done(run: Run) -> bool:
 def add_wall_clock(run: Run, key: str, seconds: float) -> None:
     """Accumulate over invocations (an interrupted run's earlier time counts) in RUN_DIR/study_time.json."""
     path = os.path.join(run.run_dir, "study_time.json")
-    times = json.loads(Path(path).read_text()) if os.path.isfile(path) else {}
+    # a damaged file (cut short, binary, another shape) loses only the earlier time, never the job's own result
+    times = {name: value for name, value in (read_json(path, dict) or {}).items() if isinstance(value, (int, float))}
     times[key] = times.get(key, 0.0) + seconds
     os.makedirs(run.run_dir, exist_ok=True)
     atomic_write_text(path, json.dumps(times) + "\n")

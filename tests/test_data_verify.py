@@ -136,6 +136,30 @@ def test_a_record_changed_once_is_trusted_only_where_it_still_agrees(data_dir, r
     assert reads == ["train_000003.bin"]
 
 
+@pytest.mark.fault
+@pytest.mark.parametrize("record_text, read_again", [
+    ('{"shards": []}', "all"), ('[1, 2]', "all"), ('"text"', "all"), ('{"shards": {"train_000003.bin": 7}}', "all"),
+    ("one entry without its max_token", ["train_000003.bin"])])
+def test_a_record_of_another_shape_is_damaged_and_its_shards_are_read_again(data_dir, reads, record_text, read_again):
+    """A record that is valid JSON of another shape ({"shards": []}) was an AttributeError traceback out of
+    verify_shards; it is now a damaged record like one cut short: the shards it cannot vouch for are read again and
+    the record rewritten. An entry that agrees on state and sha256 but lacks its result vouches for nothing."""
+    verify.verify_shards(data_dir)
+    record = verify.record_path(data_dir)
+    text = open(record).read()
+    if read_again != "all":
+        entries = json.loads(text)
+        del entries["shards"]["train_000003.bin"]["max_token"]
+        record_text = json.dumps(entries)
+    with open(record, "w") as f:
+        f.write(record_text)
+    reads.clear()
+    new_process()
+    verify.verify_shards(data_dir)
+    assert sorted(reads) == (shard_names(data_dir) if read_again == "all" else read_again)
+    assert json.loads(open(record).read()) == json.loads(text)
+
+
 def test_an_unwritable_record_is_a_note_and_the_check_still_runs(data_dir, reads, monkeypatch, capsys):
     blocker = os.path.join(data_dir, "..", "a_file")
     open(blocker, "w").close()

@@ -1020,3 +1020,18 @@ def test_the_report_links_the_loss_curves_only_when_they_were_drawn(workspace, t
     plots = study_report.write_plots(s, report)
     assert len(asked) == 1 and asked[0][0] == str(tmp_path / "run")
     assert ("loss_curves" in plots) == (status == 0)
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("damage", [b'{"train": 1.5', b"\xff\xfe garbage", b"[1, 2]", b'{"train": "an hour", "eval": 2}'])
+def test_a_damaged_study_time_file_loses_only_the_earlier_time(tmp_path, damage):
+    """study_time.json cut short or garbled was a JSONDecodeError out of add_wall_clock, which the runner calls in a
+    job's `finally`: the traceback hid the job's own result. Now only the damaged earlier times are lost."""
+    run = study_spec.Run("rope", 1, str(tmp_path / "run"), [], 10, {}, {}, 0)
+    os.makedirs(run.run_dir)
+    (tmp_path / "run" / "study_time.json").write_bytes(damage)
+    study_launch.add_wall_clock(run, "train", 2.5)
+    study_launch.add_wall_clock(run, "eval", 1.0)
+    kept = {"eval": 2} if damage.endswith(b'"eval": 2}') else {}
+    expected = {"train": 2.5, "eval": kept.get("eval", 0) + 1.0}
+    assert json.loads((tmp_path / "run" / "study_time.json").read_text()) == expected
