@@ -106,11 +106,10 @@ def cancel(job: str) -> None:
 def job_environment(study: Study, run: Run) -> dict[str, str]:
     """What train.sbatch (its header lists these) and the evaluation jobs are told: the Python and the code that
     run this study (unless the setup line is to choose the Python: then its python3), the setup line, the run's
-    folder (the job stops with one line when its node cannot see it), its processes per node, and a rendezvous port
-    of its own (two runs may share a node)."""
+    folder (the job stops with one line when its node cannot see it) and its processes per node. The rendezvous port
+    is train.sbatch's own, from the job id: two runs of two studies (or two users) may share a node."""
     settings = study.slurm
-    env = {"REPO": str(REPO), "RUN_DIR": run.run_dir, "PROCS_PER_NODE": str(processes_per_node(study)),
-           "RDZV_PORT": str(29500 + study.runs.index(run) % 2000)}
+    env = {"REPO": str(REPO), "RUN_DIR": run.run_dir, "PROCS_PER_NODE": str(processes_per_node(study))}
     if settings.setup:
         env["JOB_SETUP"] = settings.setup
     else:

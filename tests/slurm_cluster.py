@@ -15,6 +15,7 @@ import re
 import secrets
 import shutil
 import signal
+import random
 import socket
 import subprocess
 import time
@@ -39,7 +40,11 @@ def slurm_conf(folder: str, name: str) -> str:
     """slurm.conf of a two-node cluster named `name` whose state, spool, logs and pid files are all in folder."""
     nodes = "\n".join(f"NodeName={node} NodeAddr=127.0.0.1 Port={free_port()} CPUs=1 Gres=gpu:2 State=UNKNOWN"
                       for node in NODES)
+    # Job ids from a random start: train.sbatch takes its rendezvous port from the job id, and two clusters on this
+    # machine (two test workers) would otherwise number their jobs alike and meet at one port.
+    first_job = random.randrange(1000, 19000, 100)
     return f"""ClusterName={name}
+FirstJobId={first_job}
 SlurmctldHost={socket.gethostname()}(127.0.0.1)
 SlurmctldPort={free_port()}
 SlurmUser=root

@@ -988,6 +988,7 @@ def test_a_stop_during_validation_does_not_wait_for_it(config_file, tmp_path, mo
 def test_a_full_or_read_only_run_directory_during_training_is_one_sentence(config_file, tmp_path, monkeypatch,
                                                                            errno_, reason):
     import training.metrics
+    import training.run_lock
     run_dir = tmp_path / "run"
     writes = {"n": 0}
 
@@ -998,7 +999,15 @@ def test_a_full_or_read_only_run_directory_during_training_is_one_sentence(confi
                 raise OSError(errno_, reason)
         return open(path, mode, *args, **kwargs)
 
+    # the lines go through the locked run directory (its file descriptor), or by path where nothing is locked
+    real_open_append = training.run_lock.LockedDirectory.open_append
+
+    def failing_open_append(self, name):
+        failing_open(os.path.join(self.path, name), "a").close()  # counts the write, fails the sixth
+        return real_open_append(self, name)
+
     monkeypatch.setattr(training.metrics, "open", failing_open, raising=False)
+    monkeypatch.setattr(training.run_lock.LockedDirectory, "open_append", failing_open_append)
     with pytest.raises(train.TrainError, match=f"cannot write .*metrics.jsonl \\({reason}\\), so the run stops: the "
                                                "last checkpoint .* is intact"):
         train.run([config_file, "--ckpt_interval=2", f"--out_dir={run_dir}"])
