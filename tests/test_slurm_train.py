@@ -1,7 +1,8 @@
 """scripts/slurm/train.sbatch on a real two-node SLURM (the fixture slurm_cluster, tests/slurm_cluster.py: nodes n1
 and n2 of one CPU each on 127.0.0.1, whose names do not resolve as host names): two nodes of one gloo process train
 as torchrun with two processes on one machine, a job requeued (by its time limit's signal, by `scontrol requeue`)
-continues its run and ends it once, and a node that cannot see the run directory says so in one line."""
+continues its run and ends it once (requeued before its first checkpoint, it trains the run from the start), and a
+node that cannot see the run directory says so in one line."""
 import json
 import os
 import subprocess
@@ -135,6 +136,30 @@ def test_a_job_requeued_after_its_first_checkpoint_resumes_and_ends_its_run_once
     # one wandb run, started twice: the requeued job continued the id its checkpoint holds
     starts = [name for name in os.listdir(run_dir / "wandb") if name.startswith("offline-run-")]
     assert len(starts) == 2 and len({name.rsplit("-", 1)[1] for name in starts}) == 1, starts
+
+
+def test_a_job_requeued_before_its_first_checkpoint_trains_its_run_from_the_start(slurm_cluster, data_dir,
+                                                                                    tmp_path):
+    """As study.py submits it: the run directory made first, the job's log in it. The first try is requeued while
+    it starts (a setup line that waits on the first try only), before the run has a checkpoint: the requeued job
+    must not ask train.py to --resume a checkpoint that does not exist."""
+    config = tmp_path / "tiny.toml"
+    config.write_text(tiny_config(data_dir, model={"pos": "rope"}, batch_size=2, max_iters=5))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    log = run_dir / "slurm-train.out"
+    job = slurm_cluster.submit(f"--output={log}", SCRIPT, str(config), f"--out_dir={run_dir}", cwd=REPO,
+                               env={**JOB_ENV, "RDZV_PORT": str(free_port()), "RUN_DIR": str(run_dir),
+                                    "JOB_SETUP": '[ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] || { echo first try; '
+                                                 'sleep 60; }'})
+    slurm_cluster.wait(job, until=lambda fields: log.exists() and "first try" in log.read_text())
+    slurm_cluster.command("scontrol", "requeue", job)
+    ended = slurm_cluster.wait(job, timeout=180)
+    text = log.read_text()
+    assert (ended["JobState"], ended["Restarts"]) == ("COMPLETED", "1"), text[-3000:]
+    assert f"job {job}, restart 1: train.py {config} --out_dir={run_dir}\n" in text and "resuming" not in text
+    assert [r["iter"] for r in records(run_dir, "train")] == [1, 2, 3, 4, 5]
+    assert [(s["iter"], s["stopped"]) for s in records(run_dir, "summary")] == [(5, "done")]
 
 
 def test_a_job_near_its_time_limit_saves_and_requeues_itself(slurm_cluster, data_dir, tmp_path):

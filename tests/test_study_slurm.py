@@ -289,6 +289,17 @@ def test_a_run_of_more_gpus_than_a_node_spans_nodes_with_the_sites_settings(work
                                                            f"{REPO / 'study.py'} {path} --evaluate alibi/seed1")
 
 
+def test_a_run_takes_its_gpus_over_a_nodes_gpus_rounded_up_in_nodes(workspace):
+    eight = study_spec.SlurmSettings(gpus_per_node=8)
+    assert [eight.nodes(gpus) for gpus in (1, 4, 8, 9, 12, 16, 17)] == [1, 1, 1, 2, 2, 2, 3]
+    assert study_spec.SlurmSettings(gpus_per_node=0).nodes(3) == 3  # a CPU partition: one process a node
+    path = study_file(workspace, launch='mode = "slurm"\ngpus_per_run = 4\n\n[launch.slurm]\ngpus_per_node = 8\n')
+    loaded = study_spec.load_study(path)
+    argv = study_slurm.train_job(loaded, loaded.runs[0])
+    assert argv[1:3] == ["--nodes=1", "--ntasks-per-node=1"] and "--gpus-per-node=4" in argv
+    assert study_slurm.job_environment(loaded, loaded.runs[0])["PROCS_PER_NODE"] == "4"
+
+
 def write_metrics(run_dir, records):
     os.makedirs(run_dir, exist_ok=True)
     with open(os.path.join(run_dir, "metrics.jsonl"), "w") as f:
@@ -318,7 +329,8 @@ def test_a_failed_training_is_resubmitted_with_a_new_evaluation_job_and_the_wait
                                                                                                  monkeypatch):
     """Without a cluster: SLURM's answers and sbatch stubbed. The evaluation job chained to a failed training job
     would wait for ever; it is cancelled, and the training is submitted again with an evaluation job of its own.
-    A job SLURM has forgotten is judged from its run's files."""
+    A job SLURM has forgotten is judged from its run's files; evaluations that fail after the training are tried on
+    their own, max_tries times."""
     loaded = study_spec.load_study(study_file(workspace))
     rope, alibi = loaded.runs
     slurm_records = {"rope/seed1": {"train": ["7"], "eval": [{"job": "8", "after": "7"}]},
@@ -347,6 +359,25 @@ def test_a_failed_training_is_resubmitted_with_a_new_evaluation_job_and_the_wait
     # --status asks and submits nothing
     assert [row.state for row in study_slurm.SlurmStudy(loaded).advance(submit=False)] == ["failed, to resubmit"] * 2
     assert len(submitted) == 4
+    # rope's second try trains it, but its evaluations fail: they are tried again on their own (after: none), and
+    # once max_tries (3) evaluation jobs of this training have failed the run has failed. Job 8, chained to the
+    # training that failed, never ran: it is no try.
+    shutil.copy(__file__, os.path.join(rope.run_dir, "ckpt.pt"))
+    write_metrics(rope.run_dir, [{"type": "val", "iter": rope.final_iter, "val_loss": 2.5},
+                                 {"type": "summary", "iter": rope.final_iter, "stopped": "done"}])
+    answers.update({"101": ("COMPLETED", "None"), "102": ("FAILED", "NonZeroExitCode"), "103": ("RUNNING", "None")})
+    states = []
+    for job in ("105", "106"):
+        rows = study_slurm.SlurmStudy(loaded).advance(submit=True)
+        states.append((rows[0].job, rows[0].state, rows[1].state))
+        answers[job] = ("FAILED", "NonZeroExitCode")
+    assert states == [("105", "evaluations submitted", "running"), ("106", "evaluations submitted", "running")]
+    Path(rope.run_dir, "slurm-eval-106.out").write_text("error: eval/extrapolation.json: disk quota exceeded\n")
+    rows = study_slurm.SlurmStudy(loaded).advance(submit=True)
+    assert (rows[0].job, rows[0].state, rows[0].ended, rows[0].error) == (
+        "106", "evaluations failed (3 tries)", True, "evaluations: eval/extrapolation.json: disk quota exceeded")
+    assert len(submitted) == 6 and study_slurm.read_records(loaded)["rope/seed1"]["eval"][2:] == [
+        {"job": "105", "after": None}, {"job": "106", "after": None}]
 
 
 def test_the_annotated_study_file_shows_every_slurm_key_with_the_default_it_takes(workspace):
