@@ -272,6 +272,8 @@ class SlurmStudy:
                     return row.end("diverged", error=f"training: {error}")
                 row.error = f"training: {error}"
                 if len(trains) >= self.settings.max_tries:
+                    if submit:  # its evaluation job would wait in the queue for ever (DependencyNeverSatisfied)
+                        self.cancel_waiting_evaluations(entry, states)
                     return row.end("failed", state=f"failed ({len(trains)} tries)", error=row.error)
                 row.state = f"{state.lower()}, to resubmit"
             if submit:
@@ -319,7 +321,7 @@ class SlurmStudy:
 
     def cancel_waiting_evaluations(self, entry: dict, states: dict) -> None:
         """An evaluation job still waiting for a training job that failed would wait for ever: it is cancelled
-        (the study submitted it) before the training is resubmitted with a new one."""
+        (the study submitted it) before the training is resubmitted with a new one, or once the run has failed."""
         for e in entry["eval"]:
             if states.get(e["job"], ("",))[0] in ACTIVE:
                 cancel(e["job"])

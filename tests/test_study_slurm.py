@@ -380,6 +380,30 @@ def test_a_failed_training_is_resubmitted_with_a_new_evaluation_job_and_the_wait
         {"job": "105", "after": None}, {"job": "106", "after": None}]
 
 
+def test_a_run_that_failed_its_last_try_cancels_the_evaluation_job_waiting_on_it(workspace, monkeypatch):
+    """Without a cluster: the training's last try failed, so the run has failed; its evaluation job, chained with
+    afterok, would stay PENDING (DependencyNeverSatisfied) in the queue for ever: study.py cancels it, and --status
+    (which submits nothing) cancels nothing."""
+    loaded = study_spec.load_study(study_file(workspace, launch=SLURM + "max_tries = 2\n"))
+    rope, alibi = loaded.runs
+    os.makedirs(rope.run_dir)
+    study_slurm.write_records(loaded, {"rope/seed1": {"train": ["7", "9"], "eval": [{"job": "8", "after": "7"},
+                                                                                     {"job": "10", "after": "9"}]},
+                                       "alibi/seed1": {"train": ["11"], "eval": [{"job": "12", "after": "11"}]}})
+    Path(rope.run_dir, "slurm-train-9.out").write_text("error: data directory x does not exist\n")
+    answers = {"7": ("FAILED", "NonZeroExitCode"), "8": ("CANCELLED", "None"), "9": ("FAILED", "NonZeroExitCode"),
+               "10": ("PENDING", "DependencyNeverSatisfied"), "11": ("RUNNING", "None"), "12": ("PENDING", "Dependency")}
+    cancelled, submitted = [], []
+    monkeypatch.setattr(study_slurm, "job_states", lambda jobs: {j: answers[j] for j in jobs if j in answers})
+    monkeypatch.setattr(study_slurm, "cancel", cancelled.append)
+    monkeypatch.setattr(study_slurm, "sbatch", lambda argv, env: submitted.append(argv) or "99")
+    rows = study_slurm.SlurmStudy(loaded).advance(submit=False)
+    assert rows[0].state == "failed (2 tries)" and cancelled == []
+    rows = study_slurm.SlurmStudy(loaded).advance(submit=True)
+    assert (rows[0].state, rows[0].ended, rows[1].state) == ("failed (2 tries)", True, "running")
+    assert cancelled == ["10"] and submitted == []  # not alibi's 12, which waits on a training that runs
+
+
 def test_the_annotated_study_file_shows_every_slurm_key_with_the_default_it_takes(workspace):
     import tomllib
     example = tomllib.loads(study_spec.STUDY_FILE_EXAMPLE)["launch"]["slurm"]
