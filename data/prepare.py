@@ -213,8 +213,8 @@ def _drop_outdated_cache(out_dir, expected):
         return
     listed = [os.path.join(out_dir, os.path.basename(str(shard.get("file", ""))))
               for shard in manifest.get("shards", []) if isinstance(shard, dict)]
-    for path in listed:
-        if path.endswith(".bin") and os.path.isfile(path):
+    for path in listed:  # a name in a manifest proves nothing: only shards carrying a preparation's mark go
+        if path.endswith(".bin") and os.path.isfile(path) and is_prepared_shard(path):
             os.remove(path)
     os.remove(manifest_path)
 

@@ -209,7 +209,7 @@ def test_a_damaged_or_outdated_default_corpus_cache_is_rebuilt(no_preparation, t
     out = tmp_path / "cache"
     out.mkdir()
     (out / "manifest.json").write_text(manifest)
-    (out / "train_000001.bin").write_bytes(b"old shard")
+    write_shard(str(out / "train_000001.bin"), np.arange(8), prepared=True)
     (out / "README.txt").write_text("my notes")
     prep.ensure_default_corpus(out_dir=str(out), tokenizer="byte")
     assert (out / "train_000001.bin").exists() == (not shard_removed)
@@ -220,6 +220,20 @@ def test_a_damaged_or_outdated_default_corpus_cache_is_rebuilt(no_preparation, t
         (out / "keep").write_text("")
         prep.ensure_default_corpus(out_dir=str(out), tokenizer="byte")
         assert (out / "keep").exists()
+
+
+@pytest.mark.fault
+def test_an_outdated_cache_never_removes_a_file_its_manifest_names_without_a_preparations_mark(tmp_path):
+    """The outdated cache's manifest names train_000001.bin, but that file is the user's (no mark in its header): a
+    name in a manifest proves nothing, so it is kept byte for byte and the rebuild is refused in one sentence."""
+    out = tmp_path / "cache"
+    out.mkdir()
+    (out / "manifest.json").write_text(json.dumps(OLD_DEFAULT))
+    write_shard(str(out / "train_000001.bin"), np.arange(8))  # llm.c's layout, header[3] = 0
+    before = (out / "train_000001.bin").read_bytes()
+    with pytest.raises(DataError, match="train_000001.bin"):
+        prep.ensure_default_corpus(out_dir=str(out), tokenizer="byte", progress_bar=False)
+    assert (out / "train_000001.bin").read_bytes() == before
 
 
 def test_the_default_corpus_never_rebuilds_over_a_directory_it_did_not_make(tmp_path):
